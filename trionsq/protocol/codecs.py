@@ -1,0 +1,160 @@
+"""Stream compression as NSQ negotiates it: raw deflate and snappy framing.
+
+After IDENTIFY negotiates ``deflate`` or ``snappy``, everything after the server's
+response (both directions) goes through a compressed stream.  These codecs are
+sans-IO: bytes in, bytes out.  Decoders bound what they produce from one input,
+so a small hostile input cannot inflate into unbounded memory.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final, Protocol
+
+import cramjam
+import snappy
+
+from .errors import CompressionError
+
+__all__ = [
+    "Encoder",
+    "Decoder",
+    "DeflateEncoder",
+    "DeflateDecoder",
+    "SnappyEncoder",
+    "SnappyDecoder",
+    "IdentityCodec",
+]
+
+# Largest output a decoder returns for one feed before it asks for a pause
+# (well above any legal frame: nsqd's max body is 5 MiB).
+_MAX_DECODED_PER_FEED: Final = 64 * 1024 * 1024
+
+
+class Encoder(Protocol):
+    def encode(self, data: bytes) -> bytes:
+        """Compress ``data``; the result is decodable up to its last byte."""
+
+
+class Decoder(Protocol):
+    def decode(self, data: bytes) -> bytes:
+        """Decompress what can be decompressed so far."""
+
+
+class IdentityCodec:
+    def encode(self, data: bytes) -> bytes:
+        return data
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+
+class DeflateEncoder:
+    """Raw deflate (no zlib header), sync-flushed after every write, as Go's
+    ``compress/flate`` writer that nsqd uses."""
+
+    def __init__(self, level: int = 6) -> None:
+        self._z = zlib.compressobj(level, zlib.DEFLATED, -15)
+
+    def encode(self, data: bytes) -> bytes:
+        return self._z.compress(data) + self._z.flush(zlib.Z_SYNC_FLUSH)
+
+
+class DeflateDecoder:
+    def __init__(self) -> None:
+        self._z = zlib.decompressobj(-15)
+
+    def decode(self, data: bytes) -> bytes:
+        try:
+            out = self._z.decompress(data, _MAX_DECODED_PER_FEED)
+        except zlib.error as exc:
+            raise CompressionError(f"invalid deflate stream: {exc}") from None
+        if self._z.unconsumed_tail:
+            raise CompressionError("deflate data expands beyond the allowed size")
+        return out
+
+
+_STREAM_IDENTIFIER: Final = b"\xff\x06\x00\x00sNaPpY"
+_CHUNK_COMPRESSED: Final = 0x00
+_CHUNK_UNCOMPRESSED: Final = 0x01
+_CHUNK_PADDING: Final = 0xFE
+_CHUNK_STREAM_ID: Final = 0xFF
+# The framing format's limit on a chunk's uncompressed data.
+_MAX_UNCOMPRESSED_CHUNK: Final = 65536
+# Worst-case snappy output for 64 KiB of input (32 + n + n/6), with the CRC.
+_MAX_COMPRESSED_CHUNK: Final = 4 + 32 + _MAX_UNCOMPRESSED_CHUNK + _MAX_UNCOMPRESSED_CHUNK // 6
+
+
+class SnappyEncoder:
+    """Snappy framing format (stream identifier, then CRC-checked chunks)."""
+
+    def __init__(self) -> None:
+        self._c = snappy.StreamCompressor()
+
+    def encode(self, data: bytes) -> bytes:
+        out = []
+        # python-snappy emits one chunk per call; chunks hold at most 64 KiB.
+        for start in range(0, len(data), _MAX_UNCOMPRESSED_CHUNK):
+            out.append(self._c.add_chunk(data[start : start + _MAX_UNCOMPRESSED_CHUNK]))
+        return b"".join(out)
+
+
+class SnappyDecoder:
+    """Incremental decoder of the snappy framing format.
+
+    Chunks are split here; each whole chunk is decoded (and its CRC checked) by
+    the snappy library.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._seen_identifier = False
+
+    def decode(self, data: bytes) -> bytes:
+        buf = self._buffer
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        while len(buf) - pos >= 4:
+            chunk_type = buf[pos]
+            length = int.from_bytes(buf[pos + 1 : pos + 4], "little")
+            if len(buf) - pos - 4 < length:
+                break
+            chunk = bytes(buf[pos : pos + 4 + length])
+            pos += 4 + length
+            if chunk_type == _CHUNK_STREAM_ID:
+                if chunk != _STREAM_IDENTIFIER:
+                    raise CompressionError("invalid snappy stream identifier")
+                self._seen_identifier = True
+                continue
+            if not self._seen_identifier:
+                raise CompressionError("snappy stream does not start with its identifier")
+            if chunk_type in (_CHUNK_COMPRESSED, _CHUNK_UNCOMPRESSED):
+                if length < 4:
+                    raise CompressionError("snappy chunk too short for its checksum")
+                out.append(self._decode_chunk(chunk))
+            elif 0x02 <= chunk_type <= 0x7F:
+                raise CompressionError(f"unskippable snappy chunk type {chunk_type:#x}")
+            # 0x80-0xfd are skippable, 0xfe is padding: ignored
+        if pos:
+            del buf[:pos]
+        return b"".join(out)
+
+    @staticmethod
+    def _decode_chunk(chunk: bytes) -> bytes:
+        if len(chunk) > 4 + _MAX_COMPRESSED_CHUNK:
+            raise CompressionError("snappy chunk longer than the framing format allows")
+        try:
+            if chunk[0] == _CHUNK_COMPRESSED:
+                # Refuse before decoding if the chunk claims too much data.
+                claimed = cramjam.snappy.decompress_raw_len(chunk[8:])
+                if claimed > _MAX_UNCOMPRESSED_CHUNK:
+                    raise CompressionError("snappy chunk larger than 65536 bytes uncompressed")
+            decoded = bytes(cramjam.snappy.decompress(_STREAM_IDENTIFIER + chunk))
+        except CompressionError:
+            raise
+        except Exception as exc:  # cramjam raises its own DecompressionError
+            raise CompressionError(f"invalid snappy chunk: {exc}") from None
+        if len(decoded) > _MAX_UNCOMPRESSED_CHUNK:
+            raise CompressionError("snappy chunk larger than 65536 bytes uncompressed")
+        return decoded

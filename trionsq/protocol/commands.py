@@ -1,0 +1,531 @@
+"""V2 commands (client to server): encoders, and the incremental server-side parser.
+
+A command is a line ``NAME param param\\n``, for some commands followed by a body
+``[4-byte size][data]``.  The encoders below build the exact bytes a client sends.
+
+:class:`CommandParser` is what a server needs: it turns a byte stream into
+:class:`Command` objects and raises the typed error nsqd would send, with nsqd's
+texts, for anything malformed.  It checks what needs no server state (parameter
+counts, names, numbers, body sizes); a ``precheck`` callback, run as soon as a
+command's line is complete and before its parameters or body are looked at,
+lets the server apply its state checks first, in the order nsqd applies them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .errors import (
+    BadBodyError,
+    BadChannelError,
+    BadMessageError,
+    BadProtocolError,
+    BadTopicError,
+    InvalidError,
+    LineTooLong,
+)
+from .frames import MSG_ID_LENGTH
+from .names import go_quote, is_valid_channel_name, is_valid_topic_name
+
+__all__ = [
+    "MAGIC_V2",
+    "identify",
+    "auth",
+    "sub",
+    "pub",
+    "mpub",
+    "dpub",
+    "rdy",
+    "fin",
+    "req",
+    "touch",
+    "cls",
+    "nop",
+    "Identify",
+    "Auth",
+    "Sub",
+    "Pub",
+    "MPub",
+    "DPub",
+    "Rdy",
+    "Fin",
+    "Req",
+    "Touch",
+    "Cls",
+    "Nop",
+    "Command",
+    "CommandParser",
+    "parse_base10",
+    "DEFAULT_MAX_LINE_LENGTH",
+]
+
+MAGIC_V2: Final = b"  V2"
+
+#: nsqd reads command lines through a 16 KiB buffered reader; a longer line
+#: (newline included) makes it drop the connection without an error frame.
+DEFAULT_MAX_LINE_LENGTH: Final = 16 * 1024
+
+_LEN = struct.Struct(">l")
+_U32 = struct.Struct(">L")
+
+
+# --- encoders (client side) -------------------------------------------------
+
+
+def _body(data: bytes) -> bytes:
+    return _U32.pack(len(data)) + data
+
+
+def _as_bytes(name: str | bytes) -> bytes:
+    return name.encode() if isinstance(name, str) else name
+
+
+def identify(data: Mapping[str, Any]) -> bytes:
+    """``IDENTIFY`` with a JSON body of client metadata and negotiated features."""
+    return b"IDENTIFY\n" + _body(json.dumps(dict(data), separators=(",", ":")).encode())
+
+
+def auth(secret: str | bytes) -> bytes:
+    return b"AUTH\n" + _body(_as_bytes(secret))
+
+
+def sub(topic: str, channel: str) -> bytes:
+    return b"SUB " + topic.encode() + b" " + channel.encode() + b"\n"
+
+
+def pub(topic: str, body: bytes) -> bytes:
+    return b"PUB " + topic.encode() + b"\n" + _body(body)
+
+
+def mpub(topic: str, bodies: Iterable[bytes]) -> bytes:
+    parts = [b""]
+    count = 0
+    for body in bodies:
+        parts.append(_U32.pack(len(body)))
+        parts.append(body)
+        count += 1
+    parts[0] = _U32.pack(count)
+    payload = b"".join(parts)
+    return b"MPUB " + topic.encode() + b"\n" + _body(payload)
+
+
+def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+    return b"DPUB " + topic.encode() + b" " + str(int(delay_ms)).encode() + b"\n" + _body(body)
+
+
+def rdy(count: int) -> bytes:
+    return b"RDY " + str(int(count)).encode() + b"\n"
+
+
+def fin(msg_id: bytes) -> bytes:
+    return b"FIN " + msg_id + b"\n"
+
+
+def req(msg_id: bytes, delay_ms: int) -> bytes:
+    return b"REQ " + msg_id + b" " + str(int(delay_ms)).encode() + b"\n"
+
+
+def touch(msg_id: bytes) -> bytes:
+    return b"TOUCH " + msg_id + b"\n"
+
+
+def cls() -> bytes:
+    return b"CLS\n"
+
+
+def nop() -> bytes:
+    return b"NOP\n"
+
+
+# --- parsed commands (server side) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Identify:
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    secret: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Sub:
+    topic: str
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pub:
+    topic: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MPub:
+    topic: str
+    bodies: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class DPub:
+    topic: str
+    delay_ms: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Rdy:
+    """``RDY``; the count is parsed by :meth:`count`, since nsqd ignores a RDY
+    sent after CLS before it even looks at the count."""
+
+    raw_count: bytes | None
+
+    def count(self) -> int:
+        if self.raw_count is None:
+            return 1
+        value = parse_base10(self.raw_count)
+        if value is None:
+            raise InvalidError(f"RDY could not parse count {_text(self.raw_count)}")
+        return _to_int64(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Fin:
+    id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Req:
+    id: bytes
+    #: the requeue delay in nanoseconds as nsqd computes it (may be negative on
+    #: overflow, which nsqd clamps to zero)
+    delay_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Cls:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Nop:
+    pass
+
+
+Command = Identify | Auth | Sub | Pub | MPub | DPub | Rdy | Fin | Req | Touch | Cls | Nop
+
+
+def parse_base10(raw: bytes) -> int | None:
+    """nsqd's ``ByteToBase10``: digits only (empty is 0), wrapping at 2**64."""
+    if raw and not raw.isdigit():  # bytes.isdigit() is ASCII-only
+        return None
+    return int(raw or b"0") % (1 << 64)
+
+
+def _to_int64(value: int) -> int:
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+def _text(raw: bytes) -> str:
+    """Bytes as they appear in an error text (kept byte for byte on the wire)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _message_id(raw: bytes) -> bytes:
+    if len(raw) != MSG_ID_LENGTH:
+        raise InvalidError("Invalid Message ID")
+    return raw
+
+
+Precheck = Callable[[bytes], None]
+
+
+class _NeedMore(Exception):
+    """Internal: the buffer does not hold the whole command yet."""
+
+
+class CommandParser:
+    """Incremental parser of the client-to-server byte stream.
+
+    Usage, in the manner of h11: :meth:`feed` received bytes, then call
+    :meth:`next_command` until it returns ``None`` (needs more bytes), handling
+    each command before asking for the next.  Errors are raised as the typed
+    :class:`~trionsq.protocol.errors.NSQErrorResponse` nsqd would send (all of
+    them fatal: the server sends the frame and closes), or
+    :class:`~trionsq.protocol.errors.LineTooLong` where nsqd closes silently.
+
+    Memory is bounded: a line by ``max_line_length``, a body by
+    ``max_body_size`` / ``max_msg_size`` (checked before the body is awaited).
+    """
+
+    def __init__(
+        self,
+        *,
+        expect_magic: bool = True,
+        max_line_length: int = DEFAULT_MAX_LINE_LENGTH,
+        max_msg_size: int = 1024 * 1024,
+        max_body_size: int = 5 * 1024 * 1024,
+        max_req_timeout_ms: int = 60 * 60 * 1000,
+        precheck: Precheck | None = None,
+    ) -> None:
+        self._buffer = bytearray()
+        self._need_magic = expect_magic
+        self.max_line_length = max_line_length
+        self.max_msg_size = max_msg_size
+        self.max_body_size = max_body_size
+        self.max_req_timeout_ms = max_req_timeout_ms
+        self.precheck = precheck
+        # A command whose line is parsed and prechecked, waiting for its body.
+        self._pending: Callable[[], Command] | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def take_buffer(self) -> bytes:
+        """Remove and return the unparsed bytes (for a switch to compression)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+    def next_command(self) -> Command | None:
+        """The next whole command, or ``None`` if more bytes are needed."""
+        if self._need_magic:
+            if len(self._buffer) < 4:
+                return None
+            magic = bytes(self._buffer[:4])
+            if magic != MAGIC_V2:
+                raise BadProtocolError()
+            del self._buffer[:4]
+            self._need_magic = False
+        if self._pending is None:
+            params = self._read_line()
+            if params is None:
+                return None
+            name = params[0]
+            if self.precheck is not None:
+                self.precheck(name)
+            self._pending = self._dispatch(name, params)
+        try:
+            command = self._pending()
+        except _NeedMore:
+            return None
+        self._pending = None
+        return command
+
+    # --- lines and bodies ---
+
+    def _read_line(self) -> list[bytes] | None:
+        buf = self._buffer
+        index = buf.find(b"\n", 0, self.max_line_length)
+        if index < 0:
+            if len(buf) >= self.max_line_length:
+                raise LineTooLong(f"command line longer than {self.max_line_length} bytes")
+            return None
+        line = bytes(buf[:index])
+        del buf[: index + 1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        return line.split(b" ")
+
+    def _need(self, offset: int, size: int) -> None:
+        if len(self._buffer) < offset + size:
+            raise _NeedMore
+
+    def _int32_at(self, offset: int) -> int:
+        self._need(offset, 4)
+        value: int = _LEN.unpack_from(self._buffer, offset)[0]
+        return value
+
+    def _consume(self, size: int) -> bytes:
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return data
+
+    def _dispatch(self, name: bytes, params: list[bytes]) -> Callable[[], Command]:
+        handler = _HANDLERS.get(name)
+        if handler is None:
+            raise InvalidError(f"invalid command {_text(name)}")
+        return handler(self, params)
+
+    # --- per command: validate the line now, return a reader for the body ---
+
+    def _identify(self, params: list[bytes]) -> Callable[[], Command]:
+        def read() -> Command:
+            size = self._int32_at(0)
+            if size > self.max_body_size:
+                raise BadBodyError(f"IDENTIFY body too big {size} > {self.max_body_size}")
+            if size <= 0:
+                raise BadBodyError(f"IDENTIFY invalid body size {size}")
+            self._need(4, size)
+            return Identify(self._consume(4 + size)[4:])
+
+        return read
+
+    def _auth(self, params: list[bytes]) -> Callable[[], Command]:
+        if len(params) != 1:
+            raise InvalidError("AUTH invalid number of parameters")
+
+        def read() -> Command:
+            size = self._int32_at(0)
+            if size > self.max_body_size:
+                raise BadBodyError(f"AUTH body too big {size} > {self.max_body_size}")
+            if size <= 0:
+                raise BadBodyError(f"AUTH invalid body size {size}")
+            self._need(4, size)
+            return Auth(self._consume(4 + size)[4:])
+
+        return read
+
+    def _sub(self, params: list[bytes]) -> Callable[[], Command]:
+        if len(params) < 3:
+            raise InvalidError("SUB insufficient number of parameters")
+        topic, channel = _text(params[1]), _text(params[2])
+        if not is_valid_topic_name(topic):
+            raise BadTopicError(f"SUB topic name {go_quote(params[1])} is not valid")
+        if not is_valid_channel_name(channel):
+            raise BadChannelError(f"SUB channel name {go_quote(params[2])} is not valid")
+        command = Sub(topic, channel)
+        return lambda: command
+
+    def _topic(self, verb: str, params: list[bytes], minimum: int, prefix: str = "") -> str:
+        if len(params) < minimum:
+            raise InvalidError(f"{verb} insufficient number of parameters")
+        topic = _text(params[1])
+        if not is_valid_topic_name(topic):
+            raise BadTopicError(f"{prefix}{verb} topic name {go_quote(params[1])} is not valid")
+        return topic
+
+    def _message_body(self, verb: str) -> bytes:
+        size = self._int32_at(0)
+        if size <= 0:
+            raise BadMessageError(f"{verb} invalid message body size {size}")
+        if size > self.max_msg_size:
+            raise BadMessageError(f"{verb} message too big {size} > {self.max_msg_size}")
+        self._need(4, size)
+        return self._consume(4 + size)[4:]
+
+    def _pub(self, params: list[bytes]) -> Callable[[], Command]:
+        topic = self._topic("PUB", params, 2)
+        return lambda: Pub(topic, self._message_body("PUB"))
+
+    def _dpub(self, params: list[bytes]) -> Callable[[], Command]:
+        topic = self._topic("DPUB", params, 3)
+        raw = params[2]
+        value = parse_base10(raw)
+        if value is None:
+            raise InvalidError(f"DPUB could not parse timeout {_text(raw)}")
+        delay_ns = _to_int64((value * 1_000_000) % (1 << 64))
+        if delay_ns < 0 or delay_ns > self.max_req_timeout_ms * 1_000_000:
+            raise InvalidError(f"DPUB timeout {value} out of range 0-{self.max_req_timeout_ms}")
+        delay_ms = delay_ns // 1_000_000
+        return lambda: DPub(topic, delay_ms, self._message_body("DPUB"))
+
+    def _mpub(self, params: list[bytes]) -> Callable[[], Command]:
+        # nsqd's text really does repeat the code here.
+        topic = self._topic("MPUB", params, 2, prefix="E_BAD_TOPIC ")
+
+        # Progress is kept between calls so that a large MPUB arriving in many
+        # chunks is scanned once, not once a chunk.
+        count = 0
+        offset = 8
+        spans: list[tuple[int, int]] = []
+
+        def read() -> Command:
+            nonlocal count, offset
+            if not count:
+                size = self._int32_at(0)
+                if size <= 0:
+                    raise BadBodyError(f"MPUB invalid body size {size}")
+                if size > self.max_body_size:
+                    raise BadBodyError(f"MPUB body too big {size} > {self.max_body_size}")
+                announced = self._int32_at(4)
+                # 4 bytes of count, and at least 5 bytes (size + 1) a message
+                max_messages = (self.max_body_size - 4) // 5
+                if announced <= 0 or announced > max_messages:
+                    raise BadBodyError(f"MPUB invalid message count {announced}")
+                count = announced
+            # nsqd reads the messages one by one from the stream, checking each
+            # size as it comes; the announced body size is not cross-checked.
+            while len(spans) < count:
+                i = len(spans)
+                msg_size = self._int32_at(offset)
+                if msg_size <= 0:
+                    raise BadMessageError(f"MPUB invalid message({i}) body size {msg_size}")
+                if msg_size > self.max_msg_size:
+                    raise BadMessageError(f"MPUB message too big {msg_size} > {self.max_msg_size}")
+                if offset + msg_size > self.max_body_size + 4:
+                    # nsqd itself would keep reading; a bound keeps memory finite.
+                    raise BadBodyError(
+                        f"MPUB body too big {offset + msg_size - 4} > {self.max_body_size}"
+                    )
+                self._need(offset + 4, msg_size)
+                spans.append((offset + 4, msg_size))
+                offset += 4 + msg_size
+            data = self._consume(offset)
+            return MPub(topic, [data[start : start + n] for start, n in spans])
+
+        return read
+
+    def _rdy(self, params: list[bytes]) -> Callable[[], Command]:
+        command = Rdy(params[1] if len(params) > 1 else None)
+        return lambda: command
+
+    def _id_command(self, verb: str, params: list[bytes], minimum: int) -> bytes:
+        if len(params) < minimum:
+            raise InvalidError(f"{verb} insufficient number of params")
+        return _message_id(params[1])
+
+    def _fin(self, params: list[bytes]) -> Callable[[], Command]:
+        command = Fin(self._id_command("FIN", params, 2))
+        return lambda: command
+
+    def _touch(self, params: list[bytes]) -> Callable[[], Command]:
+        command = Touch(self._id_command("TOUCH", params, 2))
+        return lambda: command
+
+    def _req(self, params: list[bytes]) -> Callable[[], Command]:
+        msg_id = self._id_command("REQ", params, 3)
+        value = parse_base10(params[2])
+        if value is None:
+            raise InvalidError(f"REQ could not parse timeout {_text(params[2])}")
+        command = Req(msg_id, _to_int64((value * 1_000_000) % (1 << 64)))
+        return lambda: command
+
+    def _cls(self, params: list[bytes]) -> Callable[[], Command]:
+        return Cls
+
+    def _nop(self, params: list[bytes]) -> Callable[[], Command]:
+        return Nop
+
+
+_Handler = Callable[[CommandParser, list[bytes]], Callable[[], Command]]
+
+_HANDLERS: dict[bytes, _Handler] = {
+    b"IDENTIFY": CommandParser._identify,
+    b"AUTH": CommandParser._auth,
+    b"SUB": CommandParser._sub,
+    b"PUB": CommandParser._pub,
+    b"MPUB": CommandParser._mpub,
+    b"DPUB": CommandParser._dpub,
+    b"RDY": CommandParser._rdy,
+    b"FIN": CommandParser._fin,
+    b"REQ": CommandParser._req,
+    b"TOUCH": CommandParser._touch,
+    b"CLS": CommandParser._cls,
+    b"NOP": CommandParser._nop,
+}

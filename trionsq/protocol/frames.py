@@ -1,0 +1,180 @@
+"""Frames (server to client) and the message layout, encoded and parsed.
+
+Every frame nsqd sends is ``[4-byte size][4-byte type][data]`` (big-endian), the
+size covering the type and the data.  A message frame's data is
+``[8-byte timestamp ns][2-byte attempts][16-byte id][body]``.
+
+:class:`FrameParser` is incremental and sans-IO: feed it bytes as they arrive, in
+any chunking, and it returns the whole frames they complete.  It never holds more
+than one frame's worth of bytes: a frame announcing more than ``max_frame_size``
+raises :class:`~trionsq.protocol.errors.FrameTooLarge` before anything is buffered.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import FrameTooLarge, InvalidFrame, NSQErrorResponse, parse_error_frame
+
+__all__ = [
+    "FRAME_TYPE_RESPONSE",
+    "FRAME_TYPE_ERROR",
+    "FRAME_TYPE_MESSAGE",
+    "MSG_ID_LENGTH",
+    "MESSAGE_HEADER_SIZE",
+    "HEARTBEAT",
+    "OK",
+    "CLOSE_WAIT",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "Response",
+    "Error",
+    "MessageFrame",
+    "Frame",
+    "encode_frame",
+    "encode_response",
+    "encode_error",
+    "encode_message",
+    "message_frame_header",
+    "decode_message",
+    "FrameParser",
+]
+
+FRAME_TYPE_RESPONSE: Final = 0
+FRAME_TYPE_ERROR: Final = 1
+FRAME_TYPE_MESSAGE: Final = 2
+
+MSG_ID_LENGTH: Final = 16
+MESSAGE_HEADER_SIZE: Final = 8 + 2 + MSG_ID_LENGTH
+
+HEARTBEAT: Final = b"_heartbeat_"
+OK: Final = b"OK"
+CLOSE_WAIT: Final = b"CLOSE_WAIT"
+
+#: nsqd's default max-msg-size (1 MiB) plus the message header and frame type;
+#: clients talking to nsqds with a larger max-msg-size raise it.
+DEFAULT_MAX_FRAME_SIZE: Final = 1024 * 1024 + MESSAGE_HEADER_SIZE + 4
+
+_SIZE_TYPE = struct.Struct(">lL")
+_MESSAGE_HEADER = struct.Struct(">qH16s")
+_MESSAGE_FRAME_HEADER = struct.Struct(">lLqH16s")
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A response frame: ``OK``, ``_heartbeat_``, ``CLOSE_WAIT`` or JSON."""
+
+    data: bytes
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return self.data == HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """An error frame; ``error`` is the typed exception it stands for."""
+
+    data: bytes
+
+    @property
+    def error(self) -> NSQErrorResponse:
+        return parse_error_frame(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFrame:
+    """A message as it travels: nanosecond timestamp, attempts, hex id, body."""
+
+    timestamp: int
+    attempts: int
+    id: bytes
+    body: bytes
+
+
+Frame = Response | Error | MessageFrame
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    return _SIZE_TYPE.pack(len(data) + 4, frame_type) + data
+
+
+def encode_response(data: bytes) -> bytes:
+    return encode_frame(FRAME_TYPE_RESPONSE, data)
+
+
+def encode_error(error: NSQErrorResponse | bytes) -> bytes:
+    data = error if isinstance(error, bytes) else error.to_bytes()
+    return encode_frame(FRAME_TYPE_ERROR, data)
+
+
+def message_frame_header(timestamp: int, attempts: int, msg_id: bytes, body_len: int) -> bytes:
+    """The 30 bytes before a message body in its frame (lets callers avoid copying)."""
+    if len(msg_id) != MSG_ID_LENGTH:
+        raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, got {len(msg_id)}")
+    return _MESSAGE_FRAME_HEADER.pack(
+        body_len + MESSAGE_HEADER_SIZE + 4, FRAME_TYPE_MESSAGE, timestamp, attempts, msg_id
+    )
+
+
+def encode_message(timestamp: int, attempts: int, msg_id: bytes, body: bytes) -> bytes:
+    """A whole message frame."""
+    return message_frame_header(timestamp, attempts, msg_id, len(body)) + body
+
+
+def decode_message(data: bytes) -> MessageFrame:
+    """Decode a message frame's data (everything after the frame type)."""
+    if len(data) < MESSAGE_HEADER_SIZE:
+        raise InvalidFrame(f"message frame too short ({len(data)} < {MESSAGE_HEADER_SIZE} bytes)")
+    timestamp, attempts, msg_id = _MESSAGE_HEADER.unpack_from(data)
+    return MessageFrame(timestamp, attempts, msg_id, data[MESSAGE_HEADER_SIZE:])
+
+
+class FrameParser:
+    """Incremental frame parser for the client side of a connection."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if max_frame_size < 4:
+            raise ValueError("max_frame_size must be at least 4")
+        self.max_frame_size = max_frame_size
+        self._buffer = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that do not make a whole frame yet."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add ``data`` and return every frame it completes, in order.
+
+        Raises :class:`InvalidFrame` or :class:`FrameTooLarge` on bytes that break
+        the framing; the parser is unusable afterwards (the stream is lost).
+        """
+        buf = self._buffer
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (size,) = struct.unpack_from(">l", buf, pos)
+            if size < 4:
+                raise InvalidFrame(f"frame size {size} is below the minimum of 4")
+            if size > self.max_frame_size:
+                raise FrameTooLarge(f"frame size {size} exceeds the limit of {self.max_frame_size}")
+            if end - pos - 4 < size:
+                break
+            (frame_type,) = struct.unpack_from(">L", buf, pos + 4)
+            payload = bytes(buf[pos + 8 : pos + 4 + size])
+            pos += 4 + size
+            if frame_type == FRAME_TYPE_MESSAGE:
+                frames.append(decode_message(payload))
+            elif frame_type == FRAME_TYPE_RESPONSE:
+                frames.append(Response(payload))
+            elif frame_type == FRAME_TYPE_ERROR:
+                frames.append(Error(payload))
+            else:
+                raise InvalidFrame(f"unknown frame type {frame_type}")
+        if pos:
+            del buf[:pos]
+        return frames
