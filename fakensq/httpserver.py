@@ -171,7 +171,7 @@ class HTTPServer:
                     data = await stream.receive_some(_READ_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return None
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
                 if not data and conn.their_state is h11.IDLE:
                     return None
                 continue
