@@ -1,0 +1,266 @@
+"""Consumer against the scripted in-memory nsqd, in virtual time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trionsq
+
+from .minisrv import Cluster, MiniNSQD, wait_for
+
+
+def consumer(node: MiniNSQD | Cluster, **options: Any) -> trionsq.Consumer:
+    options.setdefault("nsqd_tcp_addresses", ["nsqd:4150"])
+    return trionsq.Consumer("topic", "chan", connector=node.connector, **options)
+
+
+async def test_handler_finishes_messages(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    ids = node.put(b"a", b"b", b"c")
+    seen: list[bytes] = []
+
+    async def handler(message: trionsq.Message) -> None:
+        seen.append(message.body)
+
+    async with consumer(node, handler=handler, max_in_flight=10) as c:
+        await wait_for(lambda: len(node.fins) == 3)
+        assert c.stats.finished == 3
+        assert c.stats.received == 3
+    assert sorted(seen) == [b"a", b"b", b"c"]
+    assert sorted(node.fins) == sorted(ids)
+    record = node.conns[0].record
+    assert [type(c).__name__ for c in record.commands[:2]] == ["Identify", "Sub"]
+    assert record.rdys[0] == 1  # every connection starts at RDY 1
+
+
+async def test_sync_handler_and_message_attributes(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    (msg_id,) = node.put(b"hello", attempts=2)
+    got: list[trionsq.Message] = []
+    async with consumer(node, handler=got.append) as c:
+        await wait_for(lambda: node.fins)
+        assert c.stats.finished == 1
+    (message,) = got
+    assert message.id == msg_id
+    assert message.body == b"hello"
+    assert message.attempts == 2
+    assert message.timestamp == 1_700_000_000_000_000_000
+    assert message.responded == "finished"
+
+
+async def test_failing_handler_requeues_with_attempts_delay(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.put(b"x", attempts=3)
+
+    def handler(message: trionsq.Message) -> None:
+        raise RuntimeError("boom")
+
+    async with consumer(node, handler=handler, default_requeue_delay=2.0, backoff=False) as c:
+        await wait_for(lambda: node.reqs)
+        assert c.stats.requeued == 1
+    assert node.reqs[0][1] == 6000  # 2s x 3 attempts, in ms
+    assert node.fins == []
+
+
+async def test_requeue_delay_is_capped(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    node.put(b"x", attempts=4)
+
+    async def handler(message: trionsq.Message) -> None:
+        raise ValueError
+
+    async with consumer(
+        node, handler=handler, default_requeue_delay=100.0, max_requeue_delay=150.0, backoff=False
+    ):
+        await wait_for(lambda: node.reqs)
+    assert node.reqs[0][1] == 150_000
+
+
+async def test_iterator_finish_requeue_touch(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    first, second = node.put(b"one", b"two")
+    async with consumer(node, max_in_flight=2, backoff=False) as c:
+        received = []
+        async for message in c:
+            received.append(message)
+            if len(received) == 2:
+                break
+        one, two = received
+        await one.touch()
+        await one.finish()
+        await one.finish()  # a second answer is ignored
+        await two.requeue(delay=1.5, backoff=False)
+        await two.finish()  # ignored too: it was requeued
+        await wait_for(lambda: node.fins and node.reqs and node.conns[0].record.touches)
+    assert node.fins == [first]
+    assert node.reqs == [(second, 1500)]
+    assert node.conns[0].record.touches == [first]
+
+
+async def test_rdy_ramps_from_one_to_max_in_flight(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    node.put(*[b"%d" % i for i in range(5)])
+    async with consumer(node, max_in_flight=5) as c:
+        messages = [await c.__anext__() for _ in range(5)]
+        record = node.conns[0].record
+        assert record.rdys[:2] == [1, 5]
+        assert c.stats.connections["nsqd:4150"].in_flight == 5
+        assert c.stats.rdy == 5
+        assert c.is_starved()
+        for message in messages:
+            await message.finish()
+        assert not c.is_starved()
+
+
+async def test_give_up_after_max_attempts(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    (dead,) = node.put(b"poison", attempts=6)
+    (alive,) = node.put(b"fine", attempts=5)
+    given_up: list[bytes] = []
+    handled: list[bytes] = []
+
+    async def give_up(message: trionsq.Message) -> None:
+        given_up.append(message.body)
+
+    async with consumer(
+        node, handler=lambda m: handled.append(m.body), give_up=give_up, max_attempts=5
+    ) as c:
+        await wait_for(lambda: len(node.fins) == 2)
+        assert c.stats.given_up == 1
+        assert c.stats.finished == 1
+    assert given_up == [b"poison"]
+    assert handled == [b"fine"]
+    assert sorted(node.fins) == sorted([dead, alive])
+
+
+async def test_give_up_default_logs_a_warning(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = MiniNSQD(nursery)
+    node.put(b"poison", attempts=3)
+    async with consumer(node, handler=lambda m: None, max_attempts=2):
+        await wait_for(lambda: node.fins)
+    assert any("giving up" in r.message for r in caplog.records)
+
+
+async def test_close_waits_for_handlers_and_never_fins_unfinished(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    fast, slow, stuck = node.put(b"fast", b"slow", b"stuck")
+    started = trio.Event()
+
+    async def handler(message: trionsq.Message) -> None:
+        if message.body == b"slow":
+            started.set()
+            await trio.sleep(3)
+        elif message.body == b"stuck":
+            await trio.sleep(1000)
+
+    async with consumer(node, handler=handler, max_in_flight=3, close_timeout=10) as c:
+        await started.wait()
+        await wait_for(lambda: node.fins == [fast] and c.stats.received == 3)
+        start = trio.current_time()
+    elapsed = trio.current_time() - start
+    # CLS first, then the slow handler finished during the drain, the stuck one
+    # was cancelled at the deadline without an answer.
+    assert elapsed == pytest.approx(10, abs=0.1)
+    assert sorted(node.fins) == sorted([fast, slow])
+    assert stuck not in node.fins and all(r[0] != stuck for r in node.reqs)
+    record = node.conns[0].record
+    names = [type(cmd).__name__ for cmd in record.commands]
+    assert names.index("Cls") < len(names) - 1  # the FIN of "slow" came after CLS
+    assert c.stats.finished == 2
+
+
+async def test_messages_buffered_at_close_are_requeued(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    ids = node.put(b"1", b"2", b"3")
+    async with consumer(node, max_in_flight=3, close_timeout=0) as c:
+        await wait_for(lambda: c.stats.received == 3)
+    # None was handed out: all three go back at once, without a delay.
+    assert sorted(node.reqs) == sorted((i, 0) for i in ids)
+    assert node.fins == []
+
+
+async def test_cancellation_closes_without_finishing(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.put(b"x")
+    entered = trio.Event()
+
+    async def handler(message: trionsq.Message) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    with trio.move_on_after(5):
+        async with consumer(node, handler=handler):
+            await entered.wait()
+            await trio.sleep_forever()
+    assert node.fins == [] and node.reqs == []
+    await wait_for(lambda: not node.live)
+
+
+async def test_reconnects_to_configured_nsqd(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    async with consumer(node, handler=lambda m: None) as c:
+        await c.wait_connected()
+        node.refuse = True
+        await node.live[0].close()
+        await trio.sleep(20)  # refused a few times, with growing delays
+        assert c.connections == []
+        node.refuse = False
+        await wait_for(lambda: c.connections == ["nsqd:4150"], limit=120)
+        node.put(b"after")
+        await wait_for(lambda: c.stats.finished == 1)
+    assert len(node.conns) == 2
+
+
+async def test_iterating_a_handler_consumer_is_an_error(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    async with consumer(node, handler=lambda m: None) as c:
+        with pytest.raises(RuntimeError):
+            c.__aiter__()
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"max_in_flight": -1}, ValueError),
+        ({"max_in_flight": "5"}, TypeError),
+        ({"max_attempts": True}, TypeError),
+        ({"nsqd_tcp_addresses": "127.0.0.1:4150"}, TypeError),
+        ({"nsqd_tcp_addresses": ["nohost"]}, ValueError),
+        ({"snappy": True, "deflate": True}, ValueError),
+        ({"deflate_level": 10}, ValueError),
+        ({"sample_rate": 100}, ValueError),
+        ({"heartbeat_interval": 0}, ValueError),
+        ({"msg_timeout": -1.0}, ValueError),
+        ({"lookupd_poll_jitter": 2}, ValueError),
+        ({"tls_cert": "c.pem"}, ValueError),
+        ({"backoff": "yes"}, TypeError),
+        ({"read_timeout": 10.0}, ValueError),  # must exceed heartbeat_interval
+        ({"no_such_option": 1}, TypeError),
+        ({"nsqd_tcp_addresses": []}, ValueError),
+    ],
+)
+def test_options_are_validated(options: dict[str, Any], error: type[Exception]) -> None:
+    options.setdefault("nsqd_tcp_addresses", ["127.0.0.1:4150"])
+    with pytest.raises(error):
+        trionsq.Consumer("topic", "chan", **options)
+
+
+def test_names_are_validated() -> None:
+    with pytest.raises(ValueError):
+        trionsq.Consumer("bad topic", "chan", nsqd_tcp_addresses=["a:1"])
+    with pytest.raises(ValueError):
+        trionsq.Consumer("topic", "", nsqd_tcp_addresses=["a:1"])

@@ -1,0 +1,185 @@
+"""Producer against the scripted in-memory nsqd."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import trionsq
+
+from .minisrv import Cluster, MiniNSQD, wait_for
+
+
+def producer(node: MiniNSQD, **options: object) -> trionsq.Producer:
+    return trionsq.Producer(
+        nsqd_tcp_addresses=["nsqd:4150"],
+        connector=node.connector,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def test_publish_multi_and_deferred(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    async with producer(node) as p:
+        await p.publish("orders", b"one")
+        await p.multi_publish("orders", [b"two", b"three"])
+        await p.deferred_publish("orders", b"later", 1.5)
+    assert node.published == [
+        ("orders", b"one"),
+        ("orders", b"two"),
+        ("orders", b"three"),
+        ("orders", b"later"),
+    ]
+    assert node.deferred == [("orders", 1500, b"later")]
+    assert len(node.conns) == 1  # one connection for everything
+    identify = node.conns[0].record.identify
+    assert identify["feature_negotiation"] is True
+    assert identify["heartbeat_interval"] == 30000
+
+
+async def test_concurrent_publishes_are_pipelined_on_one_connection(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_delay = 1.0  # each PUB takes one virtual second to answer
+    async with producer(node, publish_window=4) as p:
+        start = trio.current_time()
+        async with trio.open_nursery() as publishers:
+            for i in range(8):
+                publishers.start_soon(p.publish, "t", b"%d" % i)
+        elapsed = trio.current_time() - start
+    assert sorted(body for _, body in node.published) == [b"%d" % i for i in range(8)]
+    assert len(node.conns) == 1
+    # The scripted server answers one PUB at a time: 8 seconds however many are
+    # pipelined; what the window bounds is how many wait at once.
+    assert elapsed == pytest.approx(8.0)
+
+
+async def test_window_bounds_requests_awaiting_response(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_delay = 10.0
+    async with producer(node, publish_window=3) as p:
+        async with trio.open_nursery() as publishers:
+            for i in range(10):
+                publishers.start_soon(p.publish, "t", b"x%d" % i)
+            await trio.sleep(5)
+            # Three PUBs are written and await their response; seven wait.
+            assert p._conn is not None
+            assert len(p._conn._pending) == 3
+    assert len(node.published) == 10
+
+
+async def test_bad_topic_raises_typed_error_locally() -> None:
+    async def never(host: str, port: int) -> trio.abc.Stream:
+        raise AssertionError("no connection needed")
+
+    async with trionsq.Producer(["nsqd:4150"], connector=never) as p:
+        with pytest.raises(trionsq.BadTopicError):
+            await p.publish("bad topic!", b"x")
+        with pytest.raises(trionsq.BadMessageError):
+            await p.publish("ok", b"")
+        with pytest.raises(trionsq.BadBodyError):
+            await p.multi_publish("ok", [])
+        with pytest.raises(ValueError):
+            await p.deferred_publish("ok", b"x", -1)
+
+
+async def test_server_error_is_raised_and_connection_replaced(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_errors["broken"] = trionsq.PubFailedError("PUB failed exiting")
+    async with producer(node) as p:
+        await p.publish("fine", b"1")
+        with pytest.raises(trionsq.PubFailedError) as info:
+            await p.publish("broken", b"2")
+        assert info.value.fatal
+        await p.publish("fine", b"3")
+    assert [b for _, b in node.published] == [b"1", b"3"]
+    assert len(node.conns) == 2  # the fatal error cost a reconnect
+
+
+async def test_pending_publishes_fail_when_connection_drops(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_delay = 100.0
+    async with producer(node) as p:
+        results: list[BaseException] = []
+
+        async def publish() -> None:
+            try:
+                await p.publish("t", b"x")
+            except trionsq.ConnectionClosedError as exc:
+                results.append(exc)
+
+        async with trio.open_nursery() as publishers:
+            for _ in range(3):
+                publishers.start_soon(publish)
+            await wait_for(lambda: node.live and node.live[0].record.commands)
+            await node.live[0].close()
+        assert len(results) == 3
+
+
+async def test_failover_to_next_address(nursery: trio.Nursery) -> None:
+    cluster = Cluster(nursery)
+    first = cluster.add("a:4150")
+    second = cluster.add("b:4150")
+    first.refuse = True
+    async with trionsq.Producer(["a:4150", "b:4150"], connector=cluster.connector) as p:
+        await p.publish("t", b"1")
+        assert p.address == "b:4150"
+        # b goes away; a is back: the next publish fails over.
+        first.refuse = False
+        second.refuse = True
+        await second.live[0].close()
+        await wait_for(lambda: p.address is None)
+        await p.publish("t", b"2")
+        assert p.address == "a:4150"
+    assert second.published == [("t", b"1")]
+    assert first.published == [("t", b"2")]
+
+
+async def test_no_reachable_nsqd_raises_connection_error(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    node.refuse = True
+    async with producer(node) as p:
+        with pytest.raises(trionsq.NSQConnectionError, match="no nsqd reachable"):
+            await p.publish("t", b"x")
+
+
+async def test_heartbeat_answered_with_nop(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    async with producer(node) as p:
+        await p.publish("t", b"x")
+        server = node.live[0]
+        from trionsq.protocol.frames import encode_response
+
+        await server.send(encode_response(b"_heartbeat_"))
+        await wait_for(lambda: server.record.nops == 1)
+        await p.publish("t", b"y")  # the connection is still good
+    assert len(node.conns) == 1
+
+
+async def test_garbage_from_server_gives_protocol_error_and_reconnect(
+    nursery: trio.Nursery,
+) -> None:
+    node = MiniNSQD(nursery)
+    async with producer(node) as p:
+        await p.publish("t", b"x")
+        server = node.live[0]
+        await server.send(b"\x00\x00\x00\x08\x00\x00\x00\x09garbage!")  # unknown frame type
+        await wait_for(lambda: p.address is None)
+        await p.publish("t", b"y")
+    assert len(node.conns) == 2
+
+
+async def test_publish_outside_async_with_is_an_error() -> None:
+    p = trionsq.Producer(["nsqd:4150"])
+    with pytest.raises(RuntimeError):
+        await p.publish("t", b"x")
+
+
+def test_producer_requires_an_address() -> None:
+    with pytest.raises(ValueError):
+        trionsq.Producer([])

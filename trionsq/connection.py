@@ -1,0 +1,405 @@
+"""One connection to one nsqd: handshake, feature upgrades, reader, writes.
+
+Life of a connection::
+
+    conn = await Connection.open("127.0.0.1:4150", config)   # magic, IDENTIFY, TLS,
+                                                             # compression, AUTH
+    nursery.start_soon(conn.run, on_message)                 # the reader
+    await conn.request(commands.sub(topic, channel))         # -> b"OK"
+    await conn.send(commands.rdy(1))                         # no response expected
+    ...
+    await conn.aclose()
+
+Requests that expect a response (SUB, PUB, MPUB, DPUB, CLS, ...) can be
+pipelined: nsqd answers them in order, so responses are matched to requests
+first-in first-out.  Writes are serialized, and a request is queued for its
+response under the same lock as its write, so the two orders agree.
+
+The reader answers heartbeats with NOP, hands message frames to its callback,
+logs the non-fatal errors (``E_FIN_FAILED`` and friends) and treats a fatal error
+frame as the end of the connection: nsqd closes right after sending one.  It
+never raises for anything the server sends; why the connection ended is in
+:attr:`Connection.close_reason`, and every pending request fails with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from .config import Config
+from .protocol import codecs, commands
+from .protocol.errors import NSQError, NSQErrorResponse, ProtocolError
+from .protocol.frames import OK, Error, Frame, FrameParser, MessageFrame, Response
+from .rdy import DEFAULT_MAX_RDY_COUNT
+from .transport import parse_address
+
+__all__ = [
+    "Connection",
+    "NSQConnectionError",
+    "ConnectionClosedError",
+    "NegotiationError",
+    "CodecStream",
+]
+
+log = logging.getLogger("trionsq.connection")
+
+_RECEIVE_SIZE = 64 * 1024
+
+
+class NSQConnectionError(NSQError, ConnectionError):
+    """An nsqd could not be reached, or the connection to it was lost."""
+
+
+class ConnectionClosedError(NSQConnectionError):
+    """The connection ended before the request got its response."""
+
+
+class NegotiationError(NSQError):
+    """nsqd does not offer a feature the configuration requires (TLS, AUTH)."""
+
+
+class CodecStream(trio.abc.Stream):
+    """A stream whose bytes go through a compression codec in both directions."""
+
+    def __init__(
+        self,
+        inner: trio.abc.Stream,
+        encoder: codecs.Encoder,
+        decoder: codecs.Decoder,
+        initial: bytes = b"",
+    ) -> None:
+        self.inner = inner
+        self._encoder = encoder
+        self._decoder = decoder
+        self._raw = initial  # compressed bytes read before the switch
+        self._decoded = b""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(self._encoder.encode(bytes(data)))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        while not self._decoded:
+            if self._raw:
+                raw, self._raw = self._raw, b""
+            else:
+                raw = bytes(await self.inner.receive_some(_RECEIVE_SIZE))
+                if not raw:
+                    return b""
+            self._decoded = self._decoder.decode(raw)
+        if max_bytes is None or max_bytes >= len(self._decoded):
+            out, self._decoded = self._decoded, b""
+        else:
+            out, self._decoded = self._decoded[:max_bytes], self._decoded[max_bytes:]
+        return out
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Pending:
+    """A request waiting for its response frame."""
+
+    __slots__ = ("error", "event", "value")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.value = b""
+        self.error: BaseException | None = None
+
+    def set(self, value: bytes) -> None:
+        self.value = value
+        self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.event.set()
+
+
+def _ssl_context(config: Config) -> ssl.SSLContext:
+    context = config.tls if isinstance(config.tls, ssl.SSLContext) else None
+    if context is None:
+        context = ssl.create_default_context()
+    if config.tls_cert is not None:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
+
+
+MessageCallback = Callable[[MessageFrame], Awaitable[None]]
+
+
+class Connection:
+    """A handshaken connection to one nsqd (create with :meth:`open`)."""
+
+    def __init__(self, stream: trio.abc.Stream, address: str, config: Config) -> None:
+        self.address = address
+        self.config = config
+        self._stream = stream
+        self._leftover = b""  # bytes read past the last handshake frame
+        self._send_lock = trio.StrictFIFOLock()
+        self._pending: deque[_Pending] = deque()
+        self._parser = FrameParser(config.max_frame_size)
+        self._closed = trio.Event()
+        self._closing = False
+        #: why the connection ended (``None`` for a clean close or while open)
+        self.close_reason: BaseException | None = None
+        #: nsqd's IDENTIFY response (empty if it does not negotiate features)
+        self.identify_response: dict[str, Any] = {}
+        #: nsqd's AUTH response, when AUTH was required
+        self.auth_response: dict[str, Any] | None = None
+        self.max_rdy_count = DEFAULT_MAX_RDY_COUNT
+        #: nsqd's message timeout for this connection, in seconds (if it said)
+        self.msg_timeout: float | None = None
+        self.tls = False
+        self.compression: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.address}{' closed' if self.closed else ''}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set() or self._closing
+
+    # --- opening ---
+
+    @classmethod
+    async def open(cls, address: str, config: Config) -> Connection:
+        """Connect and negotiate; raises :class:`NSQConnectionError` if nsqd cannot be
+        reached in ``connect_timeout``, a typed NSQ error if it refuses."""
+        host, port = parse_address(address)
+        conn: Connection | None = None
+        try:
+            with trio.fail_after(config.connect_timeout):
+                conn = cls(await config.connector(host, port), address, config)
+                await conn._handshake(host)
+                opened, conn = conn, None
+                return opened
+        except trio.TooSlowError:
+            raise NSQConnectionError(f"{address}: connect timed out") from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise NSQConnectionError(f"{address}: {exc or type(exc).__name__}") from exc
+        except ssl.SSLError as exc:
+            raise NSQConnectionError(f"{address}: TLS failed: {exc}") from exc
+        finally:
+            if conn is not None:  # the handshake failed: do not leak the stream
+                await trio.aclose_forcefully(conn._stream)
+
+    async def _receive_exactly(self, size: int) -> bytes:
+        data = self._leftover
+        while len(data) < size:
+            chunk = bytes(await self._stream.receive_some(_RECEIVE_SIZE))
+            if not chunk:
+                raise NSQConnectionError(f"{self.address}: connection closed during handshake")
+            data += chunk
+        self._leftover = data[size:]
+        return data[:size]
+
+    async def _read_response(self) -> bytes:
+        """Read one handshake frame: a response's data, or raise the error frame."""
+        header = await self._receive_exactly(4)
+        size = int.from_bytes(header, "big", signed=True)
+        if size > self.config.max_frame_size or size < 4:
+            # Let the parser produce the typed error.
+            FrameParser(self.config.max_frame_size).feed(header)
+        payload = await self._receive_exactly(size)
+        (frame,) = FrameParser(self.config.max_frame_size).feed(header + payload)
+        if isinstance(frame, Error):
+            raise frame.error
+        if isinstance(frame, Response) and not frame.is_heartbeat:
+            return frame.data
+        raise ProtocolError(f"unexpected frame during handshake: {frame!r}"[:200])
+
+    async def _handshake(self, host: str) -> None:
+        config = self.config
+        await self._stream.send_all(commands.MAGIC_V2 + commands.identify(config.identify_body()))
+        data = await self._read_response()
+        if data != OK:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                raise ProtocolError(f"IDENTIFY response is not JSON: {data[:100]!r}") from None
+            if not isinstance(parsed, dict):
+                raise ProtocolError("IDENTIFY response is not a JSON object")
+            self.identify_response = parsed
+        response = self.identify_response
+        max_rdy = response.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
+        if isinstance(max_rdy, int) and not isinstance(max_rdy, bool) and max_rdy >= 0:
+            self.max_rdy_count = max_rdy
+        timeout = response.get("msg_timeout")
+        if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+            self.msg_timeout = timeout / 1000
+
+        if config.tls is not False:
+            if not response.get("tls_v1"):
+                raise NegotiationError(f"{self.address}: TLS requested but nsqd does not offer it")
+            if self._leftover:
+                raise ProtocolError("nsqd sent data before the TLS handshake")
+            tls_stream = trio.SSLStream(self._stream, _ssl_context(config), server_hostname=host)
+            self._stream = tls_stream
+            await tls_stream.do_handshake()
+            self.tls = True
+            await self._expect_ok("TLS")
+
+        codec: tuple[codecs.Encoder, codecs.Decoder] | None = None
+        if config.snappy and response.get("snappy"):
+            codec = (codecs.SnappyEncoder(), codecs.SnappyDecoder())
+            self.compression = "snappy"
+        elif config.deflate and response.get("deflate"):
+            level = response.get("deflate_level", config.deflate_level)
+            codec = (
+                codecs.DeflateEncoder(level if isinstance(level, int) else 6),
+                codecs.DeflateDecoder(),
+            )
+            self.compression = "deflate"
+        if codec is not None:
+            self._stream = CodecStream(self._stream, *codec, initial=self._leftover)
+            self._leftover = b""
+            await self._expect_ok(self.compression or "")
+
+        if response.get("auth_required"):
+            if config.auth_secret is None:
+                raise NegotiationError(f"{self.address}: nsqd requires AUTH; set auth_secret")
+            await self._stream.send_all(commands.auth(config.auth_secret))
+            data = await self._read_response()
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                parsed = None
+            self.auth_response = parsed if isinstance(parsed, dict) else {}
+
+    async def _expect_ok(self, step: str) -> None:
+        data = await self._read_response()
+        if data != OK:
+            raise ProtocolError(f"expected OK after the {step} upgrade, got {data[:100]!r}")
+
+    # --- writing ---
+
+    async def _write(self, data: bytes, pending: _Pending | None) -> None:
+        if self.closed:
+            raise ConnectionClosedError(f"{self.address}: connection is closed")
+        async with self._send_lock:
+            if self.closed:
+                raise ConnectionClosedError(f"{self.address}: connection is closed")
+            if pending is not None:
+                self._pending.append(pending)
+            try:
+                await self._stream.send_all(data)
+            except BaseException as exc:
+                # A command cut short (by an error or by cancellation) corrupts the
+                # stream for everything after it: the connection is done.
+                reason = ConnectionClosedError(f"{self.address}: write failed: {exc!r}")
+                self._finish(reason)
+                await trio.aclose_forcefully(self._stream)
+                if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
+                    raise
+                raise reason from exc
+
+    async def send(self, data: bytes) -> None:
+        """Send a command that gets no response (RDY, FIN, REQ, TOUCH, NOP)."""
+        await self._write(data, None)
+
+    async def request(self, data: bytes) -> bytes:
+        """Send a command and wait for its response (``OK``, ``CLOSE_WAIT``, JSON).
+
+        An error frame in reply raises its typed error; a connection that ends
+        first raises :class:`ConnectionClosedError`.
+        """
+        pending = _Pending()
+        await self._write(data, pending)
+        await pending.event.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    # --- reading ---
+
+    async def run(self, on_message: MessageCallback | None = None) -> None:
+        """The reader: runs until the connection ends, then fails what is pending.
+
+        Returns normally however the connection ended; see :attr:`close_reason`.
+        """
+        reason: BaseException | None = None
+        try:
+            frames = self._parser.feed(self._leftover)
+            self._leftover = b""
+            while True:
+                for frame in frames:
+                    await self._handle(frame, on_message)
+                with trio.move_on_after(self.config.read_timeout) as scope:
+                    data = await self._stream.receive_some(_RECEIVE_SIZE)
+                if scope.cancelled_caught:
+                    raise NSQConnectionError(
+                        f"{self.address}: nothing received for {self.config.read_timeout}s"
+                    )
+                if not data:
+                    if not self._closing:
+                        reason = NSQConnectionError(f"{self.address}: closed by nsqd")
+                    return
+                frames = self._parser.feed(bytes(data))
+        except trio.ClosedResourceError:
+            if not self._closing:
+                reason = NSQConnectionError(f"{self.address}: connection closed")
+        except (NSQError, trio.BrokenResourceError, OSError, ssl.SSLError) as exc:
+            if not self._closing:
+                reason = exc
+                log.warning("%s: connection lost: %r", self.address, exc)
+        finally:
+            self._finish(reason)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self._stream)
+
+    async def _handle(self, frame: Frame, on_message: MessageCallback | None) -> None:
+        if isinstance(frame, MessageFrame):
+            if on_message is None:
+                raise ProtocolError(f"{self.address}: unexpected message frame")
+            await on_message(frame)
+        elif isinstance(frame, Response):
+            if frame.is_heartbeat:
+                await self.send(commands.nop())
+            elif self._pending:
+                self._pending.popleft().set(frame.data)
+            else:
+                raise ProtocolError(f"{self.address}: unexpected response {frame.data[:100]!r}")
+        else:
+            error = frame.error
+            if not error.fatal:
+                log.warning("%s: %s", self.address, error)
+                return
+            if self._pending:
+                self._pending.popleft().fail(error)
+            raise error
+
+    def _finish(self, reason: BaseException | None) -> None:
+        if self._closed.is_set():
+            return
+        if reason is not None and self.close_reason is None:
+            self.close_reason = reason
+        failure = ConnectionClosedError(f"{self.address}: connection closed")
+        if reason is not None:
+            failure.__cause__ = reason
+        while self._pending:
+            self._pending.popleft().fail(failure)
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def aclose(self) -> None:
+        """Close now; the reader returns and pending requests fail."""
+        self._closing = True
+        self._finish(None)
+        await trio.aclose_forcefully(self._stream)
+
+
+def is_fatal(error: BaseException) -> bool:
+    """True for errors after which nsqd closes the connection."""
+    return not isinstance(error, NSQErrorResponse) or error.fatal

@@ -1,0 +1,84 @@
+"""A message as a consumer hands it out, with the responses it allows."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ["Message"]
+
+
+class _Responder(Protocol):
+    """What a message needs from its consumer to answer nsqd."""
+
+    async def _finish(self, message: Message) -> None: ...
+
+    async def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None: ...
+
+    async def _touch(self, message: Message) -> None: ...
+
+
+class Message:
+    """One delivery of a message.
+
+    Exactly one of :meth:`finish` and :meth:`requeue` takes effect; once one has,
+    later calls of either do nothing (like go-nsq).  Messages are never touched
+    automatically: call :meth:`touch` to ask nsqd for more time.
+    """
+
+    __slots__ = ("_responder", "address", "attempts", "body", "id", "responded", "timestamp")
+
+    def __init__(
+        self,
+        id: bytes,
+        body: bytes,
+        attempts: int,
+        timestamp: int,
+        address: str,
+        responder: _Responder,
+    ) -> None:
+        #: the 16-byte message id
+        self.id = id
+        self.body = body
+        #: deliveries so far, this one included (1 the first time)
+        self.attempts = attempts
+        #: when nsqd received the message, in nanoseconds since the epoch
+        self.timestamp = timestamp
+        #: the nsqd (``host:port``) that delivered it
+        self.address = address
+        #: ``"finished"``, ``"requeued"`` or ``None`` while unanswered
+        self.responded: str | None = None
+        self._responder = responder
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id.decode(errors='replace')} attempts={self.attempts} "
+            f"body={self.body[:32]!r}{'...' if len(self.body) > 32 else ''}>"
+        )
+
+    @property
+    def has_responded(self) -> bool:
+        return self.responded is not None
+
+    async def finish(self) -> None:
+        """FIN: nsqd forgets the message."""
+        if self.responded is None:
+            self.responded = "finished"
+            await self._responder._finish(self)
+
+    async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        """REQ: nsqd redelivers the message after ``delay`` seconds.
+
+        ``delay=None`` derives it from the attempts (``default_requeue_delay *
+        attempts``, capped at ``max_requeue_delay``).  ``backoff=True`` counts this
+        as a handler failure for the consumer's backoff.
+        """
+        if delay is not None and (not isinstance(delay, int | float) or delay < 0):
+            raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
+        if self.responded is None:
+            self.responded = "requeued"
+            await self._responder._requeue(self, delay, backoff)
+
+    async def touch(self) -> None:
+        """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
+        if self.responded is None:
+            await self._responder._touch(self)

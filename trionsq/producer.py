@@ -1,0 +1,186 @@
+"""Publishing: one pipelined connection, with failover between nsqds."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from .config import Config
+from .connection import Connection, NegotiationError, NSQConnectionError
+from .protocol import commands
+from .protocol.errors import (
+    BadBodyError,
+    BadMessageError,
+    BadTopicError,
+    NSQErrorResponse,
+    ProtocolError,
+)
+from .protocol.frames import OK
+from .protocol.names import go_quote, is_valid_topic_name
+
+__all__ = ["Producer"]
+
+log = logging.getLogger("trionsq.producer")
+
+
+def _check_topic(verb: str, topic: str) -> None:
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+    if not is_valid_topic_name(topic):
+        # The error nsqd would send, raised before it costs the connection.
+        raise BadTopicError(f"{verb} topic name {go_quote(topic)} is not valid")
+
+
+def _check_body(verb: str, body: bytes) -> bytes:
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise TypeError(f"message body must be bytes, not {type(body).__name__}")
+    data = bytes(body)
+    if not data:
+        raise BadMessageError(f"{verb} invalid message body size 0")
+    return data
+
+
+class Producer:
+    """Publishes to nsqd over TCP.
+
+    ::
+
+        async with trionsq.Producer(nsqd_tcp_addresses=["127.0.0.1:4150"]) as producer:
+            await producer.publish("topic", b"body")
+
+    Concurrent publishes share one connection and are pipelined, at most
+    ``publish_window`` awaiting their response at a time.  The first reachable
+    address (in order, starting with the last one that worked) is used; when its
+    connection fails the next publish reconnects, failing over to the others.
+    A publish whose connection is lost before its response raises
+    :class:`~trionsq.connection.ConnectionClosedError` (it may or may not have
+    been published).  nsqd's refusals raise their typed errors.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: Sequence[str] | None = None,
+        *,
+        config: Config | None = None,
+        **options: Any,
+    ) -> None:
+        if config is None:
+            config = Config(nsqd_tcp_addresses=tuple(nsqd_tcp_addresses or ()), **options)
+        elif nsqd_tcp_addresses is not None or options:
+            config = config.replace(
+                **options,
+                **({"nsqd_tcp_addresses": tuple(nsqd_tcp_addresses)} if nsqd_tcp_addresses else {}),
+            )
+        if not config.nsqd_tcp_addresses:
+            raise ValueError("a Producer needs at least one address in nsqd_tcp_addresses")
+        self.config = config
+        self._conn: Connection | None = None
+        self._index = 0
+        self._connect_lock = trio.Lock()
+        self._window = trio.Semaphore(config.publish_window)
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Producer:
+        if self._stack is not None or self._closed:
+            raise RuntimeError("a Producer can be entered only once")
+        stack = AsyncExitStack()
+        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._closed = True
+        assert self._stack is not None and self._nursery is not None
+        # Whatever happens, the nursery must be exited (or Trio's stack breaks).
+        self._nursery.cancel_scope.cancel()
+        try:
+            if self._conn is not None:
+                with trio.CancelScope(shield=True):
+                    await self._conn.aclose()
+        finally:
+            result = await self._stack.__aexit__(exc_type, exc, tb)
+        return result
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd currently connected to, if any."""
+        conn = self._conn
+        return conn.address if conn is not None and not conn.closed else None
+
+    async def _run(self, conn: Connection) -> None:
+        await conn.run()
+        reason = conn.close_reason
+        if reason is not None and not isinstance(reason, NSQErrorResponse):
+            # The nsqd itself looks unwell: start with the next one.
+            addresses = self.config.nsqd_tcp_addresses
+            if addresses[self._index % len(addresses)] == conn.address:
+                self._index = (self._index + 1) % len(addresses)
+
+    async def _connection(self) -> Connection:
+        if self._nursery is None or self._closed:
+            raise RuntimeError("use the Producer inside 'async with'")
+        async with self._connect_lock:
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                return conn
+            addresses = self.config.nsqd_tcp_addresses
+            failures: list[str] = []
+            for step in range(len(addresses)):
+                index = (self._index + step) % len(addresses)
+                try:
+                    conn = await Connection.open(addresses[index], self.config)
+                except (NSQConnectionError, NegotiationError, ProtocolError) as exc:
+                    log.warning("cannot connect to %s: %s", addresses[index], exc)
+                    failures.append(f"{addresses[index]}: {exc}")
+                    continue
+                except NSQErrorResponse as exc:
+                    log.warning("%s refused the connection: %s", addresses[index], exc)
+                    failures.append(f"{addresses[index]}: {exc}")
+                    continue
+                self._index = index
+                self._conn = conn
+                self._nursery.start_soon(self._run, conn)
+                return conn
+            raise NSQConnectionError("no nsqd reachable (" + "; ".join(failures) + ")")
+
+    async def _publish(self, data: bytes) -> None:
+        async with self._window:
+            conn = await self._connection()
+            response = await conn.request(data)
+        if response != OK:
+            raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
+
+    async def publish(self, topic: str, body: bytes) -> None:
+        """PUB one message."""
+        _check_topic("PUB", topic)
+        await self._publish(commands.pub(topic, _check_body("PUB", body)))
+
+    async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
+        """MPUB several messages atomically."""
+        _check_topic("MPUB", topic)
+        data = [_check_body("MPUB", body) for body in bodies]
+        if not data:
+            raise BadBodyError("MPUB invalid message count 0")
+        await self._publish(commands.mpub(topic, data))
+
+    async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
+        """DPUB: the message becomes visible after ``delay`` seconds."""
+        _check_topic("DPUB", topic)
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise TypeError("delay must be a number of seconds")
+        if not math.isfinite(delay) or delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        await self._publish(commands.dpub(topic, round(delay * 1000), _check_body("DPUB", body)))

@@ -1,0 +1,194 @@
+"""RDY bookkeeping for one consumer over many connections (sans-IO).
+
+nsqd treats a connection's RDY count as a cap on its messages in flight.  The
+client guide's rules, as implemented here:
+
+- a new connection starts at RDY 1 (how many connections there will be is not
+  known yet), and gets its share once a message shows it is alive;
+- ``max_in_flight`` is spread evenly over the connections (the remainder goes to
+  the first ones), never above a connection's ``max_rdy_count``;
+- the sum over connections never exceeds ``max_in_flight``: a raise is only
+  decided when ``sum(max(rdy, in_flight))`` stays within it, counting messages
+  still in flight on connections whose RDY was lowered;
+- a connection's RDY is re-sent when what remains of it reaches 0 or falls
+  below 25% of the last RDY sent;
+- with fewer ``max_in_flight`` than connections, RDY 1 rotates: a connection
+  that has held RDY for ``low_rdy_idle_timeout`` while others wait gives it up,
+  and the longest-waiting connection gets it, so every nsqd is drained;
+- backoff (see :mod:`trionsq.backoff`) forces RDY 0 everywhere, or RDY 1 on a
+  single connection while testing.
+
+:class:`RdyController` decides; the consumer sends.  :meth:`RdyController.rebalance`
+returns the connections whose RDY was decided anew (lowered ones first, so the
+budget is freed on the wire before it is spent elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .backoff import BackoffState
+
+__all__ = ["ConnRdy", "RdyController", "DEFAULT_MAX_RDY_COUNT"]
+
+#: What the guide says to assume when nsqd does not negotiate features.
+DEFAULT_MAX_RDY_COUNT = 2500
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(slots=True)
+class ConnRdy:
+    """RDY state of one connection."""
+
+    max_rdy_count: int
+    #: the last RDY decided for this connection (nsqd's cap on its in-flight)
+    rdy: int = 0
+    #: ``rdy`` minus the messages received since it was sent
+    remaining: int = 0
+    in_flight: int = 0
+    #: bumped on every decision, so the sender re-sends an unchanged value too
+    generation: int = 0
+    #: true until the first message arrives: hold the connection at RDY 1
+    bootstrapping: bool = True
+    granted_at: float = 0.0
+    waiting_since: float = 0.0
+    last_message_at: float = 0.0
+
+    @property
+    def committed(self) -> int:
+        """How much of ``max_in_flight`` this connection may be using."""
+        return max(self.rdy, self.in_flight)
+
+
+class RdyController(Generic[K]):
+    """Decides every connection's RDY count for one consumer."""
+
+    def __init__(self, max_in_flight: int, low_rdy_idle_timeout: float) -> None:
+        self.max_in_flight = max_in_flight
+        self.low_rdy_idle_timeout = low_rdy_idle_timeout
+        self.mode = BackoffState.NORMAL
+        self.conns: dict[K, ConnRdy] = {}
+
+    # --- events ---
+
+    def add(self, key: K, max_rdy_count: int, now: float) -> None:
+        self.conns[key] = ConnRdy(
+            max_rdy_count=max(0, max_rdy_count), waiting_since=now, last_message_at=now
+        )
+
+    def remove(self, key: K) -> None:
+        self.conns.pop(key, None)
+
+    def on_message(self, key: K, now: float) -> None:
+        conn = self.conns.get(key)
+        if conn is None:
+            return
+        conn.in_flight += 1
+        conn.remaining -= 1
+        conn.bootstrapping = False
+        conn.last_message_at = now
+
+    def on_settled(self, key: K) -> None:
+        """A message from ``key`` was finished or requeued (or given up)."""
+        conn = self.conns.get(key)
+        if conn is not None and conn.in_flight > 0:
+            conn.in_flight -= 1
+
+    def set_mode(self, mode: BackoffState) -> None:
+        self.mode = mode
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        self.max_in_flight = max_in_flight
+
+    # --- queries ---
+
+    @property
+    def total_rdy(self) -> int:
+        return sum(c.rdy for c in self.conns.values())
+
+    @property
+    def total_in_flight(self) -> int:
+        return sum(c.in_flight for c in self.conns.values())
+
+    def is_starved(self) -> bool:
+        """The guide's ``is_starved``: some connection has (almost) all the
+        messages its RDY allows in flight, so waiting for more is pointless."""
+        return any(c.in_flight > 0 and c.in_flight >= c.rdy * 0.85 for c in self.conns.values())
+
+    # --- decisions ---
+
+    def _set(self, key: K, count: int, now: float, changed: list[K]) -> None:
+        conn = self.conns[key]
+        if count == 0 and conn.rdy > 0:
+            conn.waiting_since = now
+        elif count > 0 and conn.rdy == 0:
+            conn.granted_at = now
+        conn.rdy = count
+        conn.remaining = count
+        conn.generation += 1
+        if key not in changed:
+            changed.append(key)
+
+    def _targets(self, now: float) -> dict[K, int]:
+        conns = self.conns
+        if self.mode is BackoffState.PAUSED or self.max_in_flight == 0:
+            return dict.fromkeys(conns, 0)
+        if self.mode is BackoffState.TESTING:
+            holder = next((k for k, c in conns.items() if c.rdy > 0), None)
+            if holder is None:
+                holder = min(conns, key=lambda k: conns[k].waiting_since)
+            return {k: (1 if k == holder else 0) for k in conns}
+        count = len(conns)
+        if self.max_in_flight >= count:
+            base, extra = divmod(self.max_in_flight, count)
+            targets = {k: base + (1 if i < extra else 0) for i, k in enumerate(conns)}
+        else:
+            targets = self._rotation(now)
+        for key, conn in conns.items():
+            target = min(targets[key], conn.max_rdy_count)
+            targets[key] = min(target, 1) if conn.bootstrapping else target
+        return targets
+
+    def _rotation(self, now: float) -> dict[K, int]:
+        """RDY 1 for at most ``max_in_flight`` connections, rotating fairly."""
+        conns = self.conns
+        holders = [k for k, c in conns.items() if c.rdy > 0]
+        waiting = sorted(
+            (k for k, c in conns.items() if c.rdy == 0), key=lambda k: conns[k].waiting_since
+        )
+        if waiting:
+            expired = [k for k in holders if now - conns[k].granted_at >= self.low_rdy_idle_timeout]
+            holders = [k for k in holders if k not in expired]
+            # Those giving RDY up queue behind the ones already waiting.
+            waiting += expired
+        chosen = set(holders[: self.max_in_flight])
+        for key in waiting:
+            if len(chosen) >= self.max_in_flight:
+                break
+            chosen.add(key)
+        return {k: (1 if k in chosen else 0) for k in conns}
+
+    def rebalance(self, now: float) -> list[K]:
+        """Decide RDY for every connection; returns the keys to (re)send, lowered
+        ones first."""
+        if not self.conns:
+            return []
+        targets = self._targets(now)
+        changed: list[K] = []
+        for key, target in targets.items():
+            if self.conns[key].rdy > target:
+                self._set(key, target, now, changed)
+        for key, target in targets.items():
+            conn = self.conns[key]
+            if conn.rdy < target:
+                others = sum(c.committed for k, c in self.conns.items() if k != key)
+                allowed = min(target, self.max_in_flight - others)
+                if allowed > conn.rdy:
+                    self._set(key, allowed, now, changed)
+            if key not in changed and conn.rdy > 0 and conn.remaining < max(1, conn.rdy * 0.25):
+                # The guide's refresh rule; nsqd takes it as a fresh cap.
+                self._set(key, conn.rdy, now, changed)
+        return changed
