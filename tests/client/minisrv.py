@@ -194,7 +194,7 @@ class ServerConn:
         elif isinstance(command, commands.Rdy):
             self.rdy = command.count()
             record.rdys.append(self.rdy)
-            server.rdy_history.append((self, self.rdy))
+            server.rdy_history.append((trio.current_time(), self, self.rdy))
             self.wakeup.set()
         elif isinstance(command, commands.Fin):
             record.fins.append(command.id)
@@ -271,7 +271,7 @@ class MiniNSQD:
         self.fins: list[bytes] = []
         self.reqs: list[tuple[bytes, int]] = []
         self.deliveries: list[tuple[ServerConn, bytes]] = []
-        self.rdy_history: list[tuple[ServerConn, int]] = []
+        self.rdy_history: list[tuple[float, ServerConn, int]] = []
         self.pub_errors: dict[str, NSQErrorResponse] = {}
         self.sub_error: NSQErrorResponse | None = None
         self.pub_delay = 0.0
