@@ -1,0 +1,284 @@
+"""A channel: one consumer group's copy of a topic's stream.
+
+Messages wait in the channel's queue until a subscribed client has RDY to
+spare; then they are in flight (with a timeout) until FIN, REQ or the timeout.
+REQ with a delay and DPUB put them in the deferred set until they are due.
+
+All timers are one Trio task per channel sleeping until the earliest deadline
+(in-flight timeout or deferred due time), woken when an earlier one appears; no
+polling, so virtual time (``trio.testing.MockClock``) drives it exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from trionsq.protocol.errors import FinFailedError, ReqFailedError, TouchFailedError
+from trionsq.protocol.names import is_ephemeral
+
+from .message import MemoryQueue, Message, MessageQueue
+from .stats import LatencyStream
+
+if TYPE_CHECKING:
+    from .client import ClientConnection
+    from .nsqd import NSQD
+    from .topic import Topic
+
+__all__ = ["Channel"]
+
+_Entry = tuple[float, int, Message]
+
+
+class Channel:
+    """A channel of a topic; created by SUB or ``/channel/create``."""
+
+    def __init__(self, topic: Topic, name: str, nsqd: NSQD) -> None:
+        self.topic = topic
+        self.name = name
+        self.nsqd = nsqd
+        self.ephemeral = is_ephemeral(name)
+        self.queue: MessageQueue = MemoryQueue()
+        self.clients: dict[int, ClientConnection] = {}
+        self.in_flight: dict[bytes, Message] = {}
+        self.deferred: dict[bytes, Message] = {}
+        self._in_flight_heap: list[_Entry] = []
+        self._deferred_heap: list[_Entry] = []
+        self._seq = itertools.count(1)
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.e2e = LatencyStream(nsqd.options)
+        self._timer_target = math.inf
+        self._timer_wake = trio.Event()
+        self._cancel_scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        return f"Channel({self.topic.name}:{self.name})"
+
+    # --- queue side ---
+
+    def depth(self) -> int:
+        return len(self.queue)
+
+    def put(self, msg: Message) -> None:
+        """A new message from the topic."""
+        self.message_count += 1
+        self.queue.put(msg)
+        self.dispatch()
+
+    def put_many(self, msgs: Iterable[Message]) -> None:
+        n = len(self.queue)
+        self.queue.put_many(msgs)
+        self.message_count += len(self.queue) - n
+        self.dispatch()
+
+    def put_deferred(self, msg: Message, delay: float) -> None:
+        """A DPUB message from the topic, due after ``delay`` seconds."""
+        self.message_count += 1
+        self._start_deferred(msg, delay)
+
+    def _requeue(self, msg: Message) -> None:
+        msg.client = None
+        self.queue.put(msg)
+
+    # --- delivery ---
+
+    def dispatch(self) -> None:
+        """Hand queued messages to clients with RDY to spare."""
+        if self.paused or self.exiting or not self.clients or not self.queue:
+            return
+        ready = [c for c in self.clients.values() if c.is_ready_for_messages()]
+        if not ready:
+            return
+        rng = self.nsqd.rng
+        queue = self.queue
+        while ready:
+            msg = queue.get()
+            if msg is None:
+                break
+            client = ready[0] if len(ready) == 1 else rng.choice(ready)
+            # nsqd's messagePump: a sampled-out message is simply dropped for this
+            # channel (taken off the queue and never sent).
+            if client.sample_rate > 0 and rng.randrange(100) > client.sample_rate:
+                continue
+            self._start_in_flight(msg, client)
+            client.send_message(msg)
+            if not client.is_ready_for_messages():
+                ready.remove(client)
+
+    def _start_in_flight(self, msg: Message, client: ClientConnection) -> None:
+        now = trio.current_time()
+        msg.attempts += 1
+        msg.client = client
+        msg.delivery_ts = now
+        msg.deadline = now + client.msg_timeout
+        msg.seq = next(self._seq)
+        self.in_flight[msg.id] = msg
+        heapq.heappush(self._in_flight_heap, (msg.deadline, msg.seq, msg))
+        self._maybe_compact(self._in_flight_heap, self.in_flight)
+        self._schedule(msg.deadline)
+
+    def _pop_in_flight(self, client: ClientConnection, msg_id: bytes, verb: str) -> Message:
+        msg = self.in_flight.get(msg_id)
+        error = {"FIN": FinFailedError, "REQ": ReqFailedError, "TOUCH": TouchFailedError}[verb]
+        text_id = msg_id.decode("latin-1")
+        if msg is None:
+            raise error(f"{verb} {text_id} failed ID not in flight")
+        if msg.client is not client:
+            raise error(f"{verb} {text_id} failed client does not own message")
+        del self.in_flight[msg_id]
+        return msg
+
+    def finish(self, client: ClientConnection, msg_id: bytes) -> None:
+        """FIN: the message is done."""
+        msg = self._pop_in_flight(client, msg_id, "FIN")
+        msg.client = None
+        self.e2e.add(msg.timestamp)
+        self.topic.e2e.add(msg.timestamp)
+        client.finished_message()
+        self.dispatch()
+
+    def requeue(self, client: ClientConnection, msg_id: bytes, delay: float) -> None:
+        """REQ: back to the queue now (delay 0), or deferred."""
+        msg = self._pop_in_flight(client, msg_id, "REQ")
+        self.requeue_count += 1
+        client.requeued_message()
+        if delay <= 0:
+            self._requeue(msg)
+        else:
+            msg.client = None
+            self._start_deferred(msg, delay)
+        self.dispatch()
+
+    def touch(self, client: ClientConnection, msg_id: bytes) -> None:
+        """TOUCH: restart the in-flight timeout, never past max-msg-timeout."""
+        msg = self._pop_in_flight(client, msg_id, "TOUCH")
+        now = trio.current_time()
+        deadline = now + client.msg_timeout
+        max_timeout = self.nsqd.options.max_msg_timeout
+        if deadline - msg.delivery_ts >= max_timeout:
+            deadline = msg.delivery_ts + max_timeout
+        msg.deadline = deadline
+        msg.seq = next(self._seq)
+        self.in_flight[msg.id] = msg
+        heapq.heappush(self._in_flight_heap, (deadline, msg.seq, msg))
+        self._maybe_compact(self._in_flight_heap, self.in_flight)
+        self._schedule(deadline)
+
+    def _start_deferred(self, msg: Message, delay: float) -> None:
+        msg.deadline = trio.current_time() + delay
+        msg.seq = next(self._seq)
+        self.deferred[msg.id] = msg
+        heapq.heappush(self._deferred_heap, (msg.deadline, msg.seq, msg))
+        self._schedule(msg.deadline)
+
+    # --- clients ---
+
+    def add_client(self, client: ClientConnection) -> None:
+        self.clients[client.id] = client
+
+    def remove_client(self, client: ClientConnection) -> None:
+        if self.clients.pop(client.id, None) is None:
+            return
+        if self.nsqd.requeue_on_disconnect:
+            mine = [m for m in self.in_flight.values() if m.client is client]
+            for msg in mine:
+                del self.in_flight[msg.id]
+                self._requeue(msg)
+        if self.ephemeral and not self.clients:
+            self.topic.delete_channel(self.name)
+            return
+        self.dispatch()
+
+    # --- admin ---
+
+    def pause(self) -> None:
+        self.paused = True
+        for client in self.clients.values():
+            client.ready_state_changed()
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.dispatch()
+
+    def empty(self) -> None:
+        """Drop every queued, in-flight and deferred message (``/channel/empty``)."""
+        self.queue.clear()
+        self.in_flight.clear()
+        self.deferred.clear()
+        self._in_flight_heap.clear()
+        self._deferred_heap.clear()
+        for client in self.clients.values():
+            client.in_flight_count = 0
+        self.dispatch()
+
+    def close(self) -> None:
+        """Stop: the channel is deleted; its clients are disconnected."""
+        self.exiting = True
+        self._cancel_scope.cancel()
+        for client in list(self.clients.values()):
+            client.close()
+        self.clients.clear()
+
+    # --- timers ---
+
+    def _schedule(self, deadline: float) -> None:
+        if deadline < self._timer_target:
+            self._timer_wake.set()
+
+    @staticmethod
+    def _maybe_compact(heap: list[_Entry], live: dict[bytes, Message]) -> None:
+        # FIN leaves its heap entry behind; rebuild once stale entries dominate so
+        # memory stays proportional to what is really in flight.
+        if len(heap) > 1024 and len(heap) > 4 * len(live):
+            heap[:] = [(m.deadline, m.seq, m) for m in live.values()]
+            heapq.heapify(heap)
+
+    async def run_timers(self) -> None:
+        """The channel's timer task (in the nsqd's nursery, until deletion)."""
+        with self._cancel_scope:
+            while True:
+                self.process_timers(trio.current_time())
+                target = math.inf
+                if self._in_flight_heap:
+                    target = self._in_flight_heap[0][0]
+                if self._deferred_heap:
+                    target = min(target, self._deferred_heap[0][0])
+                self._timer_target = target
+                self._timer_wake = trio.Event()
+                with trio.move_on_at(target):
+                    await self._timer_wake.wait()
+
+    def process_timers(self, now: float) -> None:
+        """Requeue timed-out in-flight messages and release due deferred ones."""
+        changed = False
+        heap = self._in_flight_heap
+        while heap and heap[0][0] <= now:
+            _, seq, msg = heapq.heappop(heap)
+            if msg.seq != seq or self.in_flight.get(msg.id) is not msg:
+                continue
+            del self.in_flight[msg.id]
+            self.timeout_count += 1
+            client = msg.client
+            if client is not None:
+                client.timed_out_message()
+            self._requeue(msg)
+            changed = True
+        heap = self._deferred_heap
+        while heap and heap[0][0] <= now:
+            _, seq, msg = heapq.heappop(heap)
+            if msg.seq != seq or self.deferred.get(msg.id) is not msg:
+                continue
+            del self.deferred[msg.id]
+            self._requeue(msg)
+            changed = True
+        if changed:
+            self.dispatch()

@@ -1,0 +1,311 @@
+"""The nsqd node: listeners, the topic registry, lifecycle.
+
+Everything runs inside the caller's task tree::
+
+    async with fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as nsqd:
+        ...  # nsqd.tcp_address, nsqd.http_address are the bound "host:port"
+
+or ``await nursery.start(nsqd.run)``.  ``await nsqd.handle_stream(stream)`` serves
+an already connected stream (memory streams, simulations).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import trio
+
+from .auth import AuthHandler
+from .channel import Channel
+from .client import ClientConnection
+from .message import GUIDFactory
+from .options import NSQDOptions
+from .stats import build_stats
+from .topic import Topic
+
+__all__ = ["NSQD", "RegistryEvent", "split_address"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegistryEvent:
+    """A topic or channel appeared or went (what nsqd tells nsqlookupd)."""
+
+    action: Literal["register", "unregister"]
+    topic: str
+    channel: str | None = None
+
+
+RegistryListener = Callable[[RegistryEvent], None]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (port 0 allowed) to ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"invalid address {address!r}: expected 'host:port'")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class NSQD:
+    """An nsqd v1.3, in process.
+
+    Keyword arguments are :class:`NSQDOptions` fields (or pass ``options=``),
+    plus fakensq-only settings:
+
+    - ``auth_handler``: a callable standing in for the auth server;
+    - ``ssl_context``: the server TLS context (instead of tls_cert/tls_key);
+    - ``requeue_on_disconnect`` (default True): when a consumer's connection
+      ends, its in-flight messages go straight back to the queue.  (Real nsqd
+      leaves them in flight until their msg-timeout expires; pass False for
+      that.)
+    """
+
+    def __init__(
+        self,
+        options: NSQDOptions | None = None,
+        *,
+        auth_handler: AuthHandler | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        requeue_on_disconnect: bool = True,
+        **fields: Any,
+    ) -> None:
+        base = options if options is not None else NSQDOptions()
+        self.options: NSQDOptions = base.replace(**fields) if fields else base
+        self.auth_handler = auth_handler
+        self.requeue_on_disconnect = requeue_on_disconnect
+        self.rng = random.Random(self.options.seed)
+        self.guids = GUIDFactory(
+            self.options.node_id, self.rng if self.options.seed is not None else None
+        )
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, ClientConnection] = {}
+        self._client_ids = 0
+        self._listeners: list[RegistryListener] = []
+        self._options_listeners: list[Callable[[NSQDOptions], None]] = []
+        self.tls_context = ssl_context if ssl_context is not None else self._build_tls_context()
+        self.tcp_address = ""
+        self.http_address = ""
+        self.https_address = ""
+        self.start_time = int(time.time())
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self._healthy: str | None = None
+        self.hostname = socket.gethostname()
+
+    # --- lifecycle ---
+
+    async def __aenter__(self) -> NSQD:
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            nursery.cancel_scope.cancel()
+            await self._nursery_cm.__aexit__(None, None, None)
+            raise
+        self._outer = nursery
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._outer.cancel_scope.cancel()
+        # The body's own exception propagates unchanged (not wrapped in a group).
+        await self._nursery_cm.__aexit__(None, None, None)
+        return False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``task_status.started()`` once listening."""
+        from .http import NSQDHTTP  # late: http imports this module
+
+        opts = self.options
+        listeners: list[trio.SocketListener] = []
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.start_time = int(time.time())
+                if opts.tcp_address:
+                    host, port = split_address(opts.tcp_address)
+                    tcp = await trio.open_tcp_listeners(port, host=host)
+                    listeners.extend(tcp)
+                    bound = tcp[0].socket.getsockname()
+                    self.tcp_address = _join(bound[0], bound[1])
+                    for listener in tcp:
+                        nursery.start_soon(self._accept_loop, listener)
+                if opts.http_address:
+                    host, port = split_address(opts.http_address)
+                    server = NSQDHTTP(self, tls=False).server
+                    bound = await nursery.start(server.serve, host, port)
+                    self.http_address = _join(bound[0], bound[1])
+                if opts.https_address:
+                    if self.tls_context is None:
+                        raise ValueError(
+                            "https_address needs tls_cert and tls_key (or ssl_context)"
+                        )
+                    host, port = split_address(opts.https_address)
+                    server = NSQDHTTP(self, tls=True).server
+                    bound = await nursery.start(server.serve, host, port)
+                    self.https_address = _join(bound[0], bound[1])
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            for topic in list(self.topics.values()):
+                for channel in topic.channels.values():
+                    channel.close()
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(self, listener: trio.SocketListener) -> None:
+        assert self._nursery is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:  # EMFILE and friends: back off, keep serving
+                log.warning("accept failed: %s", exc)
+                await trio.sleep(0.01)
+                continue
+            self._nursery.start_soon(self.handle_stream, stream)
+
+    async def handle_stream(
+        self, stream: trio.abc.Stream, remote_address: str | None = None
+    ) -> None:
+        """Serve the TCP protocol on an already connected stream, until it ends."""
+        self._client_ids += 1
+        client = ClientConnection(self, stream, self._client_ids, remote_address)
+        await client.run()
+
+    def _build_tls_context(self) -> ssl.SSLContext | None:
+        opts = self.options
+        if not (opts.tls_cert or opts.tls_key):
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
+        versions = {
+            "ssl3.0": ssl.TLSVersion.TLSv1,
+            "tls1.0": ssl.TLSVersion.TLSv1,
+            "tls1.1": ssl.TLSVersion.TLSv1_1,
+            "tls1.2": ssl.TLSVersion.TLSv1_2,
+            "tls1.3": ssl.TLSVersion.TLSv1_3,
+        }
+        try:
+            ctx.minimum_version = versions.get(opts.tls_min_version.lower(), ssl.TLSVersion.TLSv1)
+        except ValueError:  # an OpenSSL that refuses old versions
+            pass
+        policy = opts.tls_client_auth_policy
+        if opts.tls_root_ca_file:
+            ctx.load_verify_locations(opts.tls_root_ca_file)
+        if policy == "require-verify":
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        elif policy == "require":
+            # Go's RequireAnyClientCert; Python cannot require a certificate
+            # without verifying it, so verify when a CA is given.
+            ctx.verify_mode = ssl.CERT_REQUIRED if opts.tls_root_ca_file else ssl.CERT_OPTIONAL
+        return ctx
+
+    # --- registry ---
+
+    def add_registry_listener(self, callback: RegistryListener) -> None:
+        """``callback(RegistryEvent)`` on every topic/channel creation and deletion."""
+        self._listeners.append(callback)
+
+    def remove_registry_listener(self, callback: RegistryListener) -> None:
+        self._listeners.remove(callback)
+
+    def registrations(self) -> list[tuple[str, str | None]]:
+        """Every (topic, None) and (topic, channel) that exists now."""
+        out: list[tuple[str, str | None]] = []
+        for topic in self.topics.values():
+            out.append((topic.name, None))
+            out.extend((topic.name, name) for name in topic.channels)
+        return out
+
+    def _notify(
+        self, action: Literal["register", "unregister"], topic: str, channel: str | None
+    ) -> None:
+        event = RegistryEvent(action, topic, channel)
+        for callback in list(self._listeners):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("registry listener failed")
+
+    # --- topics ---
+
+    def get_topic(self, name: str) -> Topic:
+        """The topic, created (and registered) if new."""
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(name, self)
+            self.topics[name] = topic
+            self._notify("register", name, None)
+        return topic
+
+    def get_existing_topic(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def delete_topic(self, name: str) -> bool:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return False
+        self._notify("unregister", name, None)
+        topic.close()
+        return True
+
+    def _start_channel(self, channel: Channel) -> None:
+        if self._nursery is None:
+            raise RuntimeError("the NSQD is not running")
+        self._nursery.start_soon(channel.run_timers)
+
+    # --- auth, health, stats ---
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.options.auth_http_addresses) or self.auth_handler is not None
+
+    def add_options_listener(self, callback: Callable[[NSQDOptions], None]) -> None:
+        """``callback(options)`` after ``PUT /config/...`` changed an option."""
+        self._options_listeners.append(callback)
+
+    def _options_changed(self) -> None:
+        for callback in list(self._options_listeners):
+            try:
+                callback(self.options)
+            except Exception:
+                log.exception("options listener failed")
+
+    def health(self) -> str:
+        return "OK" if self._healthy is None else f"NOK - {self._healthy}"
+
+    def set_health(self, error: str | None) -> None:
+        """Make /ping answer 500 with ``error`` (None: healthy again)."""
+        self._healthy = error
+
+    def stats(
+        self,
+        topic: str = "",
+        channel: str = "",
+        include_clients: bool = True,
+        include_mem: bool = True,
+    ) -> dict[str, Any]:
+        """The same document as ``GET /stats?format=json``."""
+        return build_stats(self, topic, channel, include_clients, include_mem)
