@@ -1,0 +1,394 @@
+"""The nsqd side of nsqlookupd: one connection per ``--lookupd-tcp-address``.
+
+Behaves as nsqd v1.3's ``lookupLoop`` and ``lookupPeer``:
+
+- at start, every peer connects (sending the magic ``"  V1"``), IDENTIFYs with
+  the nsqd's broadcast address, ports, hostname and version, then REGISTERs every
+  topic (a topic with channels is registered through its channels:
+  ``REGISTER topic channel``);
+- every 15 s each peer sends ``PING`` and reads the answer; a failed command
+  closes the connection, and the next command (the next ping, or the next
+  registration change) reconnects and re-registers everything;
+- each topic/channel creation or deletion is sent to every peer as
+  ``REGISTER``/``UNREGISTER``, in order;
+- each command waits at most 1 s for its answer, and answers larger than
+  ``max_body_size`` are refused, as nsqd does.
+
+It works with fakensq's nsqlookupd and with a real one.  Start it next to an
+NSQD with ``await nursery.start(run_lookup_peers, nsqd)``; ``poke()`` makes it
+heartbeat at once (fakensq only: lets a test or a Cluster skip the 15 s wait
+after a lookupd restarts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import trio
+
+from .lookupd import MAGIC_V1, split_host_port
+from .options import VERSION, NSQDOptions
+
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "LookupPeer",
+    "LookupPeers",
+    "LookupPeerError",
+    "run_lookup_peers",
+    "lookup_peers_of",
+    "NSQDHooks",
+]
+
+log = logging.getLogger("fakensq.nsqd.lookup")
+
+#: nsqd's heartbeat to every lookupd.
+HEARTBEAT_INTERVAL: Final = 15.0
+# nsqd's lookupPeer dials with a 1 s timeout and sets 1 s read/write deadlines.
+_IO_TIMEOUT: Final = 1.0
+
+
+class RegistryEventLike(Protocol):
+    """What :class:`fakensq.nsqd.RegistryEvent` carries."""
+
+    @property
+    def action(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def channel(self) -> str | None: ...
+
+
+class NSQDHooks(Protocol):
+    """The public parts of :class:`fakensq.NSQD` the lookup peers use."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+    @property
+    def tcp_address(self) -> str: ...
+    @property
+    def http_address(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+
+    def add_registry_listener(self, callback: Callable[[Any], None]) -> None: ...
+    def remove_registry_listener(self, callback: Callable[[Any], None]) -> None: ...
+    def registrations(self) -> list[tuple[str, str | None]]: ...
+
+
+_running: weakref.WeakKeyDictionary[Any, LookupPeers] = weakref.WeakKeyDictionary()
+
+
+def lookup_peers_of(nsqd: NSQDHooks) -> LookupPeers | None:
+    """The running :class:`LookupPeers` of ``nsqd``, if any."""
+    return _running.get(nsqd)
+
+
+class LookupPeerError(Exception):
+    """A lookupd command failed (connection refused, closed, timed out...)."""
+
+
+def _command(name: bytes, *params: str) -> bytes:
+    return b" ".join([name, *(p.encode() for p in params if p)]) + b"\n"
+
+
+def identify_command(info: dict[str, Any]) -> bytes:
+    body = json.dumps(info, separators=(",", ":")).encode()
+    return b"IDENTIFY\n" + struct.pack(">l", len(body)) + body
+
+
+@dataclass
+class _Tick:
+    retry: bool = False
+    done: trio.Event | None = None
+
+
+class LookupPeer:
+    """One lookupd connection, connected lazily by :meth:`command`."""
+
+    def __init__(self, address: str, peers: LookupPeers) -> None:
+        self.address = address
+        self._peers = peers
+        self._stream: trio.SocketStream | None = None
+        self._buf = bytearray()
+        #: The lookupd's IDENTIFY answer (tcp_port, http_port, version, ...).
+        self.info: dict[str, Any] = {}
+        #: How many times this peer has connected (each is followed by IDENTIFY
+        #: and the registration of everything).
+        self.connections = 0
+
+    def __str__(self) -> str:
+        return self.address
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None
+
+    async def close(self) -> None:
+        stream, self._stream = self._stream, None
+        self._buf.clear()
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+
+    async def _connect(self) -> None:
+        self._peers.logf(logging.INFO, f"LOOKUP connecting to {self.address}")
+        host, port = split_host_port(self.address)
+        try:
+            with trio.fail_after(_IO_TIMEOUT):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise LookupPeerError(f"dial tcp {self.address}: {exc}") from None
+        self._stream = stream
+        try:
+            await self._send(MAGIC_V1)
+        except LookupPeerError:
+            await self.close()
+            raise
+        self.connections += 1
+        if not await self._peers._connect_callback(self):
+            await self.close()
+            raise LookupPeerError("lookupPeer connectCallback() failed")
+
+    async def command(self, cmd: bytes | None) -> bytes | None:
+        """Send ``cmd`` and return the answer, connecting (and re-registering) first
+        when disconnected.  ``None`` only connects.  Failures close the connection
+        and raise :class:`LookupPeerError`."""
+        if self._stream is None:
+            await self._connect()
+        if cmd is None:
+            return None
+        try:
+            await self._send(cmd)
+            return await self._read_response()
+        except LookupPeerError:
+            await self.close()
+            raise
+
+    async def _send(self, data: bytes) -> None:
+        assert self._stream is not None
+        try:
+            with trio.fail_after(_IO_TIMEOUT):
+                await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
+            raise LookupPeerError(f"write: {exc or 'timeout'}") from None
+
+    async def _read_response(self) -> bytes:
+        try:
+            with trio.fail_after(_IO_TIMEOUT):
+                await self._fill(4)
+                (size,) = struct.unpack(">l", self._buf[:4])
+                limit = self._peers.max_body_size
+                if size > limit:
+                    raise LookupPeerError(
+                        f"response body size ({size}) is greater than limit ({limit})"
+                    )
+                if size < 0:
+                    raise LookupPeerError(f"invalid response body size ({size})")
+                await self._fill(4 + size)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise LookupPeerError(f"read: {exc}") from None
+        except trio.TooSlowError:
+            raise LookupPeerError("read: i/o timeout") from None
+        data = bytes(self._buf[4 : 4 + size])
+        del self._buf[: 4 + size]
+        return data
+
+    async def _fill(self, n: int) -> None:
+        assert self._stream is not None
+        while len(self._buf) < n:
+            chunk = await self._stream.receive_some(64 * 1024)
+            if not chunk:
+                raise LookupPeerError("read: EOF")
+            self._buf += chunk
+
+
+class LookupPeers:
+    """nsqd's lookup loop: every peer of one NSQDHooks, driven by one task."""
+
+    def __init__(self, nsqd: NSQDHooks, addresses: list[str] | None = None) -> None:
+        self.nsqd = nsqd
+        opts = nsqd.options
+        addresses = list(opts.lookupd_tcp_addresses if addresses is None else addresses)
+        # nsqd skips duplicates of an address it already has.
+        self.peers = [LookupPeer(a, self) for a in dict.fromkeys(addresses)]
+        self.max_body_size = opts.max_body_size
+        self._send, self._receive = trio.open_memory_channel[Any](math.inf)
+        self._prefix = getattr(opts, "log_prefix", "[nsqd] ")
+
+    def logf(self, level: int, msg: str) -> None:
+        log.log(level, msg, extra={"nsq_prefix": self._prefix})
+
+    def _on_registry_event(self, event: RegistryEventLike) -> None:
+        # Called synchronously by NSQD; the loop task sends it, in order.
+        try:
+            self._send.send_nowait(event)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    def poke(self, retry: bool = True) -> trio.Event:
+        """Heartbeat every peer now (reconnecting the disconnected ones).
+
+        With ``retry``, a peer whose PING fails (its lookupd restarted) reconnects
+        at once instead of at the next heartbeat.  The returned event is set when
+        the round is done.
+        """
+        done = trio.Event()
+        try:
+            self._send.send_nowait(_Tick(retry=retry, done=done))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            done.set()
+        return done
+
+    def _identify_info(self) -> dict[str, Any]:
+        opts = self.nsqd.options
+        tcp_port = opts.broadcast_tcp_port or _port_of(self.nsqd.tcp_address)
+        http_port = opts.broadcast_http_port or _port_of(self.nsqd.http_address)
+        return {
+            "broadcast_address": opts.broadcast_address,
+            "hostname": self.nsqd.hostname,
+            "http_port": http_port,
+            "tcp_port": tcp_port,
+            "version": VERSION,
+        }
+
+    async def _connect_callback(self, peer: LookupPeer) -> bool:
+        """IDENTIFY and REGISTER everything; False (connection closed) on failure."""
+        cmd = identify_command(self._identify_info())
+        try:
+            resp = await peer.command(cmd)
+        except LookupPeerError as exc:
+            self.logf(logging.ERROR, f"LOOKUPD({peer}): IDENTIFY - {exc}")
+            return False
+        assert resp is not None
+        if resp == b"E_INVALID":
+            self.logf(logging.INFO, f"LOOKUPD({peer}): lookupd returned {resp.decode()}")
+            await peer.close()
+            return False
+        try:
+            info = json.loads(resp)
+            if not isinstance(info, dict):
+                raise ValueError(resp)
+        except ValueError:
+            self.logf(
+                logging.ERROR, f"LOOKUPD({peer}): parsing response - {resp.decode('latin-1')}"
+            )
+            await peer.close()
+            return False
+        peer.info = info
+        self.logf(logging.INFO, f"LOOKUPD({peer}): peer info {info}")
+        if not info.get("broadcast_address"):
+            self.logf(logging.ERROR, f"LOOKUPD({peer}): no broadcast address")
+        # A topic with channels is registered through them (the channel
+        # registration adds the topic too), as nsqd does.
+        commands: list[bytes] = []
+        regs = self.nsqd.registrations()
+        with_channels = {topic for topic, channel in regs if channel is not None}
+        for topic, channel in regs:
+            if channel is None and topic not in with_channels:
+                commands.append(_command(b"REGISTER", topic))
+            elif channel is not None:
+                commands.append(_command(b"REGISTER", topic, channel))
+        for cmd in commands:
+            self.logf(logging.INFO, f"LOOKUPD({peer}): {cmd.decode().strip()}")
+            try:
+                await peer.command(cmd)
+            except LookupPeerError as exc:
+                self.logf(logging.ERROR, f"LOOKUPD({peer}): {cmd.decode().strip()} - {exc}")
+                return False
+        return True
+
+    async def _connect_all(self) -> None:
+        for peer in self.peers:
+            self.logf(logging.INFO, f"LOOKUP({peer}): adding peer")
+            try:
+                await peer.command(None)
+            except LookupPeerError as exc:
+                self.logf(logging.ERROR, f"LOOKUPD({peer}): connect - {exc}")
+
+    async def _heartbeat(self, retry: bool) -> None:
+        for peer in self.peers:
+            self.logf(logging.DEBUG, f"LOOKUPD({peer}): sending heartbeat")
+            attempts = 2 if retry else 1
+            for _ in range(attempts):
+                try:
+                    await peer.command(b"PING\n")
+                    break
+                except LookupPeerError as exc:
+                    self.logf(logging.ERROR, f"LOOKUPD({peer}): PING - {exc}")
+
+    async def _announce(self, event: RegistryEventLike) -> None:
+        name = b"REGISTER" if event.action == "register" else b"UNREGISTER"
+        branch = "topic" if event.channel is None else "channel"
+        cmd = _command(name, event.topic, event.channel or "")
+        for peer in self.peers:
+            self.logf(logging.INFO, f"LOOKUPD({peer}): {branch} {cmd.decode().strip()}")
+            try:
+                await peer.command(cmd)
+            except LookupPeerError as exc:
+                self.logf(logging.ERROR, f"LOOKUPD({peer}): {cmd.decode().strip()} - {exc}")
+
+    async def _ticker(self) -> None:
+        deadline = trio.current_time()
+        while True:
+            deadline += HEARTBEAT_INTERVAL
+            await trio.sleep_until(deadline)
+            self._send.send_nowait(_Tick())
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[LookupPeers] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect every peer, then serve heartbeats and registrations until cancelled.
+
+        ``task_status.started(self)`` after the first connection attempt to every
+        peer (successful or not), so registrations made after it reach them.
+        """
+        self.nsqd.add_registry_listener(self._on_registry_event)
+        _running[self.nsqd] = self
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._connect_all()
+                nursery.start_soon(self._ticker)
+                task_status.started(self)
+                async for item in self._receive:
+                    if isinstance(item, _Tick):
+                        await self._heartbeat(item.retry)
+                        if item.done is not None:
+                            item.done.set()
+                    else:
+                        await self._announce(item)
+        finally:
+            _running.pop(self.nsqd, None)
+            try:
+                self.nsqd.remove_registry_listener(self._on_registry_event)
+            except ValueError:
+                pass
+            self._send.close()
+            self.logf(logging.INFO, "LOOKUP: closing")
+            for peer in self.peers:
+                await peer.close()
+
+
+def _port_of(address: str) -> int:
+    if not address:
+        return 0
+    return split_host_port(address)[1]
+
+
+async def run_lookup_peers(
+    nsqd: NSQDHooks,
+    *,
+    task_status: trio.TaskStatus[LookupPeers] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``nsqd``'s lookup loop (its ``lookupd_tcp_addresses``) until cancelled.
+
+    Call it once ``nsqd`` is listening (it announces the bound ports):
+    ``await nursery.start(run_lookup_peers, nsqd)``.
+    """
+    peers = LookupPeers(nsqd)
+    await peers.run(task_status=task_status)
