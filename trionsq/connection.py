@@ -186,9 +186,10 @@ class Connection:
         except trio.TooSlowError:
             raise NSQConnectionError(f"{address}: connect timed out") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise NSQConnectionError(f"{address}: {exc or type(exc).__name__}") from exc
-        except ssl.SSLError as exc:
-            raise NSQConnectionError(f"{address}: TLS failed: {exc}") from exc
+            cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+            if isinstance(cause, ssl.SSLError):
+                raise NSQConnectionError(f"{address}: TLS failed: {cause}") from exc
+            raise NSQConnectionError(f"{address}: {str(exc) or type(exc).__name__}") from exc
         finally:
             if conn is not None:  # the handshake failed: do not leak the stream
                 await trio.aclose_forcefully(conn._stream)

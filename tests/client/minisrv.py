@@ -195,6 +195,8 @@ class ServerConn:
             self.rdy = command.count()
             record.rdys.append(self.rdy)
             server.rdy_history.append((trio.current_time(), self, self.rdy))
+            if server.rdy_log is not None:
+                server.rdy_log.append((server.name, self.rdy))
             self.wakeup.set()
         elif isinstance(command, commands.Fin):
             record.fins.append(command.id)
@@ -279,6 +281,9 @@ class MiniNSQD:
         self.refuse = False
         self.waiters: set[ServerConn] = set()
         self._next_id = 0
+        self.name = ""
+        #: shared by a Cluster: every RDY any node received, in arrival order
+        self.rdy_log: list[tuple[str, int]] | None = None
 
     @property
     def live(self) -> list[ServerConn]:
@@ -315,9 +320,12 @@ class Cluster:
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
         self.nodes: dict[str, MiniNSQD] = {}
+        self.rdy_log: list[tuple[str, int]] = []
 
     def add(self, address: str, **options: Any) -> MiniNSQD:
         node = MiniNSQD(self.nursery, **options)
+        node.name = address
+        node.rdy_log = self.rdy_log
         self.nodes[address] = node
         return node
 

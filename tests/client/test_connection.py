@@ -1,0 +1,300 @@
+"""Connection handshake and upgrades (TLS, snappy, deflate, AUTH), heartbeats,
+timeouts and bad input, over in-memory streams."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+import trustme
+
+import trionsq
+from trionsq.config import Config
+from trionsq.connection import CodecStream, Connection
+from trionsq.protocol import codecs, commands
+from trionsq.protocol.frames import encode_response
+
+from .minisrv import MiniNSQD, wait_for
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def server_context(ca: trustme.CA, *, require_client_cert: bool = False) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("nsqd").configure_cert(context)
+    if require_client_cert:
+        context.verify_mode = ssl.CERT_REQUIRED
+        ca.configure_trust(context)
+    return context
+
+
+def client_context(ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+async def round_trip(node: MiniNSQD, **options: Any) -> trionsq.Consumer:
+    """Publish, then consume one message through a connection with ``options``."""
+    async with trionsq.Producer(["nsqd:4150"], connector=node.connector, **options) as p:
+        await p.publish("topic", b"payload" * 100)
+    node.put(b"body" * 100)
+    got: list[bytes] = []
+    async with trionsq.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=["nsqd:4150"],
+        connector=node.connector,
+        handler=lambda m: got.append(m.body),
+        **options,
+    ) as consumer:
+        await wait_for(lambda: node.fins)
+    assert got == [b"body" * 100]
+    assert node.published == [("topic", b"payload" * 100)]
+    return consumer
+
+
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+async def test_compression(nursery: trio.Nursery, compression: str) -> None:
+    node = MiniNSQD(nursery)
+    await round_trip(node, **{compression: True})
+    assert node.conns[0].record.identify[compression] is True
+    assert isinstance(node.conns[0].stream, CodecStream)
+
+
+async def test_compression_not_offered_falls_back_to_plain(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery, compression=False)
+    await round_trip(node, snappy=True)
+    assert not isinstance(node.conns[0].stream, CodecStream)
+
+
+async def test_tls(nursery: trio.Nursery, ca: trustme.CA) -> None:
+    node = MiniNSQD(nursery, tls_context=server_context(ca))
+    await round_trip(node, tls=client_context(ca))
+    assert isinstance(node.conns[0].stream, trio.SSLStream)
+
+
+async def test_tls_with_snappy_and_client_certificate(
+    nursery: trio.Nursery, ca: trustme.CA, tmp_path: Path
+) -> None:
+    cert = ca.issue_cert("client")
+    cert_path, key_path = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    node = MiniNSQD(nursery, tls_context=server_context(ca, require_client_cert=True))
+    await round_trip(
+        node,
+        tls=client_context(ca),
+        tls_cert=str(cert_path),
+        tls_key=str(key_path),
+        snappy=True,
+    )
+    stream = node.conns[0].stream
+    assert isinstance(stream, CodecStream) and isinstance(stream.inner, trio.SSLStream)
+
+
+async def test_tls_required_but_not_offered(nursery: trio.Nursery, ca: trustme.CA) -> None:
+    node = MiniNSQD(nursery)
+    config = Config(tls=client_context(ca), connector=node.connector)
+    with pytest.raises(trionsq.NegotiationError):
+        await Connection.open("nsqd:4150", config)
+
+
+async def test_tls_untrusted_server_fails_to_connect(nursery: trio.Nursery, ca: trustme.CA) -> None:
+    node = MiniNSQD(nursery, tls_context=server_context(ca))
+    config = Config(tls=True, connector=node.connector)  # system trust: not our CA
+    with pytest.raises(trionsq.NSQConnectionError, match="TLS"):
+        await Connection.open("nsqd:4150", config)
+
+
+async def test_auth(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery, auth_secret=b"s3cret")
+    await round_trip(node, auth_secret="s3cret")
+    assert node.conns[0].record.auth == b"s3cret"
+    config = Config(auth_secret="s3cret", connector=node.connector)
+    conn = await Connection.open("nsqd:4150", config)
+    assert conn.auth_response == {"identity": "tester", "identity_url": "", "permission_count": 1}
+    await conn.aclose()
+
+
+async def test_auth_refused_and_missing(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery, auth_secret=b"s3cret")
+    with pytest.raises(trionsq.AuthFailedError):
+        await Connection.open("nsqd:4150", Config(auth_secret="wrong", connector=node.connector))
+    with pytest.raises(trionsq.NegotiationError, match="auth_secret"):
+        await Connection.open("nsqd:4150", Config(connector=node.connector))
+
+
+async def test_identify_fields_and_negotiated_values(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery, max_rdy_count=7)
+    config = Config(
+        connector=node.connector,
+        client_id="worker-1",
+        hostname="box.example",
+        user_agent="test/1",
+        heartbeat_interval=5.0,
+        read_timeout=12.0,
+        output_buffer_size=4096,
+        output_buffer_timeout=0.1,
+        sample_rate=20,
+        msg_timeout=30.0,
+        deflate_level=3,
+    )
+    conn = await Connection.open("nsqd:4150", config)
+    assert conn.max_rdy_count == 7
+    assert conn.msg_timeout == 60.0
+    await conn.aclose()
+    identify = node.conns[0].record.identify
+    assert identify == {
+        "client_id": "worker-1",
+        "hostname": "box.example",
+        "user_agent": "test/1",
+        "feature_negotiation": True,
+        "heartbeat_interval": 5000,
+        "tls_v1": False,
+        "snappy": False,
+        "deflate": False,
+        "deflate_level": 3,
+        "sample_rate": 20,
+        "output_buffer_size": 4096,
+        "output_buffer_timeout": 100,
+        "msg_timeout": 30000,
+    }
+
+
+async def test_old_nsqd_without_feature_negotiation(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery, feature_negotiation=False)
+    conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
+    assert conn.identify_response == {}
+    assert conn.max_rdy_count == 2500  # the guide's assumption
+    await conn.aclose()
+
+
+async def test_read_timeout_closes_a_silent_connection(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    config = Config(connector=node.connector, heartbeat_interval=1.0, read_timeout=3.0)
+    conn = await Connection.open("nsqd:4150", config)
+    nursery.start_soon(conn.run)
+    start = trio.current_time()
+    await conn.wait_closed()
+    assert trio.current_time() - start == pytest.approx(3.0)
+    assert isinstance(conn.close_reason, trionsq.NSQConnectionError)
+
+
+async def test_heartbeats_keep_it_alive_and_get_nops(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    config = Config(connector=node.connector, heartbeat_interval=1.0, read_timeout=3.0)
+    conn = await Connection.open("nsqd:4150", config)
+    nursery.start_soon(conn.run)
+    server = node.conns[0]
+    for _ in range(5):
+        await trio.sleep(2.0)
+        await server.send(encode_response(b"_heartbeat_"))
+    await wait_for(lambda: server.record.nops == 5)
+    assert not conn.closed
+    await conn.aclose()
+
+
+async def test_non_fatal_error_is_logged_and_connection_kept(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = MiniNSQD(nursery)
+    conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
+    nursery.start_soon(conn.run)
+    await conn.send(commands.fin(b"0123456789abcdef"))  # not in flight: E_FIN_FAILED
+    assert await conn.request(commands.sub("t", "c")) == b"OK"
+    assert not conn.closed
+    assert any("E_FIN_FAILED" in r.message for r in caplog.records)
+    await conn.aclose()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\x00\x00\x08\x00\x00\x00\x09garbage!",  # unknown frame type
+        b"\xff\xff\xff\xff",  # negative size
+        b"\x7f\x00\x00\x00",  # larger than max_frame_size
+        b"\x00\x00\x00\x06\x00\x00\x00\x02ab",  # a message frame too short
+        b"\x00\x00\x00\x06\x00\x00\x00\x00OK",  # a response nobody asked for
+    ],
+)
+async def test_garbage_ends_the_connection_with_a_protocol_error(
+    nursery: trio.Nursery, garbage: bytes
+) -> None:
+    node = MiniNSQD(nursery)
+    conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
+    nursery.start_soon(conn.run)
+    await node.conns[0].send(garbage)
+    await conn.wait_closed()
+    assert isinstance(conn.close_reason, trionsq.ProtocolError)
+    with pytest.raises(trionsq.ConnectionClosedError):
+        await conn.request(commands.nop())
+
+
+async def test_garbage_during_handshake(nursery: trio.Nursery) -> None:
+    async def connector(host: str, port: int) -> trio.abc.Stream:
+        client, server = trio.testing.memory_stream_pair()
+
+        async def serve() -> None:
+            await server.receive_some()
+            await server.send_all(encode_response(b"{not json"))
+
+        nursery.start_soon(serve)
+        return client
+
+    with pytest.raises(trionsq.ProtocolError):
+        await Connection.open("nsqd:4150", Config(connector=connector))
+
+
+async def test_connect_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    async def hangs(host: str, port: int) -> trio.abc.Stream:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    start = trio.current_time()
+    with pytest.raises(trionsq.NSQConnectionError, match="timed out"):
+        await Connection.open("nsqd:4150", Config(connector=hangs, connect_timeout=2.0))
+    assert trio.current_time() - start == pytest.approx(2.0)
+
+
+async def test_consumer_reconnects_after_garbage(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    async with trionsq.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=["nsqd:4150"], connector=node.connector
+    ) as c:
+        await c.wait_connected()
+        await node.conns[0].send(b"\x00\x00\x00\x05\x00\x00\x00\x07!")
+        await wait_for(lambda: len(node.conns) == 2 and c.connections == ["nsqd:4150"])
+        node.put(b"after")
+        message = await c.__anext__()
+        assert message.body == b"after"
+        await message.finish()
+
+
+def test_codec_stream_respects_max_bytes() -> None:
+    async def main() -> None:
+        left, right = trio.testing.memory_stream_pair()
+        sender = CodecStream(left, codecs.DeflateEncoder(), codecs.DeflateDecoder())
+        receiver = CodecStream(right, codecs.DeflateEncoder(), codecs.DeflateDecoder())
+        await sender.send_all(b"abcdefgh" * 10)
+        data = b""
+        while len(data) < 80:
+            chunk = await receiver.receive_some(7)
+            assert len(chunk) <= 7
+            data += chunk
+        assert data == b"abcdefgh" * 10
+
+    trio.run(main)

@@ -1,0 +1,174 @@
+"""Consumer flow control across connections, and backoff timelines (virtual time)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trionsq
+
+from .minisrv import Cluster, MiniNSQD, wait_for
+
+NO_JITTER = trionsq.BackoffPolicy(base=1.0, max=8.0, multiplier=2.0, jitter=0.0)
+
+
+def cluster_consumer(cluster: Cluster, **options: Any) -> trionsq.Consumer:
+    return trionsq.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=sorted(cluster.nodes),
+        connector=cluster.connector,
+        **options,
+    )
+
+
+async def test_max_in_flight_is_spread_and_never_exceeded(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    cluster = Cluster(nursery)
+    nodes = [cluster.add(f"n{i}:4150") for i in range(3)]
+    for i, node in enumerate(nodes):
+        node.put(*[b"%d-%d" % (i, j) for j in range(30)])
+    in_flight = 0
+    peak = 0
+
+    async def handler(message: trionsq.Message) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await trio.sleep(0.5)
+        in_flight -= 1
+
+    async with cluster_consumer(cluster, handler=handler, max_in_flight=7) as c:
+        await wait_for(lambda: c.stats.finished == 90, limit=300)
+        rdys = {address: s.rdy for address, s in c.stats.connections.items()}
+    assert peak == 7
+    assert sorted(rdys.values()) == [2, 2, 3]
+    for node in nodes:
+        # Server side: no connection was ever asked for more than its share + 1.
+        assert max(value for _, _, value in node.rdy_history) <= 3
+
+
+async def test_rdy_rotates_when_fewer_max_in_flight_than_connections(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    cluster = Cluster(nursery)
+    nodes = [cluster.add(f"n{i}:4150") for i in range(4)]
+    for i, node in enumerate(nodes):
+        node.put(*[b"%d-%d" % (i, j) for j in range(3)])
+
+    async with cluster_consumer(
+        cluster, handler=lambda m: None, max_in_flight=1, low_rdy_idle_timeout=2.0
+    ) as c:
+        await wait_for(lambda: c.stats.finished == 12, limit=600)
+    # Never more than one RDY out at a time, across all nsqds.
+    current: dict[str, int] = {}
+    for address, value in cluster.rdy_log:
+        current[address] = value
+        assert sum(current.values()) <= 1
+    assert all(not node.queue for node in nodes)  # every nsqd was drained
+
+
+async def test_backoff_timeline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    cluster = Cluster(nursery)
+    a = cluster.add("a:4150")
+    b = cluster.add("b:4150")
+    outcomes = iter([False, True])  # the first message fails, then all succeed
+
+    async def handler(message: trionsq.Message) -> None:
+        if not next(outcomes, True):
+            raise RuntimeError("downstream is down")
+
+    async with cluster_consumer(cluster, handler=handler, max_in_flight=4, backoff=NO_JITTER) as c:
+        await wait_for(lambda: len(c.connections) == 2)
+        await wait_for(lambda: [v for _, _, v in a.rdy_history][-1:] == [1])
+        a.put(b"fail")
+        await wait_for(lambda: c.stats.requeued == 1)
+        t0 = trio.current_time()
+        assert c.stats.backoff_state == "paused"
+        await wait_for(lambda: c.stats.rdy == 0)
+        # Paused for 1s, then exactly one connection gets RDY 1 to test.
+        await wait_for(lambda: c.stats.backoff_state == "testing")
+        assert trio.current_time() - t0 == pytest.approx(1.0, abs=0.002)
+        await wait_for(lambda: c.stats.rdy == 1)
+        tester = next(s.address for s in c.stats.connections.values() if s.rdy == 1)
+        node = cluster.nodes[tester]
+        node.put(b"ok")
+        await wait_for(lambda: c.stats.finished == 1)
+        await wait_for(lambda: c.stats.backoff_state == "normal" and c.stats.rdy == 4)
+    assert b.conns  # both nsqds were used
+
+
+async def test_results_during_a_pause_are_ignored(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.put(b"1", b"2", b"3")
+    release = trio.Event()
+
+    async def handler(message: trionsq.Message) -> None:
+        await release.wait()
+        raise RuntimeError
+
+    async with trionsq.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=["n:1"],
+        connector=node.connector,
+        handler=handler,
+        max_in_flight=3,
+        backoff=NO_JITTER,
+    ) as c:
+        await wait_for(lambda: c.stats.received == 3)
+        release.set()
+        await wait_for(lambda: c.stats.requeued == 3)
+        # Three failures, but they all fell in one window: level 1.
+        assert c.stats.backoff_level == 1
+        assert c.stats.backoff_state == "paused"
+
+
+async def test_disabled_backoff_keeps_rdy(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.put(b"1", b"2")
+
+    def handler(message: trionsq.Message) -> None:
+        raise RuntimeError
+
+    async with trionsq.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=["n:1"],
+        connector=node.connector,
+        handler=handler,
+        max_in_flight=2,
+        backoff=False,
+    ) as c:
+        await wait_for(lambda: c.stats.requeued == 2)
+        assert c.stats.backoff_state == "normal"
+        assert 0 not in [v for _, _, v in node.rdy_history]
+
+
+async def test_set_max_in_flight_at_run_time(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    async with trionsq.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=["n:1"], connector=node.connector, max_in_flight=5
+    ) as c:
+        await c.wait_connected()
+        node.put(b"x")
+        message = await c.__anext__()
+        await message.finish()
+        await wait_for(lambda: c.stats.rdy == 5)
+        await c.set_max_in_flight(0)
+        assert c.stats.rdy == 0
+        await c.set_max_in_flight(2)
+        assert c.stats.rdy == 2
+    assert [v for _, _, v in node.rdy_history][-3:] == [5, 0, 2]
