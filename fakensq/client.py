@@ -601,11 +601,12 @@ class ClientConnection:
 
     def stats(self, topic_filter: str = "") -> dict[str, Any]:
         """nsqd's ClientV2Stats (the per-client entry of /stats)."""
+        # nsqd's loop breaks after the first topic it keeps: one entry at most.
         pub_counts = [
             {"topic": t, "count": n}
             for t, n in self.pub_counts.items()
             if not topic_filter or t == topic_filter
-        ]
+        ][:1]
         doc: dict[str, Any] = {
             "client_id": self.client_id,
             "hostname": self.hostname,

@@ -122,14 +122,6 @@ class NSQDHTTP:
             raise HTTPError(400, "INVALID_TOPIC")
         return name
 
-    def _existing_topic_name(self, request: Request) -> str:
-        name = request.arg("topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_topic_name(name):
-            raise HTTPError(400, "INVALID_TOPIC")
-        return name
-
     def _topic_channel_args(self, request: Request) -> tuple[str, str]:
         """http_api.GetTopicChannelArgs, then the topic must exist."""
         topic = request.arg("topic")
@@ -150,23 +142,23 @@ class NSQDHTTP:
 
     async def ping(self, request: Request) -> Response:
         health = self.nsqd.health()
-        if health != "OK":
-            return Response.text(health, 500)
-        return Response.text("OK")
+        return Response.text(health, 200 if health == "OK" else 500)
 
     async def info(self, request: Request) -> Response:
         nsqd = self.nsqd
         opts = nsqd.options
-        tcp_port = int(nsqd.tcp_address.rpartition(":")[2] or 0)
-        http_port = int(nsqd.http_address.rpartition(":")[2] or 0)
         return _ok(
             {
                 "version": VERSION,
                 "broadcast_address": opts.broadcast_address,
                 "hostname": nsqd.hostname,
-                "http_port": opts.broadcast_http_port or http_port,
-                "tcp_port": opts.broadcast_tcp_port or tcp_port,
+                "http_port": int(nsqd.http_address.rpartition(":")[2] or -1),
+                "tcp_port": int(nsqd.tcp_address.rpartition(":")[2] or -1),
                 "start_time": nsqd.start_time,
+                "max_heartbeat_interval": round(opts.max_heartbeat_interval * 1e9),
+                "max_output_buffer_size": opts.max_output_buffer_size,
+                "max_output_buffer_timeout": round(opts.max_output_buffer_timeout * 1e9),
+                "max_deflate_level": opts.max_deflate_level,
             }
         )
 
@@ -200,8 +192,8 @@ class NSQDHTTP:
         topic = self.nsqd.get_topic(name)
         binary = False
         if request.has_arg("binary"):
-            parsed = _GO_BOOLS.get(request.arg("binary") or "")
-            binary = True if parsed is None else parsed  # unrecognized counts as true
+            # an unrecognized value counts as true (deprecated, nsqd logs a warning)
+            binary = _BOOL_PARAMS.get(request.arg("binary") or "", True)
         if binary:
             bodies = _read_binary_mpub(request.body, opts.max_msg_size, opts.max_body_size)
         else:
@@ -233,12 +225,20 @@ class NSQDHTTP:
         return _ok()
 
     async def topic_delete(self, request: Request) -> Response:
-        if not self.nsqd.delete_topic(self._existing_topic_name(request)):
+        name = request.arg("topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not self.nsqd.delete_topic(name):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return _ok()
 
-    def _existing_topic(self, request: Request) -> Any:
-        topic = self.nsqd.get_existing_topic(self._existing_topic_name(request))
+    def _existing_topic(self, request: Request, validate: bool = True) -> Any:
+        name = request.arg("topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if validate and not is_valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        topic = self.nsqd.get_existing_topic(name)
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic
@@ -248,11 +248,11 @@ class NSQDHTTP:
         return _ok()
 
     async def topic_pause(self, request: Request) -> Response:
-        self._existing_topic(request).pause()
+        self._existing_topic(request, validate=False).pause()
         return _ok()
 
     async def topic_unpause(self, request: Request) -> Response:
-        self._existing_topic(request).unpause()
+        self._existing_topic(request, validate=False).unpause()
         return _ok()
 
     async def channel_create(self, request: Request) -> Response:
@@ -304,7 +304,7 @@ class NSQDHTTP:
                 opts.lookupd_tcp_addresses = list(value or [])
             elif opt == "log_level":
                 level = body.decode("utf-8", "replace").strip().lower()
-                if level not in ("debug", "info", "warn", "error", "fatal"):
+                if level not in _LOG_LEVELS:
                     raise HTTPError(400, "INVALID_VALUE")
                 opts.log_level = level
             else:
@@ -312,24 +312,10 @@ class NSQDHTTP:
             self.nsqd._options_changed()
         found, value = _option_by_cfg_name(opts, opt)
         if not found:
-            raise HTTPError(404, "INVALID_OPTION")
-        return _ok(json.loads(json.dumps(value)) if isinstance(value, str) else value)
+            raise HTTPError(400, "INVALID_OPTION")
+        # RespondV1 sends a string as it is, anything else as JSON.
+        return _ok(value)
 
-
-_GO_BOOLS = {
-    "1": True,
-    "t": True,
-    "T": True,
-    "TRUE": True,
-    "true": True,
-    "True": True,
-    "0": False,
-    "f": False,
-    "F": False,
-    "FALSE": False,
-    "false": False,
-    "False": False,
-}
 
 # nsqd's cfg names that differ from fakensq's field names.
 _CFG_ALIASES = {"nsqlookupd_tcp_addresses": "lookupd_tcp_addresses"}
@@ -353,6 +339,9 @@ _DURATIONS = {
 }
 
 
+_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+
 def _option_by_cfg_name(opts: Any, name: str) -> tuple[bool, Any]:
     field = _CFG_ALIASES.get(name, name)
     if field.startswith("_") or field in ("seed",) or not hasattr(opts, field):
@@ -362,8 +351,8 @@ def _option_by_cfg_name(opts: Any, name: str) -> tuple[bool, Any]:
         return False, None
     if field in _DURATIONS:
         return True, round(value * 1e9)
-    if field == "log_level":
-        return True, value.upper()
+    if field == "log_level":  # lg.LogLevel is an int in Go's JSON
+        return True, _LOG_LEVELS.get(str(value).lower(), 2)
     return True, value
 
 

@@ -97,23 +97,33 @@ def build_stats(
     include_clients: bool = True,
     include_mem: bool = True,
 ) -> dict[str, Any]:
-    """The /stats JSON document, as nsqd v1.3's ``doStats`` builds it."""
-    topics: list[dict[str, Any]] = []
+    """The /stats JSON document, as nsqd v1.3's ``doStats`` builds it.
+
+    Go's nil slices come out as ``null``: ``topics`` when the asked-for topic
+    does not exist, ``clients`` without include_clients, ``producers`` when
+    there are none.
+    """
+    topics: list[dict[str, Any]] | None = []
     if topic:
-        selected = [nsqd.topics[topic]] if topic in nsqd.topics else []
+        selected = [nsqd.topics[topic]] if topic in nsqd.topics else None
     else:
         selected = [nsqd.topics[name] for name in sorted(nsqd.topics)]
-    for t in selected:
-        if channel:
-            if channel not in t.channels:
-                continue
-            chans = [t.channels[channel]]
-        else:
-            chans = [t.channels[name] for name in sorted(t.channels)]
-        topics.append(_topic_stats(t, [_channel_stats(c, topic, include_clients) for c in chans]))
+    if selected is None:
+        topics = None
+    else:
+        assert topics is not None
+        for t in selected:
+            if channel:
+                if channel not in t.channels:
+                    continue
+                chans = [t.channels[channel]]
+            else:
+                chans = [t.channels[name] for name in sorted(t.channels)]
+            channel_docs = [_channel_stats(c, topic, include_clients) for c in chans]
+            topics.append(_topic_stats(t, channel_docs))
     producers: list[dict[str, Any]] | None = None
     if include_clients:
-        producers = [c.stats(topic) for c in nsqd.clients.values() if c.is_producer()]
+        producers = [c.stats(topic) for c in nsqd.clients.values() if c.is_producer()] or None
     doc: dict[str, Any] = {
         "version": VERSION,
         "health": nsqd.health(),
@@ -122,7 +132,7 @@ def build_stats(
     }
     if include_mem:
         doc["memory"] = _memory_stats()
-    doc["producers"] = producers if producers is not None else []
+    doc["producers"] = producers
     return doc
 
 
@@ -146,70 +156,63 @@ def _memory_stats() -> dict[str, int]:
 
 def format_text_stats(doc: dict[str, Any]) -> str:
     """nsqd's plain-text /stats (``printStats``)."""
-    lines = [f"nsqd v{doc['version']} (built w/fakensq)"]
-    lines.append(f"start_time {_rfc3339(doc['start_time'])}")
-    lines.append(f"uptime {_uptime(doc['start_time'])}")
-    lines.append("")
-    lines.append(f"Health: {doc['health']}")
+    out = [f"nsqd v{doc['version']} (built w/fakensq)\n"]
+    out.append(f"start_time {_rfc3339(doc['start_time'])}\n")
+    out.append(f"uptime {_uptime(doc['start_time'])}\n")
+    out.append(f"\nHealth: {doc['health']}\n")
     mem = doc.get("memory")
     if mem:
-        lines.append("")
-        lines.append("Memory:")
-        for key in (
-            "heap_objects",
-            "heap_idle_bytes",
-            "heap_in_use_bytes",
-            "heap_released_bytes",
-            "gc_pause_usec_100",
-            "gc_pause_usec_99",
-            "gc_pause_usec_95",
-            "next_gc_bytes",
-            "gc_total_runs",
-        ):
-            lines.append(f"   {key:<25}{mem[key]}")
-    if not doc["topics"]:
-        lines.append("")
-        lines.append("NO_TOPICS")
-        return "\n".join(lines) + "\n"
-    lines.append("")
-    lines.append("Topics:")
-    for t in doc["topics"]:
-        state = " *P" if t["paused"] else "   "
-        lines.append(
-            f"\n[{t['topic_name']:<20}]{state} depth: {t['depth']:<5} be-depth: "
+        out.append("\nMemory:\n")
+        for key, value in mem.items():
+            out.append(f"   {key:<25}\t{value}\n")
+    topics = doc["topics"] or []
+    out.append("\nTopics: None\n" if not topics else "\nTopics:")
+    for t in topics:
+        prefix = "*P " if t["paused"] else "   "
+        out.append(
+            f"\n{prefix}[{t['topic_name']:<15}] depth: {t['depth']:<5} be-depth: "
             f"{t['backend_depth']:<5} msgs: {t['message_count']:<8} "
-            f"e2e%: {_e2e(t['e2e_processing_latency'])}"
+            f"e2e%: {_e2e(t['e2e_processing_latency'])}\n"
         )
         for c in t["channels"]:
-            state = " *P" if c["paused"] else "   "
-            lines.append(
-                f"    [{c['channel_name']:<16}]{state} depth: {c['depth']:<5} be-depth: "
+            prefix = "   *P " if c["paused"] else "      "
+            out.append(
+                f"{prefix}[{c['channel_name']:<25}] depth: {c['depth']:<5} be-depth: "
                 f"{c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} def: "
                 f"{c['deferred_count']:<4} re-q: {c['requeue_count']:<5} timeout: "
                 f"{c['timeout_count']:<5} msgs: {c['message_count']:<8} "
-                f"e2e%: {_e2e(c['e2e_processing_latency'])}"
+                f"e2e%: {_e2e(c['e2e_processing_latency'])}\n"
             )
             for cl in c["clients"] or []:
-                lines.append(f"        {_client_text(cl)}")
+                out.append(f"        {_client_text(cl)}\n")
     producers = doc.get("producers") or []
-    if producers:
-        lines.append("")
-        lines.append("Producers:")
+    if not producers:
+        out.append("\nProducers: None\n")
+    else:
+        out.append("\nProducers:\n")
         for p in producers:
-            lines.append(f"    {_client_text(p)}")
-    return "\n".join(lines) + "\n"
+            out.append(f"   {_client_text(p)}\n")
+    return "".join(out)
 
 
 def _client_text(c: dict[str, Any]) -> str:
-    connected = _duration(time.time() - c["connect_ts"])
-    text = f"[{c['version']} {c['client_id']}] connected: {connected}"
-    text += (
-        f" state: {c['state']} inflt: {c['in_flight_count']:<4} rdy: {c['ready_count']:<4} "
-        f"fin: {c['finish_count']:<8} re-q: {c['requeue_count']:<8} msgs: {c['message_count']:<8}"
+    """ClientV2Stats.String()."""
+    connected = _duration(float(int(time.time() - c["connect_ts"])))
+    port = c["remote_address"].rpartition(":")[2]
+    ident = f"{c['hostname']}:{port} {c['user_agent']}"
+    pub_counts = c.get("pub_counts") or []
+    if pub_counts:
+        total = sum(pc["count"] for pc in pub_counts)
+        topics = ", ".join(f"{pc['topic']}={pc['count']}" for pc in pub_counts)
+        return (
+            f"[{c['version']} {ident:<21}] msgs: {total:<8} topics: {topics} "
+            f"connected: {connected}"
+        )
+    return (
+        f"[{c['version']} {ident:<21}] state: {c['state']} inflt: {c['in_flight_count']:<4} "
+        f"rdy: {c['ready_count']:<4} fin: {c['finish_count']:<8} re-q: {c['requeue_count']:<8} "
+        f"msgs: {c['message_count']:<8} connected: {connected}"
     )
-    for pc in c.get("pub_counts") or []:
-        text += f"\n        [{pc['topic']}] pub: {pc['count']}"
-    return text
 
 
 def _e2e(result: dict[str, Any]) -> str:

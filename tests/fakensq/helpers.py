@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+import trio.testing
 
 from trionsq.protocol import commands as cmds
 from trionsq.protocol.codecs import (
@@ -127,3 +128,13 @@ class RawClient:
 
 def _frame_bytes(frame: Frame) -> bytes:
     return b"x"
+
+
+async def memory_client(nsqd: Any, nursery: trio.Nursery, magic: bool = True) -> RawClient:
+    """A client on an in-memory stream served by ``nsqd.handle_stream``."""
+    server_side, client_side = trio.testing.memory_stream_pair()
+    nursery.start_soon(nsqd.handle_stream, server_side)
+    client = RawClient(client_side)
+    if magic:
+        await client.send(cmds.MAGIC_V2)
+    return client
