@@ -336,12 +336,12 @@ class Cluster:
         return await node.connector(host, port)
 
 
-async def wait_for(predicate: Any, limit: float = 30.0) -> None:
+async def wait_for(predicate: Any, limit: float = 30.0, step: float = 0.001) -> None:
     """Wait until ``predicate()`` holds, failing after ``limit`` seconds.
 
-    It polls every millisecond: the conditions are spread over the client and
-    the server, with no single event to wait on.
+    It polls every ``step`` seconds: the conditions are spread over the client
+    and the server, with no single event to wait on.
     """
     with trio.fail_after(limit):
         while not predicate():  # noqa: ASYNC110 - see the docstring
-            await trio.sleep(0.001)
+            await trio.sleep(step)
