@@ -104,6 +104,11 @@ def identify_command(info: dict[str, Any]) -> bytes:
 
 
 @dataclass
+class _OptionsChanged:
+    pass
+
+
+@dataclass
 class _Tick:
     retry: bool = False
     done: trio.Event | None = None
@@ -303,13 +308,34 @@ class LookupPeers:
                 return False
         return True
 
-    async def _connect_all(self) -> None:
-        for peer in self.peers:
+    async def _connect_all(self, peers: list[LookupPeer]) -> None:
+        for peer in peers:
             self.logf(logging.INFO, f"LOOKUP({peer}): adding peer")
             try:
                 await peer.command(None)
             except LookupPeerError as exc:
                 self.logf(logging.ERROR, f"LOOKUPD({peer}): connect - {exc}")
+
+    def _on_options_changed(self, options: Any) -> None:
+        try:
+            self._send.send_nowait(_OptionsChanged())
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    async def _update_peers(self) -> None:
+        """Follow a changed ``lookupd_tcp_addresses`` (nsqd's ``PUT /config``)."""
+        wanted = list(dict.fromkeys(self.nsqd.options.lookupd_tcp_addresses))
+        kept = []
+        for peer in self.peers:
+            if peer.address in wanted:
+                kept.append(peer)
+            else:
+                self.logf(logging.INFO, f"LOOKUP({peer}): removing peer")
+                await peer.close()
+        have = {peer.address for peer in kept}
+        added = [LookupPeer(a, self) for a in wanted if a not in have]
+        self.peers = kept + added
+        await self._connect_all(added)
 
     async def _heartbeat(self, retry: bool) -> None:
         for peer in self.peers:
@@ -349,10 +375,13 @@ class LookupPeers:
         peer (successful or not), so registrations made after it reach them.
         """
         self.nsqd.add_registry_listener(self._on_registry_event)
+        add_options_listener = getattr(self.nsqd, "add_options_listener", None)
+        if add_options_listener is not None:
+            add_options_listener(self._on_options_changed)
         _running[self.nsqd] = self
         try:
             async with trio.open_nursery() as nursery:
-                await self._connect_all()
+                await self._connect_all(self.peers)
                 nursery.start_soon(self._ticker)
                 task_status.started(self)
                 async for item in self._receive:
@@ -360,6 +389,8 @@ class LookupPeers:
                         await self._heartbeat(item.retry)
                         if item.done is not None:
                             item.done.set()
+                    elif isinstance(item, _OptionsChanged):
+                        await self._update_peers()
                     else:
                         await self._announce(item)
         finally:

@@ -196,3 +196,20 @@ async def test_rejected_identify_closes(nursery: trio.Nursery) -> None:
         assert not peers.peers[0].connected
         assert lookupd.nodes() == []
         nursery.cancel_scope.cancel()
+
+
+async def test_follows_changed_lookupd_addresses(nursery: trio.Nursery) -> None:
+    async with NSQLookupd() as one, NSQLookupd() as two:
+        nsqd = stub(one)
+        nsqd.regs = [("t", None)]
+        options_listeners: list[Callable[[Any], None]] = []
+        nsqd.add_options_listener = options_listeners.append  # type: ignore[attr-defined]
+        peers: LookupPeers = await nursery.start(run_lookup_peers, nsqd)
+        nsqd.options.lookupd_tcp_addresses = [two.tcp_address]
+        for cb in options_listeners:
+            cb(nsqd.options)
+        with trio.fail_after(5):
+            await two.wait_until(lambda: ports(two, "t") == [14150])
+            await one.wait_until(lambda: one.nodes() == [])
+        assert [p.address for p in peers.peers] == [two.tcp_address]
+        nursery.cancel_scope.cancel()
