@@ -242,7 +242,7 @@ class ServerConn:
                 server.deliveries.append((self, item.id))
                 await self.send(encode_message(item.timestamp, item.attempts, item.id, item.body))
             self.wakeup = trio.Event()
-            server.waiters.add(self)
+            server.waiters[self] = None
             await self.wakeup.wait()
 
 
@@ -279,7 +279,8 @@ class MiniNSQD:
         self.pub_delay = 0.0
         self.redeliver_requeued = False
         self.refuse = False
-        self.waiters: set[ServerConn] = set()
+        # a dict, not a set: wake-ups in a deterministic order
+        self.waiters: dict[ServerConn, None] = {}
         self._next_id = 0
         self.name = ""
         #: shared by a Cluster: every RDY any node received, in arrival order

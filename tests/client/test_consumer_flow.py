@@ -78,28 +78,29 @@ async def test_backoff_timeline(
     cluster = Cluster(nursery)
     a = cluster.add("a:4150")
     b = cluster.add("b:4150")
-    outcomes = iter([False, True])  # the first message fails, then all succeed
 
     async def handler(message: trionsq.Message) -> None:
-        if not next(outcomes, True):
+        if message.body == b"fail":
             raise RuntimeError("downstream is down")
 
     async with cluster_consumer(cluster, handler=handler, max_in_flight=4, backoff=NO_JITTER) as c:
-        await wait_for(lambda: len(c.connections) == 2)
-        await wait_for(lambda: [v for _, _, v in a.rdy_history][-1:] == [1])
+        a.put(b"warm-a")
+        b.put(b"warm-b")
+        await wait_for(lambda: c.stats.finished == 2 and c.stats.rdy == 4)
         a.put(b"fail")
         await wait_for(lambda: c.stats.requeued == 1)
         t0 = trio.current_time()
         assert c.stats.backoff_state == "paused"
         await wait_for(lambda: c.stats.rdy == 0)
+        assert [v for _, _, v in a.rdy_history][-1] == 0
+        assert [v for _, _, v in b.rdy_history][-1] == 0
         # Paused for 1s, then exactly one connection gets RDY 1 to test.
         await wait_for(lambda: c.stats.backoff_state == "testing")
         assert trio.current_time() - t0 == pytest.approx(1.0, abs=0.002)
         await wait_for(lambda: c.stats.rdy == 1)
         tester = next(s.address for s in c.stats.connections.values() if s.rdy == 1)
-        node = cluster.nodes[tester]
-        node.put(b"ok")
-        await wait_for(lambda: c.stats.finished == 1)
+        cluster.nodes[tester].put(b"ok")
+        await wait_for(lambda: c.stats.finished == 3)
         await wait_for(lambda: c.stats.backoff_state == "normal" and c.stats.rdy == 4)
     assert b.conns  # both nsqds were used
 
