@@ -31,6 +31,7 @@ from trionsq.protocol.names import go_quote
 __all__ = [
     "FlagError",
     "HelpRequested",
+    "FlagValueError",
     "Flag",
     "FlagSet",
     "parse_go_bool",
@@ -54,8 +55,8 @@ _PARSE_ERROR = "parse error"
 _RANGE_ERROR = "value out of range"
 
 
-class _ValueError(Exception):
-    pass
+class FlagValueError(Exception):
+    """A value a flag rejects; ``str()`` goes after ``invalid value ... :``."""
 
 
 _BOOL_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -68,7 +69,7 @@ def parse_go_bool(text: str) -> bool:
         return True
     if text in _BOOL_FALSE:
         return False
-    raise _ValueError(_PARSE_ERROR)
+    raise FlagValueError(_PARSE_ERROR)
 
 
 _INT_RE = re.compile(r"[+-]?(0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+|0[0-7_]*|[1-9][0-9_]*)")
@@ -77,12 +78,12 @@ _INT_RE = re.compile(r"[+-]?(0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+|0[0-7_]
 def parse_go_int(text: str, bits: int = 64) -> int:
     """``strconv.ParseInt(text, 0, bits)``: base prefixes, ``_`` separators."""
     if not _INT_RE.fullmatch(text):
-        raise _ValueError(_PARSE_ERROR)
+        raise FlagValueError(_PARSE_ERROR)
     sign = -1 if text[0] == "-" else 1
     body = text.lstrip("+-")
     # Go allows '_' only between digits (and after a base prefix), never doubled.
     if "_" in body and (body.endswith("_") or "__" in body):
-        raise _ValueError(_PARSE_ERROR)
+        raise FlagValueError(_PARSE_ERROR)
     lower = body.lower()
     if lower.startswith(("0x", "0b", "0o")):
         base = {"x": 16, "b": 2, "o": 8}[lower[1]]
@@ -91,13 +92,13 @@ def parse_go_int(text: str, bits: int = 64) -> int:
         base, digits = 8, body[1:].replace("_", "")
     else:
         if "_" in body and body.startswith("_"):
-            raise _ValueError(_PARSE_ERROR)
+            raise FlagValueError(_PARSE_ERROR)
         base, digits = 10, body.replace("_", "")
     if not digits:
-        raise _ValueError(_PARSE_ERROR)
+        raise FlagValueError(_PARSE_ERROR)
     value = sign * int(digits, base)
     if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
-        raise _ValueError(_RANGE_ERROR)
+        raise FlagValueError(_RANGE_ERROR)
     return value
 
 
@@ -110,7 +111,7 @@ _FLOAT_RE = re.compile(
 def parse_go_float(text: str) -> float:
     """``strconv.ParseFloat(text, 64)`` (decimal, ``inf``/``nan`` and hex forms)."""
     if not text or not _FLOAT_RE.fullmatch(text) or text in ("+", "-", ".", "+.", "-."):
-        raise _ValueError(_PARSE_ERROR)
+        raise FlagValueError(_PARSE_ERROR)
     try:
         if "x" in text.lower() and "p" in text.lower():
             sign = -1.0 if text.startswith("-") else 1.0
@@ -118,9 +119,9 @@ def parse_go_float(text: str) -> float:
         else:
             value = float(text.replace("_", ""))
     except ValueError:
-        raise _ValueError(_PARSE_ERROR) from None
+        raise FlagValueError(_PARSE_ERROR) from None
     if math.isinf(value) and "inf" not in text.lower():
-        raise _ValueError(_RANGE_ERROR)
+        raise FlagValueError(_RANGE_ERROR)
     return value
 
 
@@ -147,23 +148,23 @@ def parse_go_duration(text: str) -> float:
     if rest == "0":
         return 0.0
     if not rest:
-        raise _ValueError(_PARSE_ERROR)
+        raise FlagValueError(_PARSE_ERROR)
     total = 0.0
     pos = 0
     while pos < len(rest):
         m = _DURATION_PART.match(rest, pos)
         if m is None:
-            raise _ValueError(_PARSE_ERROR)
+            raise FlagValueError(_PARSE_ERROR)
         whole, frac, unit = m.group(1), m.group(2), m.group(3)
         if not whole and (not frac or frac == "."):
-            raise _ValueError(_PARSE_ERROR)
+            raise FlagValueError(_PARSE_ERROR)
         if unit not in _DURATION_UNITS:
-            raise _ValueError(_PARSE_ERROR)
+            raise FlagValueError(_PARSE_ERROR)
         number = float((whole or "0") + (frac if frac and frac != "." else ""))
         total += number * _DURATION_UNITS[unit]
         pos = m.end()
     if total * 1e9 > (1 << 63):
-        raise _ValueError(_PARSE_ERROR)
+        raise FlagValueError(_PARSE_ERROR)
     return sign * total
 
 
@@ -305,7 +306,7 @@ class FlagSet:
                 text = "true" if value is None else value
                 try:
                     converted = flag.convert(text)
-                except _ValueError as exc:
+                except FlagValueError as exc:
                     if value is None:
                         raise FlagError(f"invalid boolean flag {name}: {exc}") from None
                     raise FlagError(
@@ -318,7 +319,7 @@ class FlagSet:
                     value = rest.pop(0)
                 try:
                     converted = flag.convert(value)
-                except _ValueError as exc:
+                except FlagValueError as exc:
                     raise FlagError(
                         f"invalid value {go_quote(value)} for flag -{name}: {exc}"
                     ) from None

@@ -286,7 +286,13 @@ class LookupPeers:
             await peer.close()
             return False
         peer.info = info
-        self.logf(logging.INFO, f"LOOKUPD({peer}): peer info {info}")
+        # Go's %+v of nsqd's peerInfo struct.
+        described = (
+            f"{{TCPPort:{info.get('tcp_port', 0)} HTTPPort:{info.get('http_port', 0)} "
+            f"Version:{info.get('version', '')} "
+            f"BroadcastAddress:{info.get('broadcast_address', '')}}}"
+        )
+        self.logf(logging.INFO, f"LOOKUPD({peer}): peer info {described}")
         if not info.get("broadcast_address"):
             self.logf(logging.ERROR, f"LOOKUPD({peer}): no broadcast address")
         # A topic with channels is registered through them (the channel
