@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -49,6 +50,16 @@ def _check_int(name: str, value: object, *, minimum: int, maximum: int | None = 
     if value < minimum or (maximum is not None and value > maximum):
         bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def _check_lookupd_address(address: str) -> None:
+    url = address if "://" in address else f"http://{address}"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"invalid lookupd address {address!r}: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"invalid lookupd address {address!r}: expected host:port or a URL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +154,8 @@ class Config:
                     parse_address(address)
                 elif not isinstance(address, str) or not address:
                     raise TypeError(f"{name} entries must be non-empty strings")
+                else:
+                    _check_lookupd_address(address)
             object.__setattr__(self, name, addresses)
         _check_int("max_in_flight", self.max_in_flight, minimum=0)
         _check_int("max_attempts", self.max_attempts, minimum=0, maximum=65535)
@@ -152,6 +165,10 @@ class Config:
             raise ValueError("tls_cert and tls_key must be given together")
         if self.tls_cert is not None and self.tls is False:
             raise ValueError("tls_cert/tls_key need tls enabled")
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{name}: no such file {path!r}")
         for flag in ("snappy", "deflate"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be a bool")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -329,13 +330,16 @@ class Connection:
         Returns normally however the connection ended; see :attr:`close_reason`.
         """
         reason: BaseException | None = None
+        # Without heartbeats, silence is normal: only a missed heartbeat is a failure.
+        heartbeats = self.config.heartbeat_interval is not None
+        read_timeout = self.config.read_timeout if heartbeats else math.inf
         try:
             frames = self._parser.feed(self._leftover)
             self._leftover = b""
             while True:
                 for frame in frames:
                     await self._handle(frame, on_message)
-                with trio.move_on_after(self.config.read_timeout) as scope:
+                with trio.move_on_after(read_timeout) as scope:
                     data = await self._stream.receive_some(_RECEIVE_SIZE)
                 if scope.cancelled_caught:
                     raise NSQConnectionError(

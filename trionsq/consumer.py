@@ -54,7 +54,12 @@ class ConnectionStats:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
-    """A snapshot of a consumer's counters (see :attr:`Consumer.stats`)."""
+    """A snapshot of a consumer's counters (see :attr:`Consumer.stats`).
+
+    ``finished`` and ``requeued`` count FIN and REQ commands sent (give-ups are
+    counted in ``given_up`` only); ``connections`` maps each subscribed nsqd to
+    its current RDY and messages in flight.
+    """
 
     received: int = 0
     finished: int = 0
@@ -95,12 +100,14 @@ class _Session:
             except NSQError:
                 pass  # the reader notices the end of the connection
 
-    async def _send(self, data: bytes) -> None:
+    async def _send(self, data: bytes) -> bool:
         try:
             await self.conn.send(data)
         except NSQError as exc:
             # nsqd will time the message out and redeliver it.
             log.info("%s: could not answer a message: %s", self.address, exc)
+            return False
+        return True
 
     async def _finish(self, message: Message) -> None:
         await self.consumer._settle(self, message, commands.fin(message.id), success=True)
@@ -414,7 +421,7 @@ class Consumer:
             message.responded = "finished"
             session = message._responder
             assert isinstance(session, _Session)
-            await self._settle(session, message, commands.fin(message.id), counter="given_up")
+            await self._settle(session, message, commands.fin(message.id), count=False)
 
     async def _settle(
         self,
@@ -422,14 +429,15 @@ class Consumer:
         message: Message,
         data: bytes,
         success: bool | None = None,
-        counter: str = "",
+        count: bool = True,
     ) -> None:
         """FIN or REQ ``message``, then update counters, backoff and RDY.
 
-        ``success`` feeds backoff: True a success, False a failure, None neither.
+        ``success`` feeds backoff: True a success, False a failure, None neither;
+        ``count=False`` leaves the finished/requeued counters alone (give-ups).
         """
-        await session._send(data)
-        if counter != "given_up":  # counted when the give-up started
+        sent = await session._send(data)
+        if sent and count:
             if data.startswith(b"FIN"):
                 self._finished += 1
             else:
@@ -493,7 +501,7 @@ class Consumer:
             with trio.move_on_after(timeout):
                 try:
                     answers[index] = await lookup(client, addresses[index], self.topic)
-                except (httpx.HTTPError, ValueError) as exc:
+                except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
                     log.warning("lookupd %s: %s", addresses[index], exc)
 
         async with trio.open_nursery() as nursery:

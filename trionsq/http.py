@@ -24,9 +24,22 @@ def _raise_for(response: httpx.Response) -> None:
         message = str(response.json().get("message", ""))
     except (ValueError, AttributeError):
         message = response.text.strip()
-    code = f"E_{message}" if message else "E_HTTP"
+    code = _HTTP_CODES.get(message, f"E_{message}" if message else "E_HTTP")
     error: NSQErrorResponse = error_for_code(code, f"HTTP {response.status_code} {message}")
     raise error
+
+
+# nsqd's HTTP error messages, as the TCP error codes that mean the same.
+_HTTP_CODES = {
+    "INVALID_TOPIC": "E_BAD_TOPIC",
+    "MISSING_ARG_TOPIC": "E_BAD_TOPIC",
+    "MSG_EMPTY": "E_BAD_MESSAGE",
+    "MSG_TOO_BIG": "E_BAD_MESSAGE",
+    "BODY_TOO_BIG": "E_BAD_BODY",
+    "BAD_BODY": "E_BAD_BODY",
+    "INVALID_DEFER": "E_INVALID",
+    "EXITING": "E_PUB_FAILED",
+}
 
 
 async def http_publish(
