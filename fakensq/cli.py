@@ -29,7 +29,19 @@ from .flags import Flag, FlagError, FlagSet, FlagValueError, HelpRequested, pars
 from .lookupd import LookupdOptions, NSQLookupd
 from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, VERSION, NSQDOptions
 
-__all__ = ["main", "nsqd_main", "nsqlookupd_main", "GoLogFormatter", "nsqd_flagset"]
+__all__ = [
+    "main",
+    "nsqd_main",
+    "nsqlookupd_main",
+    "cluster_main",
+    "GoLogFormatter",
+    "ConfigError",
+    "nsqd_flagset",
+    "nsqlookupd_flagset",
+    "nsqd_options_from_flags",
+    "nsqlookupd_options_from_flags",
+    "version_string",
+]
 
 #: What ``--version`` reports as the Go toolchain (nsqd v1.3.0 was built with go1.21).
 GO_VERSION: Final = "go1.21.5"
@@ -512,6 +524,48 @@ def _load_config(
 # -- running -----------------------------------------------------------------
 
 
+class ConfigError(Exception):
+    """The ``--config`` file cannot be read (nsqd exits 1 with this text)."""
+
+
+def _config_values(
+    values: dict[str, Any], fields: set[str], durations: set[str], aliases: dict[str, str]
+) -> dict[str, Any]:
+    path = values.get("config")
+    if not path:
+        return {}
+    try:
+        return _load_config(path, fields, durations, aliases)
+    except (OSError, tomllib.TOMLDecodeError, FlagValueError) as exc:
+        raise ConfigError(f"failed to load config file {path} - {exc}") from None
+
+
+def nsqd_options_from_flags(values: dict[str, Any]) -> NSQDOptions:
+    """:class:`NSQDOptions` from parsed nsqd flags (``nsqd_flagset().parse(argv)[0]``).
+
+    As nsqd's ``options.Resolve``: a flag given on the command line wins over the
+    ``--config`` file (TOML, nsqd's cfg names), which wins over the defaults.
+    """
+    config = _config_values(
+        values,
+        set(NSQDOptions.__dataclass_fields__),
+        set(_DURATION_FIELDS_NSQD),
+        dict(_NSQD_CFG_ALIASES),
+    )
+    return NSQDOptions().replace(**_resolve(nsqd_flagset(), values, config))
+
+
+def nsqlookupd_options_from_flags(values: dict[str, Any]) -> LookupdOptions:
+    """:class:`LookupdOptions` from parsed nsqlookupd flags (and ``--config``)."""
+    config = _config_values(
+        values,
+        set(LookupdOptions.__dataclass_fields__),
+        {"inactive_producer_timeout", "tombstone_lifetime"},
+        {},
+    )
+    return LookupdOptions(**_resolve(nsqlookupd_flagset(), values, config))
+
+
 def _parse_or_exit(fs: FlagSet, argv: Sequence[str]) -> dict[str, Any] | int:
     """Parsed flags, or the exit code after Go's ExitOnError output."""
     try:
@@ -552,19 +606,10 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
         print(version_string("nsqd"), flush=True)
         return 0
     prefix = values.get("log-prefix", "[nsqd] ")
-    config: dict[str, Any] = {}
-    if values.get("config"):
-        try:
-            config = _load_config(
-                values["config"],
-                {f.name for f in NSQDOptions.__dataclass_fields__.values()},
-                set(_DURATION_FIELDS_NSQD),
-                dict(_NSQD_CFG_ALIASES),
-            )
-        except (OSError, tomllib.TOMLDecodeError, FlagValueError) as exc:
-            return _fatal(prefix, f"failed to load config file {values['config']} - {exc}")
-    fields = _resolve(fs, values, config)
-    options = NSQDOptions().replace(**fields)
+    try:
+        options = nsqd_options_from_flags(values)
+    except ConfigError as exc:
+        return _fatal(prefix, str(exc))
     if not 0 <= options.node_id < 1024:
         return _fatal(prefix, "failed to instantiate nsqd - --node-id must be [0,1024)")
     _setup_logging(options.log_prefix, options.log_level, sys.stderr)
@@ -618,18 +663,10 @@ def nsqlookupd_main(argv: Sequence[str] | None = None) -> int:
         print(version_string("nsqlookupd"), flush=True)
         return 0
     prefix = values.get("log-prefix", "[nsqlookupd] ")
-    config: dict[str, Any] = {}
-    if values.get("config"):
-        try:
-            config = _load_config(
-                values["config"],
-                set(LookupdOptions.__dataclass_fields__),
-                {"inactive_producer_timeout", "tombstone_lifetime"},
-                {},
-            )
-        except (OSError, tomllib.TOMLDecodeError, FlagValueError) as exc:
-            return _fatal(prefix, f"failed to load config file {values['config']} - {exc}")
-    options = LookupdOptions(**_resolve(fs, values, config))
+    try:
+        options = nsqlookupd_options_from_flags(values)
+    except ConfigError as exc:
+        return _fatal(prefix, str(exc))
     _setup_logging(options.log_prefix, options.log_level, sys.stderr)
     try:
         trio.run(_run_nsqlookupd, options)

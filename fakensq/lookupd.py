@@ -232,7 +232,7 @@ class RegistrationDB:
     def lookup_registrations(self, peer_id: str) -> list[Registration]:
         return [reg for reg, producers in self._map.items() if peer_id in producers]
 
-    def lookup_registrations_any(self) -> bool:
+    def has_producers(self) -> bool:
         """True while any registration has a producer."""
         return any(self._map.values())
 

@@ -70,7 +70,7 @@ async def test_disconnect_removes_producer_everywhere(lookupd: NSQLookupd) -> No
     assert len(lookupd.nodes()) == 1
     await client.aclose()
     with trio.fail_after(5):
-        await lookupd.wait_until(lambda: not lookupd.db.lookup_registrations_any())
+        await lookupd.wait_until(lambda: not lookupd.db.has_producers())
     assert lookupd.nodes() == []
     assert lookupd.topics() == ["t"]
     assert lookupd.channels("t") == ["c"]
