@@ -236,6 +236,8 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        if self._stack is None:
+            raise RuntimeError("iterate the Consumer inside 'async with'")
         try:
             return await self._receive_channel.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):

@@ -298,3 +298,16 @@ def test_codec_stream_respects_max_bytes() -> None:
         assert data == b"abcdefgh" * 10
 
     trio.run(main)
+
+
+async def test_without_heartbeats_silence_is_not_a_failure(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    config = Config(connector=node.connector, heartbeat_interval=None, read_timeout=3.0)
+    conn = await Connection.open("nsqd:4150", config)
+    nursery.start_soon(conn.run)
+    await trio.sleep(1000)
+    assert not conn.closed
+    assert node.conns[0].record.identify["heartbeat_interval"] == -1
+    await conn.aclose()

@@ -264,3 +264,26 @@ def test_names_are_validated() -> None:
         trionsq.Consumer("bad topic", "chan", nsqd_tcp_addresses=["a:1"])
     with pytest.raises(ValueError):
         trionsq.Consumer("topic", "", nsqd_tcp_addresses=["a:1"])
+
+
+async def test_nothing_outlives_the_async_with(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    cluster = Cluster(nursery)
+    for name in ("a:1", "b:1"):
+        cluster.add(name).put(b"x", b"y")
+    before = list(trio.lowlevel.current_task().child_nurseries)
+    async with consumer(
+        cluster, nsqd_tcp_addresses=["a:1", "b:1"], handler=lambda m: None, max_in_flight=4
+    ) as c:
+        await wait_for(lambda: c.stats.finished == 4)
+        inside = trio.lowlevel.current_task().child_nurseries
+        assert len(inside) > len(before)  # the consumer's own
+    assert trio.lowlevel.current_task().child_nurseries == before
+    await wait_for(lambda: all(not node.live for node in cluster.nodes.values()))
+
+
+async def test_iterating_outside_async_with_is_an_error() -> None:
+    c = trionsq.Consumer("topic", "chan", nsqd_tcp_addresses=["a:1"])
+    with pytest.raises(RuntimeError):
+        await c.__anext__()

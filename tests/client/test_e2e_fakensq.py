@@ -184,3 +184,23 @@ async def test_producer_fails_over_when_an_nsqd_stops(nursery: trio.Nursery) -> 
             assert producer.address == second.tcp_address
         got = await collect(second.tcp_address, 1)
     assert [m.body for m in got] == [b"to-second"]
+
+
+async def test_discovery_through_fakensq_lookupds() -> None:
+    cluster_module = pytest.importorskip("fakensq.cluster")
+    async with cluster_module.Cluster(nsqd=2, lookupd=2) as cluster:
+        for index, address in enumerate(cluster.nsqd_tcp_addresses):
+            async with trionsq.Producer([address]) as producer:
+                await producer.publish("topic", b"from-%d" % index)
+        got: list[bytes] = []
+        async with trionsq.Consumer(
+            "topic",
+            "chan",
+            lookupd_http_addresses=cluster.lookupd_http_addresses,
+            lookupd_poll_interval=0.1,
+            handler=lambda m: got.append(m.body),
+            max_in_flight=4,
+        ) as consumer:
+            await wait_for(lambda: len(got) == 2, limit=10)
+            assert consumer.connections == sorted(cluster.nsqd_tcp_addresses)
+    assert sorted(got) == [b"from-0", b"from-1"]
