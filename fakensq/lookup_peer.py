@@ -180,8 +180,10 @@ class LookupPeer:
         try:
             with trio.fail_after(_IO_TIMEOUT):
                 await self._stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError) as exc:
-            raise LookupPeerError(f"write: {exc or 'timeout'}") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise LookupPeerError(f"write: {exc}") from None
+        except trio.TooSlowError:
+            raise LookupPeerError("write: i/o timeout") from None
 
     async def _read_response(self) -> bytes:
         try:
@@ -196,7 +198,7 @@ class LookupPeer:
                 if size < 0:
                     raise LookupPeerError(f"invalid response body size ({size})")
                 await self._fill(4 + size)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise LookupPeerError(f"read: {exc}") from None
         except trio.TooSlowError:
             raise LookupPeerError("read: i/o timeout") from None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import posixpath
 import socket
 import struct
 import time
@@ -564,6 +565,8 @@ class NSQLookupd:
                 await stream.send_all(encode_response(response))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception:  # a bug must cost one connection, never the server
+            log.exception("nsqlookupd: client(%s) handler failed", remote)
         finally:
             self._connections.discard(stream)
             self._logf(logging.INFO, f"PROTOCOL(V1): [{remote}] exiting ioloop")
@@ -717,16 +720,11 @@ class NSQLookupd:
     async def _handle_http(self, request: Request) -> Response:
         routes = self._routes.get(request.path)
         if routes is None:
-            alt = request.path[:-1] if request.path.endswith("/") else request.path + "/"
-            if request.path != "/" and alt in self._routes:
-                # httprouter's RedirectTrailingSlash: 301 for GET, 307 otherwise.
-                status = 301 if request.method == "GET" else 307
-                response = Response(status, b"", [("Location", alt)])
-                return response
-            return _v1_error(404, "NOT_FOUND")
+            return self._not_routed(request)
         handler = routes.get(request.method)
         if handler is None:
-            allow = ", ".join([*sorted(routes), "OPTIONS"])
+            # httprouter: OPTIONS answered, other methods 405, with a sorted Allow.
+            allow = ", ".join(sorted([*routes, "OPTIONS"]))
             if request.method == "OPTIONS":
                 return Response(200, b"", [("Allow", allow)])
             response = _v1_error(405, "METHOD_NOT_ALLOWED")
@@ -738,6 +736,23 @@ class NSQLookupd:
             f"{response.status} {request.method} {request.path} ({request.remote_addr})",
         )
         return response
+
+    def _not_routed(self, request: Request) -> Response:
+        """httprouter's redirects (trailing slash, then a cleaned, case-insensitive
+        path), else 404 ``NOT_FOUND``."""
+        path = request.path
+        candidates = []
+        if path != "/":
+            candidates.append(path[:-1] if path.endswith("/") else path + "/")
+        cleaned = posixpath.normpath("/" + path.lstrip("/")).lower()
+        candidates.append(cleaned)
+        for candidate in candidates:
+            routes = self._routes.get(candidate)
+            if routes is not None and request.method != "CONNECT":
+                # 301 for GET, 308 (keep the method) for the others.
+                status = 301 if request.method == "GET" else 308
+                return Response(status, b"", [("Location", candidate)])
+        return _v1_error(404, "NOT_FOUND")
 
     async def _ping(self, request: Request) -> Response:
         return Response.text("OK")
@@ -826,7 +841,8 @@ class NSQLookupd:
             return _v1_error(400, "MISSING_ARG_NODE")
         self._logf(logging.INFO, f"DB: setting tombstone for producer@{node} of topic({topic})")
         for p in self.db.find_producers("topic", topic, ""):
-            if join_host_port(p.peer.broadcast_address, p.peer.http_port) == node:
+            # nsqlookupd compares with "%s:%d" (no brackets, even for IPv6).
+            if f"{p.peer.broadcast_address}:{p.peer.http_port}" == node:
                 p.tombstone()
         return _v1(None)
 

@@ -106,11 +106,19 @@ async def test_routing_errors(http: httpx.AsyncClient) -> None:
         assert (await http.post(path, params={"topic": "t"})).status_code == 404
     r = await http.get("/topic/create", params={"topic": "t"})
     assert (r.status_code, r.json()) == (405, {"message": "METHOD_NOT_ALLOWED"})
-    assert r.headers["allow"] == "POST, OPTIONS"
+    assert r.headers["allow"] == "OPTIONS, POST"
+    r = await http.options("/lookup")
+    assert (r.status_code, r.headers["allow"]) == (200, "GET, OPTIONS")
+    r = await http.head("/ping")
+    assert r.status_code == 405
     r = await http.post("/lookup", params={"topic": "t"})
     assert r.status_code == 405
     r = await http.get("/ping/")
     assert (r.status_code, r.headers["location"]) == (301, "/ping")
+    r = await http.get("/PING")
+    assert (r.status_code, r.headers["location"]) == (301, "/ping")
+    r = await http.post("/Topic/Create/", params={"topic": "t"})
+    assert (r.status_code, r.headers["location"]) == (308, "/topic/create")
 
 
 async def test_debug(lookupd: NSQLookupd, http: httpx.AsyncClient) -> None:

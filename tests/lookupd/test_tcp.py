@@ -7,6 +7,8 @@ import socket
 import struct
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fakensq.lookupd import NSQLookupd, Registration
 
@@ -162,3 +164,35 @@ async def test_reregister_keeps_one_producer(lookupd: NSQLookupd) -> None:
     assert len(lookupd.db.find_producers("topic", "t", "")) == 1
     assert lookupd.db.find_registrations("channel", "t", "*") == [Registration("channel", "t", "c")]
     await client.aclose()
+
+
+@settings(max_examples=60)
+@given(
+    data=st.lists(
+        st.one_of(
+            st.binary(max_size=64),
+            st.sampled_from(
+                [
+                    b"IDENTIFY\n",
+                    b"REGISTER t\n",
+                    b"UNREGISTER t c\n",
+                    b"PING\n",
+                    b"\x00\x00\x00\x02{}",
+                ]
+            ),
+        ),
+        max_size=6,
+    )
+)
+async def test_fuzzed_commands_never_crash_the_server(data: list[bytes]) -> None:
+    async with NSQLookupd() as lookupd:
+        client = await V1Client.connect(lookupd.tcp_address)
+        try:
+            await client.send(b"".join(data))
+            await client.stream.send_eof()
+            await client.closed()
+        except trio.BrokenResourceError:
+            pass
+        fresh = await V1Client.connect(lookupd.tcp_address)
+        assert await fresh.command("PING") == b"OK"
+        await fresh.aclose()
