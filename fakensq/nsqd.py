@@ -26,6 +26,7 @@ import trio
 from .auth import AuthHandler
 from .channel import Channel
 from .client import ClientConnection
+from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory
 from .options import NSQDOptions
 from .stats import build_stats
@@ -165,6 +166,9 @@ class NSQD:
                     server = NSQDHTTP(self, tls=True).server
                     bound = await nursery.start(server.serve, host, port)
                     self.https_address = _join(bound[0], bound[1])
+                # Idle without lookupd addresses, but it follows later changes of
+                # them (PUT /config/nsqlookupd_tcp_addresses), as nsqd does.
+                await nursery.start(run_lookup_peers, self)
                 task_status.started()
                 await trio.sleep_forever()
         finally:

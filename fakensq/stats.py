@@ -205,8 +205,7 @@ def _client_text(c: dict[str, Any]) -> str:
         total = sum(pc["count"] for pc in pub_counts)
         topics = ", ".join(f"{pc['topic']}={pc['count']}" for pc in pub_counts)
         return (
-            f"[{c['version']} {ident:<21}] msgs: {total:<8} topics: {topics} "
-            f"connected: {connected}"
+            f"[{c['version']} {ident:<21}] msgs: {total:<8} topics: {topics} connected: {connected}"
         )
     return (
         f"[{c['version']} {ident:<21}] state: {c['state']} inflt: {c['in_flight_count']:<4} "
