@@ -2,6 +2,8 @@
 
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ["pytester"]
+
 settings.register_profile(
     "trionsq",
     derandomize=True,
