@@ -280,6 +280,9 @@ class CommandParser:
         precheck: Precheck | None = None,
     ) -> None:
         self._buffer = bytearray()
+        # Parsed bytes are skipped by position and dropped in bulk on the next feed,
+        # rather than deleted command by command.
+        self._pos = 0
         self._need_magic = expect_magic
         self.max_line_length = max_line_length
         self.max_msg_size = max_msg_size
@@ -290,27 +293,29 @@ class CommandParser:
         self._pending: Callable[[], Command] | None = None
 
     def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._buffer[: self._pos]
+            self._pos = 0
         self._buffer += data
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) - self._pos
 
     def take_buffer(self) -> bytes:
         """Remove and return the unparsed bytes (for a switch to compression)."""
-        data = bytes(self._buffer)
+        data = bytes(self._buffer[self._pos :])
         self._buffer.clear()
+        self._pos = 0
         return data
 
     def next_command(self) -> Command | None:
         """The next whole command, or ``None`` if more bytes are needed."""
         if self._need_magic:
-            if len(self._buffer) < 4:
+            if self.buffered < 4:
                 return None
-            magic = bytes(self._buffer[:4])
-            if magic != MAGIC_V2:
+            if self._consume(4) != MAGIC_V2:
                 raise BadProtocolError()
-            del self._buffer[:4]
             self._need_magic = False
         if self._pending is None:
             params = self._read_line()
@@ -319,7 +324,10 @@ class CommandParser:
             name = params[0]
             if self.precheck is not None:
                 self.precheck(name)
-            self._pending = self._dispatch(name, params)
+            result = self._dispatch(name, params)
+            if not callable(result):  # a command without a body is whole already
+                return result
+            self._pending = result
         try:
             command = self._pending()
         except _NeedMore:
@@ -330,39 +338,39 @@ class CommandParser:
     # --- lines and bodies ---
 
     def _read_line(self) -> list[bytes] | None:
-        buf = self._buffer
-        index = buf.find(b"\n", 0, self.max_line_length)
+        buf, pos = self._buffer, self._pos
+        index = buf.find(b"\n", pos, pos + self.max_line_length)
         if index < 0:
-            if len(buf) >= self.max_line_length:
+            if len(buf) - pos >= self.max_line_length:
                 raise LineTooLong(f"command line longer than {self.max_line_length} bytes")
             return None
-        line = bytes(buf[:index])
-        del buf[: index + 1]
+        line = bytes(buf[pos:index])
+        self._pos = index + 1
         if line.endswith(b"\r"):
             line = line[:-1]
         return line.split(b" ")
 
     def _need(self, offset: int, size: int) -> None:
-        if len(self._buffer) < offset + size:
+        if len(self._buffer) - self._pos < offset + size:
             raise _NeedMore
 
     def _int32_at(self, offset: int) -> int:
         self._need(offset, 4)
-        value: int = _LEN.unpack_from(self._buffer, offset)[0]
+        value: int = _LEN.unpack_from(self._buffer, self._pos + offset)[0]
         return value
 
     def _consume(self, size: int) -> bytes:
-        data = bytes(self._buffer[:size])
-        del self._buffer[:size]
-        return data
+        pos = self._pos
+        self._pos = pos + size
+        return bytes(self._buffer[pos : pos + size])
 
-    def _dispatch(self, name: bytes, params: list[bytes]) -> Callable[[], Command]:
+    def _dispatch(self, name: bytes, params: list[bytes]) -> Command | Callable[[], Command]:
         handler = _HANDLERS.get(name)
         if handler is None:
             raise InvalidError(f"invalid command {_text(name)}")
         return handler(self, params)
 
-    # --- per command: validate the line now, return a reader for the body ---
+    # --- per command: validate the line now; a reader for the body, if any ---
 
     def _identify(self, params: list[bytes]) -> Callable[[], Command]:
         def read() -> Command:
@@ -391,7 +399,7 @@ class CommandParser:
 
         return read
 
-    def _sub(self, params: list[bytes]) -> Callable[[], Command]:
+    def _sub(self, params: list[bytes]) -> Command:
         if len(params) < 3:
             raise InvalidError("SUB insufficient number of parameters")
         topic, channel = _text(params[1]), _text(params[2])
@@ -399,8 +407,7 @@ class CommandParser:
             raise BadTopicError(f"SUB topic name {go_quote(params[1])} is not valid")
         if not is_valid_channel_name(channel):
             raise BadChannelError(f"SUB channel name {go_quote(params[2])} is not valid")
-        command = Sub(topic, channel)
-        return lambda: command
+        return Sub(topic, channel)
 
     def _topic(self, verb: str, params: list[bytes], minimum: int, prefix: str = "") -> str:
         if len(params) < minimum:
@@ -481,39 +488,37 @@ class CommandParser:
 
         return read
 
-    def _rdy(self, params: list[bytes]) -> Callable[[], Command]:
-        command = Rdy(params[1] if len(params) > 1 else None)
-        return lambda: command
+    def _rdy(self, params: list[bytes]) -> Command:
+        return Rdy(params[1] if len(params) > 1 else None)
 
     def _id_command(self, verb: str, params: list[bytes], minimum: int) -> bytes:
         if len(params) < minimum:
             raise InvalidError(f"{verb} insufficient number of params")
         return _message_id(params[1])
 
-    def _fin(self, params: list[bytes]) -> Callable[[], Command]:
-        command = Fin(self._id_command("FIN", params, 2))
-        return lambda: command
+    def _fin(self, params: list[bytes]) -> Command:
+        return Fin(self._id_command("FIN", params, 2))
 
-    def _touch(self, params: list[bytes]) -> Callable[[], Command]:
-        command = Touch(self._id_command("TOUCH", params, 2))
-        return lambda: command
+    def _touch(self, params: list[bytes]) -> Command:
+        return Touch(self._id_command("TOUCH", params, 2))
 
-    def _req(self, params: list[bytes]) -> Callable[[], Command]:
+    def _req(self, params: list[bytes]) -> Command:
         msg_id = self._id_command("REQ", params, 3)
         value = parse_base10(params[2])
         if value is None:
             raise InvalidError(f"REQ could not parse timeout {_text(params[2])}")
-        command = Req(msg_id, _to_int64((value * 1_000_000) % (1 << 64)))
-        return lambda: command
+        return Req(msg_id, _to_int64((value * 1_000_000) % (1 << 64)))
 
-    def _cls(self, params: list[bytes]) -> Callable[[], Command]:
-        return Cls
+    def _cls(self, params: list[bytes]) -> Command:
+        return Cls()
 
-    def _nop(self, params: list[bytes]) -> Callable[[], Command]:
-        return Nop
+    def _nop(self, params: list[bytes]) -> Command:
+        return Nop()
 
 
-_Handler = Callable[[CommandParser, list[bytes]], Callable[[], Command]]
+# A handler validates a command's line; it returns the command, or for commands
+# with a body a reader that returns it once the body has arrived.
+_Handler = Callable[[CommandParser, list[bytes]], Command | Callable[[], Command]]
 
 _HANDLERS: dict[bytes, _Handler] = {
     b"IDENTIFY": CommandParser._identify,

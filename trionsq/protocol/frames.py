@@ -165,16 +165,23 @@ class FrameParser:
             if end - pos - 4 < size:
                 break
             (frame_type,) = struct.unpack_from(">L", buf, pos + 4)
-            payload = bytes(buf[pos + 8 : pos + 4 + size])
-            pos += 4 + size
+            end_of_frame = pos + 4 + size
             if frame_type == FRAME_TYPE_MESSAGE:
-                frames.append(decode_message(payload))
+                # Decoded in place: the body is the only copy made.
+                if size - 4 < MESSAGE_HEADER_SIZE:
+                    raise InvalidFrame(
+                        f"message frame too short ({size - 4} < {MESSAGE_HEADER_SIZE} bytes)"
+                    )
+                timestamp, attempts, msg_id = _MESSAGE_HEADER.unpack_from(buf, pos + 8)
+                body = bytes(buf[pos + 8 + MESSAGE_HEADER_SIZE : end_of_frame])
+                frames.append(MessageFrame(timestamp, attempts, msg_id, body))
             elif frame_type == FRAME_TYPE_RESPONSE:
-                frames.append(Response(payload))
+                frames.append(Response(bytes(buf[pos + 8 : end_of_frame])))
             elif frame_type == FRAME_TYPE_ERROR:
-                frames.append(Error(payload))
+                frames.append(Error(bytes(buf[pos + 8 : end_of_frame])))
             else:
                 raise InvalidFrame(f"unknown frame type {frame_type}")
+            pos = end_of_frame
         if pos:
             del buf[:pos]
         return frames
