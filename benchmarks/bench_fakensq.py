@@ -25,10 +25,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import rawclient  # noqa: E402
+import rawclient
 
-import fakensq  # noqa: E402
-from trionsq.protocol import frames  # noqa: E402
+import fakensq
+from trionsq.protocol import frames
 
 BODY = b"x" * 100
 BATCH = 1000
