@@ -4,7 +4,7 @@ Life of a connection::
 
     conn = await Connection.open("127.0.0.1:4150", config)   # magic, IDENTIFY, TLS,
                                                              # compression, AUTH
-    nursery.start_soon(conn.run, on_message)                 # the reader
+    nursery.start_soon(conn.run, on_message)                 # reader and writer
     await conn.request(commands.sub(topic, channel))         # -> b"OK"
     await conn.send(commands.rdy(1))                         # no response expected
     ...
@@ -12,8 +12,9 @@ Life of a connection::
 
 Requests that expect a response (SUB, PUB, MPUB, DPUB, CLS, ...) can be
 pipelined: nsqd answers them in order, so responses are matched to requests
-first-in first-out.  Writes are serialized, and a request is queued for its
-response under the same lock as its write, so the two orders agree.
+first-in first-out.  Commands are queued in one buffer, in the same step as
+their request's place in the response queue, so the two orders agree; a single
+writer task sends the buffer, many commands in one write when they pile up.
 
 The reader answers heartbeats with NOP, hands message frames to its callback,
 logs the non-fatal errors (``E_FIN_FAILED`` and friends) and treats a fatal error
@@ -52,6 +53,8 @@ __all__ = [
 log = logging.getLogger("trionsq.connection")
 
 _RECEIVE_SIZE = 64 * 1024
+#: queued bytes above which senders wait for the writer (backpressure)
+_HIGH_WATER = 1024 * 1024
 
 
 class NSQConnectionError(NSQError, ConnectionError):
@@ -146,7 +149,11 @@ class Connection:
         self.config = config
         self._stream = stream
         self._leftover = b""  # bytes read past the last handshake frame
-        self._send_lock = trio.StrictFIFOLock()
+        self._out = bytearray()  # queued commands, sent by the writer task
+        self._writing = False
+        self._wake_writer = trio.Event()
+        self._drained = trio.Event()
+        self._reason: BaseException | None = None
         self._pending: deque[_Pending] = deque()
         self._parser = FrameParser(config.max_frame_size)
         self._closed = trio.Event()
@@ -286,27 +293,26 @@ class Connection:
     # --- writing ---
 
     async def _write(self, data: bytes, pending: _Pending | None) -> None:
+        # Commands are appended to one buffer that the writer task sends: writes
+        # are serialized, several commands go out in one send, and a caller
+        # cancelled here never leaves half a command on the wire.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while len(self._out) >= _HIGH_WATER and not self.closed:
+            await self._drained.wait()
         if self.closed:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
-        async with self._send_lock:
-            if self.closed:
-                raise ConnectionClosedError(f"{self.address}: connection is closed")
-            if pending is not None:
-                self._pending.append(pending)
-            try:
-                await self._stream.send_all(data)
-            except BaseException as exc:
-                # A command cut short (by an error or by cancellation) corrupts the
-                # stream for everything after it: the connection is done.
-                reason = ConnectionClosedError(f"{self.address}: write failed: {exc!r}")
-                self._finish(reason)
-                await trio.aclose_forcefully(self._stream)
-                if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
-                    raise
-                raise reason from exc
+        if pending is not None:
+            # In the same step as the bytes: responses come back in this order.
+            self._pending.append(pending)
+        self._out += data
+        self._wake_writer.set()
 
     async def send(self, data: bytes) -> None:
-        """Send a command that gets no response (RDY, FIN, REQ, TOUCH, NOP)."""
+        """Queue a command that gets no response (RDY, FIN, REQ, TOUCH, NOP).
+
+        It is written by the connection's writer task (see :meth:`flush`); if the
+        connection is already closed, raises :class:`ConnectionClosedError`.
+        """
         await self._write(data, None)
 
     async def request(self, data: bytes) -> bytes:
@@ -322,45 +328,82 @@ class Connection:
             raise pending.error
         return pending.value
 
-    # --- reading ---
+    async def flush(self) -> None:
+        """Wait until everything queued so far has been written (or the
+        connection has ended)."""
+        while (self._out or self._writing) and not self._closed.is_set():
+            await self._drained.wait()
+
+    async def _write_loop(self) -> None:
+        while True:
+            if not self._out:
+                self._drained.set()
+                self._drained = trio.Event()
+                self._wake_writer = trio.Event()
+                await self._wake_writer.wait()
+                continue
+            data = bytes(self._out)
+            self._out.clear()
+            self._writing = True
+            await self._stream.send_all(data)
+            self._writing = False
+
+    # --- running ---
 
     async def run(self, on_message: MessageCallback | None = None) -> None:
-        """The reader: runs until the connection ends, then fails what is pending.
+        """Run the reader and the writer until the connection ends, then fail
+        what is pending.
 
         Returns normally however the connection ended; see :attr:`close_reason`.
         """
-        reason: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
+            await self._guard(self._read_loop, nursery.cancel_scope, on_message)
+        self._finish(self._reason)
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(self._stream)
+
+    async def _guard(
+        self,
+        loop: Callable[..., Awaitable[None]],
+        scope: trio.CancelScope,
+        *args: Any,
+    ) -> None:
+        """Run one of the loops; however it ends, the connection ends with it."""
+        try:
+            await loop(*args)
+        except trio.ClosedResourceError:
+            if not self._closing and self._reason is None:
+                self._reason = NSQConnectionError(f"{self.address}: connection closed")
+        except (NSQError, trio.BrokenResourceError, OSError, ssl.SSLError) as exc:
+            if not self._closing and self._reason is None:
+                self._reason = exc
+                log.warning("%s: connection lost: %r", self.address, exc)
+        finally:
+            # Failing the pending requests now lets their callers go on at once.
+            self._finish(self._reason)
+            scope.cancel()
+
+    async def _read_loop(self, on_message: MessageCallback | None) -> None:
         # Without heartbeats, silence is normal: only a missed heartbeat is a failure.
         heartbeats = self.config.heartbeat_interval is not None
         read_timeout = self.config.read_timeout if heartbeats else math.inf
-        try:
-            frames = self._parser.feed(self._leftover)
-            self._leftover = b""
-            while True:
-                for frame in frames:
-                    await self._handle(frame, on_message)
-                with trio.move_on_after(read_timeout) as scope:
-                    data = await self._stream.receive_some(_RECEIVE_SIZE)
-                if scope.cancelled_caught:
-                    raise NSQConnectionError(
-                        f"{self.address}: nothing received for {self.config.read_timeout}s"
-                    )
-                if not data:
-                    if not self._closing:
-                        reason = NSQConnectionError(f"{self.address}: closed by nsqd")
-                    return
-                frames = self._parser.feed(bytes(data))
-        except trio.ClosedResourceError:
-            if not self._closing:
-                reason = NSQConnectionError(f"{self.address}: connection closed")
-        except (NSQError, trio.BrokenResourceError, OSError, ssl.SSLError) as exc:
-            if not self._closing:
-                reason = exc
-                log.warning("%s: connection lost: %r", self.address, exc)
-        finally:
-            self._finish(reason)
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self._stream)
+        frames = self._parser.feed(self._leftover)
+        self._leftover = b""
+        while True:
+            for frame in frames:
+                await self._handle(frame, on_message)
+            with trio.move_on_after(read_timeout) as scope:
+                data = await self._stream.receive_some(_RECEIVE_SIZE)
+            if scope.cancelled_caught:
+                raise NSQConnectionError(
+                    f"{self.address}: nothing received for {self.config.read_timeout}s"
+                )
+            if not data:
+                if not self._closing:
+                    raise NSQConnectionError(f"{self.address}: closed by nsqd")
+                return
+            frames = self._parser.feed(bytes(data))
 
     async def _handle(self, frame: Frame, on_message: MessageCallback | None) -> None:
         if isinstance(frame, MessageFrame):
@@ -394,12 +437,14 @@ class Connection:
         while self._pending:
             self._pending.popleft().fail(failure)
         self._closed.set()
+        self._drained.set()  # nothing more will be written
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
     async def aclose(self) -> None:
-        """Close now; the reader returns and pending requests fail."""
+        """Close now (call :meth:`flush` first to send what is queued); the
+        loops return and pending requests fail."""
         self._closing = True
         self._finish(None)
         await trio.aclose_forcefully(self._stream)

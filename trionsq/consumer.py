@@ -303,6 +303,10 @@ class Consumer:
                 await self._settled_event.wait()
         if self._unsettled:
             log.warning("closing with %d message(s) still unanswered", self._unsettled)
+        # The last FINs and REQs may still be queued: let them out before closing.
+        with trio.move_on_after(_CLS_TIMEOUT):
+            for session in list(self._sessions):
+                await session.conn.flush()
 
     async def _close_session(self, session: _Session) -> None:
         with trio.move_on_after(_CLS_TIMEOUT):

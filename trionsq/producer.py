@@ -138,8 +138,9 @@ class Producer:
                 return conn
             addresses = self.config.nsqd_tcp_addresses
             failures: list[str] = []
+            start = self._index  # read once: _run may move it meanwhile
             for step in range(len(addresses)):
-                index = (self._index + step) % len(addresses)
+                index = (start + step) % len(addresses)
                 try:
                     conn = await Connection.open(addresses[index], self.config)
                 except (NSQConnectionError, NegotiationError, ProtocolError) as exc:

@@ -167,9 +167,11 @@ async def test_set_max_in_flight_at_run_time(
         node.put(b"x")
         message = await c.__anext__()
         await message.finish()
-        await wait_for(lambda: c.stats.rdy == 5)
+        await wait_for(lambda: c.stats.rdy == 5 and node.rdy_history[-1][2] == 5)
         await c.set_max_in_flight(0)
         assert c.stats.rdy == 0
+        await wait_for(lambda: node.rdy_history[-1][2] == 0)
         await c.set_max_in_flight(2)
         assert c.stats.rdy == 2
-    assert [v for _, _, v in node.rdy_history][-3:] == [5, 0, 2]
+        await wait_for(lambda: node.rdy_history[-1][2] == 2)
+    assert [v for _, _, v in node.rdy_history] == [1, 5, 0, 2]
