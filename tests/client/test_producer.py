@@ -183,3 +183,46 @@ async def test_publish_outside_async_with_is_an_error() -> None:
 def test_producer_requires_an_address() -> None:
     with pytest.raises(ValueError):
         trionsq.Producer([])
+
+
+async def test_cancelled_publish_keeps_responses_matched(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_delay = 1.0
+    async with producer(node) as p:
+        with trio.move_on_after(0.5):
+            await p.publish("t", b"abandoned")  # written; its response is not awaited
+        await p.publish("t", b"next")  # gets its own response, not the abandoned one's
+        assert trio.current_time() == pytest.approx(2.0)
+    assert [b for _, b in node.published] == [b"abandoned", b"next"]
+    assert len(node.conns) == 1
+
+
+async def test_fatal_error_in_a_pipeline(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_errors["bad"] = trionsq.PubFailedError("nope")
+    node.pub_delay = 0.1
+    outcomes: dict[str, object] = {}
+
+    async def publish(topic: str, delay: float) -> None:
+        await trio.sleep(delay)  # fixes the order on the wire
+        try:
+            await p.publish(topic, b"x")
+            outcomes[topic] = "ok"
+        except trionsq.NSQError as exc:
+            outcomes[topic] = type(exc)
+
+    async with producer(node) as p:
+        await p.publish("warm", b"up")
+        async with trio.open_nursery() as publishers:
+            publishers.start_soon(publish, "first", 0.0)
+            publishers.start_soon(publish, "bad", 0.001)
+            publishers.start_soon(publish, "after", 0.002)
+    assert outcomes == {
+        "first": "ok",
+        "bad": trionsq.PubFailedError,
+        "after": trionsq.ConnectionClosedError,
+    }
