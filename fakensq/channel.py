@@ -100,6 +100,11 @@ class Channel:
             return
         rng = self.nsqd.rng
         queue = self.queue
+        now = trio.current_time()
+        heap = self._in_flight_heap
+        in_flight = self.in_flight
+        seq = self._seq
+        earliest = math.inf
         while ready:
             msg = queue.get()
             if msg is None:
@@ -109,22 +114,21 @@ class Channel:
             # channel (taken off the queue and never sent).
             if client.sample_rate > 0 and rng.randrange(100) > client.sample_rate:
                 continue
-            self._start_in_flight(msg, client)
-            client.send_message(msg)
-            if not client.is_ready_for_messages():
+            # in flight (inlined: this is the hot path)
+            msg.attempts += 1
+            msg.client = client
+            msg.delivery_ts = now
+            msg.deadline = deadline = now + client.msg_timeout
+            msg.seq = n = next(seq)
+            in_flight[msg.id] = msg
+            heapq.heappush(heap, (deadline, n, msg))
+            if deadline < earliest:
+                earliest = deadline
+            if not client.send_message(msg):
                 ready.remove(client)
-
-    def _start_in_flight(self, msg: Message, client: ClientConnection) -> None:
-        now = trio.current_time()
-        msg.attempts += 1
-        msg.client = client
-        msg.delivery_ts = now
-        msg.deadline = now + client.msg_timeout
-        msg.seq = next(self._seq)
-        self.in_flight[msg.id] = msg
-        heapq.heappush(self._in_flight_heap, (msg.deadline, msg.seq, msg))
-        self._maybe_compact(self._in_flight_heap, self.in_flight)
-        self._schedule(msg.deadline)
+        if len(heap) > 1024 and len(heap) > 4 * len(in_flight):
+            self._compact(heap, in_flight)
+        self._schedule(earliest)
 
     def _pop_in_flight(self, client: ClientConnection, msg_id: bytes, verb: str) -> Message:
         msg = self.in_flight.get(msg_id)
@@ -137,14 +141,22 @@ class Channel:
         del self.in_flight[msg_id]
         return msg
 
-    def finish(self, client: ClientConnection, msg_id: bytes) -> None:
-        """FIN: the message is done."""
-        msg = self._pop_in_flight(client, msg_id, "FIN")
+    def finish(self, client: ClientConnection, msg_id: bytes, dispatch: bool = True) -> None:
+        """FIN: the message is done.  ``dispatch=False`` lets a caller finishing
+        many messages in a row hand out new ones once, afterwards."""
+        msg = self.in_flight.get(msg_id)
+        if msg is None or msg.client is not client:
+            self._pop_in_flight(client, msg_id, "FIN")  # raises the right error
+            return
+        del self.in_flight[msg_id]
         msg.client = None
-        self.e2e.add(msg.timestamp)
-        self.topic.e2e.add(msg.timestamp)
-        client.finished_message()
-        self.dispatch()
+        if self.e2e.enabled:
+            self.e2e.add(msg.timestamp)
+            self.topic.e2e.add(msg.timestamp)
+        client.finish_count += 1
+        client.in_flight_count -= 1
+        if dispatch:
+            self.dispatch()
 
     def requeue(self, client: ClientConnection, msg_id: bytes, delay: float) -> None:
         """REQ: back to the queue now (delay 0), or deferred."""
@@ -170,7 +182,6 @@ class Channel:
         msg.seq = next(self._seq)
         self.in_flight[msg.id] = msg
         heapq.heappush(self._in_flight_heap, (deadline, msg.seq, msg))
-        self._maybe_compact(self._in_flight_heap, self.in_flight)
         self._schedule(deadline)
 
     def _start_deferred(self, msg: Message, delay: float) -> None:
@@ -235,12 +246,11 @@ class Channel:
             self._timer_wake.set()
 
     @staticmethod
-    def _maybe_compact(heap: list[_Entry], live: dict[bytes, Message]) -> None:
+    def _compact(heap: list[_Entry], live: dict[bytes, Message]) -> None:
         # FIN leaves its heap entry behind; rebuild once stale entries dominate so
         # memory stays proportional to what is really in flight.
-        if len(heap) > 1024 and len(heap) > 4 * len(live):
-            heap[:] = [(m.deadline, m.seq, m) for m in live.values()]
-            heapq.heapify(heap)
+        heap[:] = [(m.deadline, m.seq, m) for m in live.values()]
+        heapq.heapify(heap)
 
     async def run_timers(self) -> None:
         """The channel's timer task (in the nsqd's nursery, until deletion)."""

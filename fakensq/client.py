@@ -41,7 +41,14 @@ from trionsq.protocol.errors import (
     SubFailedError,
     UnauthorizedError,
 )
-from trionsq.protocol.frames import CLOSE_WAIT, HEARTBEAT, OK, encode_error, encode_response
+from trionsq.protocol.frames import (
+    CLOSE_WAIT,
+    HEARTBEAT,
+    OK,
+    encode_error,
+    encode_response,
+    message_frame_header,
+)
 
 from .auth import AuthError, AuthState, query_auth
 from .options import TLS_NOT_REQUIRED, VERSION
@@ -119,6 +126,7 @@ class ClientConnection:
             precheck=self._precheck,
         )
         self._send_lock = trio.Lock()
+        self._needs_dispatch = False
         self._msg_buf: list[bytes] = []
         self._msg_buf_size = 0
         self._flush_now = False
@@ -141,15 +149,15 @@ class ClientConnection:
                     nursery.start_soon(self._writer_loop)
                     try:
                         await self._reader_loop()
+                    except (_Closed, *_STREAM_ERRORS, trio.TooSlowError) as exc:
+                        log.debug("client %s: closed (%r)", self.remote_address, exc)
+                    except CompressionError as exc:
+                        log.info("client %s: %s", self.remote_address, exc)
+                    except Exception:
+                        # A bug here must not take the node (and the other clients) down.
+                        log.exception("client %s: internal error", self.remote_address)
                     finally:
                         nursery.cancel_scope.cancel()
-        except (_Closed, *_STREAM_ERRORS, trio.TooSlowError) as exc:
-            log.debug("client %s: closed (%r)", self.remote_address, exc)
-        except CompressionError as exc:
-            log.info("client %s: %s", self.remote_address, exc)
-        except Exception:
-            # A bug here must not take the node (and the other clients) down.
-            log.exception("client %s: internal error", self.remote_address)
         finally:
             self.state = STATE_DISCONNECTED
             self.nsqd.clients.pop(self.id, None)
@@ -183,6 +191,10 @@ class ClientConnection:
                     await self._send_error(exc)
                     if exc.fatal:
                         return
+            if self._needs_dispatch:
+                self._needs_dispatch = False
+                if self.channel is not None:
+                    self.channel.dispatch()
             data = await self._receive()
             if not data:
                 return
@@ -228,7 +240,9 @@ class ClientConnection:
 
     async def _exec(self, command: cmds.Command) -> None:
         if isinstance(command, cmds.Fin):
-            self._subscribed_channel().finish(self, command.id)
+            # New messages are handed out once the whole read is processed.
+            self._subscribed_channel().finish(self, command.id, dispatch=False)
+            self._needs_dispatch = True
         elif isinstance(command, cmds.Rdy):
             if self.state == STATE_CLOSING:
                 return  # nsqd ignores RDY after CLS, before parsing the count
@@ -242,7 +256,7 @@ class ClientConnection:
         elif isinstance(command, cmds.MPub):
             await self._check_auth("MPUB", command.topic, "")
             topic = self.nsqd.get_topic(command.topic)
-            topic.put_many([topic.new_message(body) for body in command.bodies])
+            topic.put_many(topic.new_messages(command.bodies))
             self._published(command.topic, len(command.bodies))
             await self._send_response(OK)
         elif isinstance(command, cmds.Req):
@@ -505,29 +519,32 @@ class ClientConnection:
     def is_producer(self) -> bool:
         return bool(self.pub_counts)
 
-    def send_message(self, msg: Message) -> None:
-        """Buffer a message frame (the channel has put it in flight for us)."""
+    def send_message(self, msg: Message) -> bool:
+        """Buffer a message frame (the channel has put it in flight for us).
+
+        Returns whether the client can take more."""
         self.in_flight_count += 1
         self.message_count += 1
-        frame = msg.frame()
-        self._msg_buf.append(frame)
-        self._msg_buf_size += len(frame)
-        if self._msg_buf_size >= self.output_buffer_size or not self.is_ready_for_messages():
-            self._flush_now = True
-            self._wake.set()
+        body = msg.body
+        buf = self._msg_buf
+        buf.append(message_frame_header(msg.timestamp, msg.attempts, msg.id, len(body)))
+        buf.append(body)
+        self._msg_buf_size += len(body) + 30
+        ready = self.is_ready_for_messages()
+        if not ready or self._msg_buf_size >= self.output_buffer_size:
+            if not self._flush_now:
+                self._flush_now = True
+                self._wake.set()
         elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
             self._flush_deadline = trio.current_time() + self.output_buffer_timeout
             self._wake.set()
+        return ready
 
     def ready_state_changed(self) -> None:
         # nsqd's messagePump flushes as soon as the client cannot take more.
         if self._msg_buf and not self.is_ready_for_messages():
             self._flush_now = True
             self._wake.set()
-
-    def finished_message(self) -> None:
-        self.finish_count += 1
-        self.in_flight_count -= 1
 
     def requeued_message(self) -> None:
         self.requeue_count += 1
@@ -595,6 +612,9 @@ class ClientConnection:
                     await self._send_response(HEARTBEAT)
         except (*_STREAM_ERRORS, trio.TooSlowError, CompressionError) as exc:
             log.debug("client %s: write failed (%r)", self.remote_address, exc)
+            self.close()
+        except Exception:
+            log.exception("client %s: internal error in the writer", self.remote_address)
             self.close()
 
     # --- stats ---

@@ -204,7 +204,7 @@ class NSQDHTTP:
                 if len(line) > opts.max_msg_size:
                     raise HTTPError(413, "MSG_TOO_BIG")
                 bodies.append(line)
-        topic.put_many([topic.new_message(b) for b in bodies])
+        topic.put_many(topic.new_messages(bodies))
         return _ok("OK")
 
     async def stats(self, request: Request) -> Response:

@@ -8,7 +8,6 @@ as nsqd's topic message pump makes one.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -84,7 +83,7 @@ class GUIDFactory:
         self.node_id = node_id % (1 << _NODE_BITS)
         self._last_ms = -1
         self._sequence = 0
-        self._lock = threading.Lock()
+        self._node_bits = self.node_id << _SEQ_BITS
         self._seeded_next: int | None = None
         if rng is not None:
             self._seeded_next = rng.getrandbits(40) << (_NODE_BITS + _SEQ_BITS)
@@ -94,19 +93,18 @@ class GUIDFactory:
             value = self._seeded_next
             self._seeded_next += 1
             return b"%016x" % (value & 0xFFFFFFFFFFFFFFFF)
-        with self._lock:
-            now = time.time_ns() // 1_000_000 - _TWEPOCH_MS
-            if now <= self._last_ms:
-                # Same millisecond (or the clock stepped back): keep ids unique by
-                # carrying on from the last one.
-                self._sequence = (self._sequence + 1) & _SEQ_MASK
-                if self._sequence == 0:
-                    self._last_ms += 1
-                now = self._last_ms
-            else:
-                self._sequence = 0
-                self._last_ms = now
-            value = (now << (_NODE_BITS + _SEQ_BITS)) | (self.node_id << _SEQ_BITS) | self._sequence
+        now = time.time_ns() // 1_000_000 - _TWEPOCH_MS
+        if now <= self._last_ms:
+            # Same millisecond (or the clock stepped back): keep ids unique by
+            # carrying on from the last one.
+            self._sequence = (self._sequence + 1) & _SEQ_MASK
+            if self._sequence == 0:
+                self._last_ms += 1
+            now = self._last_ms
+        else:
+            self._sequence = 0
+            self._last_ms = now
+        value = (now << (_NODE_BITS + _SEQ_BITS)) | self._node_bits | self._sequence
         return b"%016x" % (value & 0xFFFFFFFFFFFFFFFF)
 
 

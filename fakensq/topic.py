@@ -7,6 +7,7 @@ has some (and is unpaused).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,10 +44,17 @@ class Topic:
     def depth(self) -> int:
         return len(self.queue)
 
-    def new_message(self, body: bytes, defer: float = 0.0) -> Message:
-        msg = Message(self.nsqd.guids.new_id(), body)
+    def new_message(self, body: bytes, defer: float = 0.0, timestamp: int | None = None) -> Message:
+        """A message with a fresh id (``defer``: a DPUB delay in seconds)."""
+        msg = Message(self.nsqd.guids.new_id(), body, timestamp)
         msg.deferred = defer
         return msg
+
+    def new_messages(self, bodies: list[bytes]) -> list[Message]:
+        """Messages for an MPUB (one timestamp for the batch)."""
+        new_id = self.nsqd.guids.new_id
+        now = time.time_ns()
+        return [Message(new_id(), body, now) for body in bodies]
 
     def put(self, msg: Message) -> None:
         self.put_many([msg])
