@@ -9,6 +9,7 @@ from .connection import (
     NSQConnectionError,
 )
 from .consumer import ConnectionStats, Consumer, ConsumerStats
+from .http import http_multi_publish, http_publish
 from .message import Message
 from .producer import Producer
 from .protocol.errors import *  # noqa: F403
@@ -33,6 +34,8 @@ __all__ = [
     "NSQConnectionError",
     "NegotiationError",
     "Producer",
+    "http_multi_publish",
+    "http_publish",
     "tcp_connector",
     *_errors_all,
 ]

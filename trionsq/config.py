@@ -94,7 +94,35 @@ def _default_hostname() -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
-    """All connection and consumer options (see the README for each one's meaning).
+    """All connection and consumer options; Consumer and Producer take them as
+    keyword arguments.  Times are in seconds.
+
+    Where to connect
+        ``nsqd_tcp_addresses`` (``"host:port"``, reconnected with
+        ``reconnect_backoff``), ``lookupd_http_addresses`` (``"host:port"`` or a
+        URL, polled every ``lookupd_poll_interval``, spread by
+        ``lookupd_poll_jitter``, a fraction), ``connector`` (how a stream is
+        opened; see :mod:`trionsq.transport`), ``http_transport`` (for lookupd),
+        ``connect_timeout`` (connect and handshake).
+    Consuming
+        ``max_in_flight``, ``max_attempts`` (0: never give up),
+        ``default_requeue_delay`` (times the attempts, capped at
+        ``max_requeue_delay``), ``backoff`` (a :class:`BackoffPolicy`, True for
+        the default one, False to disable), ``low_rdy_idle_timeout`` (how long a
+        connection holds RDY while others wait, when ``max_in_flight`` is below
+        the number of connections), ``close_timeout`` (how long leaving waits for
+        handlers).
+    Negotiated with nsqd (IDENTIFY)
+        ``client_id``, ``hostname``, ``user_agent``, ``heartbeat_interval``
+        (``None``: no heartbeats), ``msg_timeout``, ``output_buffer_size``,
+        ``output_buffer_timeout``, ``sample_rate`` (0-99 %), ``tls`` (True for
+        the system's trust store, or an :class:`ssl.SSLContext`), ``tls_cert`` /
+        ``tls_key`` (a client certificate), ``snappy``, ``deflate``,
+        ``deflate_level``, ``auth_secret`` (sent when nsqd requires AUTH).
+    Limits
+        ``read_timeout`` (silence after which a connection is considered dead;
+        must exceed ``heartbeat_interval``), ``max_frame_size``,
+        ``publish_window`` (a Producer's requests awaiting responses at once).
 
     Unknown keywords raise :class:`TypeError`; bad values raise :class:`ValueError`
     or :class:`TypeError` naming the option.
