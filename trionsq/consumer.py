@@ -509,25 +509,30 @@ class Consumer:
                     answers[index] = await lookup(client, addresses[index], self.topic)
                 except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
                     log.warning("lookupd %s: %s", addresses[index], exc)
+            found = answers[index]
+            if found is not None:
+                # Connect at once: a slow lookupd must not hold back the others.
+                self._connect_discovered(found)
 
         async with trio.open_nursery() as nursery:
             for index in range(len(addresses)):
                 nursery.start_soon(ask, index)
-        found: set[str] = set()
-        for answer in answers:
-            if answer is not None:
-                found |= answer
-        static = set(self.config.nsqd_tcp_addresses)
-        assert self._nursery is not None
-        for address in sorted(found - static - set(self._discovered)):
-            scope = trio.CancelScope()
-            self._discovered[address] = scope
-            self._nursery.start_soon(self._discovered_connection, address, scope)
         if all(answer is not None for answer in answers):
             # Only when every lookupd answered is absence meaningful.
+            found: set[str] = set().union(*(a for a in answers if a is not None))
             for address in set(self._discovered) - found:
                 log.info("%s no longer has %s: disconnecting", address, self.topic)
                 self._discovered.pop(address).cancel()
+
+    def _connect_discovered(self, found: set[str]) -> None:
+        assert self._nursery is not None
+        static = set(self.config.nsqd_tcp_addresses)
+        for address in sorted(found - static - set(self._discovered)):
+            if self._closing:
+                return
+            scope = trio.CancelScope()
+            self._discovered[address] = scope
+            self._nursery.start_soon(self._discovered_connection, address, scope)
 
     async def _discovered_connection(self, address: str, scope: trio.CancelScope) -> None:
         """One attempt; the next lookupd poll reconnects (per the client guide)."""
