@@ -437,19 +437,13 @@ class Consumer:
         success: bool | None = None,
         count: bool = True,
     ) -> None:
-        """FIN or REQ ``message``, then update counters, backoff and RDY.
+        """Update backoff and RDY for a settled ``message``, then FIN or REQ it.
 
         ``success`` feeds backoff: True a success, False a failure, None neither;
         ``count=False`` leaves the finished/requeued counters alone (give-ups).
+        RDY goes first: a failure that starts a backoff queues RDY 0 before the
+        REQ, or nsqd could hand the requeued message straight back.
         """
-        sent = await session._send(data)
-        if sent and count:
-            if data.startswith(b"FIN"):
-                self._finished += 1
-            else:
-                self._requeued += 1
-        self._unsettled -= 1
-        self._settled_event.set()
         self._rdy.on_settled(session)
         if success is not None and not self._closing:
             now = trio.current_time()
@@ -458,6 +452,14 @@ class Consumer:
                 self._rdy.set_mode(self._backoff.state)
                 self._backoff_wakeup.set()
         await self._update_rdy()
+        sent = await session._send(data)
+        self._unsettled -= 1
+        self._settled_event.set()
+        if sent and count:
+            if data.startswith(b"FIN"):
+                self._finished += 1
+            else:
+                self._requeued += 1
 
     # --- RDY and backoff ---
 
