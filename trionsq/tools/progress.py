@@ -1,0 +1,115 @@
+"""Live progress for long-running tools: rich on a terminal, plain lines otherwise.
+
+A :class:`Progress` holds named counters that the tool bumps.  On a terminal
+(stdout is a TTY) a ``rich.live.Live`` table is redrawn a few times a second;
+otherwise one plain line goes to stderr every ``interval`` seconds, so that logs
+and pipes stay readable.  Either way :meth:`Progress.summary` prints the final
+totals on stderr when the tool ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+import trio
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+__all__ = ["Progress"]
+
+_REFRESH = 0.25
+
+
+class Progress:
+    """Counters of one tool run, with their rate and an optional backlog.
+
+    ``rate_of`` names the counter whose per-second rate is shown; ``backlog``
+    (when given) is called at each refresh (messages held but not yet done).
+    """
+
+    def __init__(
+        self,
+        title: str,
+        counters: list[str],
+        *,
+        rate_of: str | None = None,
+        backlog: Callable[[], int] | None = None,
+        interval: float = 5.0,
+        live: bool | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
+        self.title = title
+        self.counts: dict[str, int] = dict.fromkeys(counters, 0)
+        self.info: dict[str, str] = {}
+        self.rate_of = rate_of or counters[0]
+        self.backlog = backlog
+        self.interval = interval
+        self.live = sys.stdout.isatty() if live is None else live
+        self.stderr = stderr if stderr is not None else sys.stderr
+        self._started = time.monotonic()
+        self._last = (self._started, 0)
+        self._rate = 0.0
+
+    def add(self, name: str, amount: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + amount
+
+    def _update_rate(self) -> float:
+        now = time.monotonic()
+        then, count = self._last
+        current = self.counts.get(self.rate_of, 0)
+        if now - then > 0:
+            self._rate = (current - count) / (now - then)
+        self._last = (now, current)
+        return self._rate
+
+    def _fields(self) -> list[tuple[str, str]]:
+        fields = [(name, f"{value:,}") for name, value in self.counts.items()]
+        fields.append((f"{self.rate_of}/s", f"{self._rate:,.1f}"))
+        if self.backlog is not None:
+            fields.append(("backlog", f"{self.backlog():,}"))
+        fields.extend(self.info.items())
+        return fields
+
+    def line(self) -> str:
+        """The plain-text form: ``title: name=value name=value ...``."""
+        return f"{self.title}: " + " ".join(f"{k}={v}" for k, v in self._fields())
+
+    def table(self) -> Table:
+        """The rich form: one column per counter."""
+        fields = self._fields()
+        table = Table(title=self.title, title_justify="left")
+        for name, _ in fields:
+            table.add_column(name, justify="right")
+        table.add_row(*(value for _, value in fields))
+        return table
+
+    async def run(self) -> None:
+        """Redraw until cancelled (start it in the tool's nursery)."""
+        if self.live:
+            console = Console(file=sys.stdout)
+            with Live(self.table(), console=console, auto_refresh=False, transient=False) as live:
+                try:
+                    while True:
+                        await trio.sleep(_REFRESH)
+                        self._update_rate()
+                        live.update(self.table(), refresh=True)
+                finally:
+                    live.update(self.table(), refresh=True)
+        else:
+            while True:
+                await trio.sleep(self.interval)
+                self._update_rate()
+                print(self.line(), file=self.stderr, flush=True)
+
+    def summary(self) -> str:
+        """Print (on stderr) and return the totals, with the mean rate of the run."""
+        elapsed = time.monotonic() - self._started
+        self._rate = self.counts.get(self.rate_of, 0) / elapsed if elapsed > 0 else 0.0
+        text = self.line().replace(f"{self.title}: ", f"{self.title} done: ", 1)
+        text += f" elapsed={elapsed:.1f}s"
+        print(text, file=self.stderr, flush=True)
+        return text
