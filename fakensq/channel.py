@@ -55,6 +55,7 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.finished_count = 0  # not in nsqd's stats; for accounting in tests
         self.e2e = LatencyStream(nsqd.options)
         self._timer_target = math.inf
         self._timer_wake = trio.Event()
@@ -153,6 +154,7 @@ class Channel:
         if self.e2e.enabled:
             self.e2e.add(msg.timestamp)
             self.topic.e2e.add(msg.timestamp)
+        self.finished_count += 1
         client.finish_count += 1
         client.in_flight_count -= 1
         if dispatch:
