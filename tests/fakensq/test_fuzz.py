@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 
 import trio
+import trio.lowlevel
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fakensq
 from trionsq.protocol import commands as cmds
-from trionsq.protocol.errors import NSQErrorResponse
 from trionsq.protocol.frames import Error, FrameParser, MessageFrame, Response
 
 from .helpers import RawClient, memory_client
@@ -124,7 +124,7 @@ async def _run_session(nsqd: fakensq.NSQD, data: list[bytes], chunk: int) -> lis
             try:
                 for i in range(0, len(stream), chunk):
                     await client_side.send_all(stream[i : i + chunk])
-                    await trio.sleep(0)
+                    await trio.lowlevel.checkpoint()
                 await client_side.send_stream.aclose()  # EOF: the server closes
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
