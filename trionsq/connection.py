@@ -448,8 +448,3 @@ class Connection:
         self._closing = True
         self._finish(None)
         await trio.aclose_forcefully(self._stream)
-
-
-def is_fatal(error: BaseException) -> bool:
-    """True for errors after which nsqd closes the connection."""
-    return not isinstance(error, NSQErrorResponse) or error.fatal

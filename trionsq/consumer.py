@@ -24,7 +24,7 @@ import trio
 from .backoff import Backoff, BackoffState
 from .config import Config
 from .connection import Connection, NegotiationError
-from .lookupd import lookup
+from .lookupd import lookup, merge
 from .message import Message
 from .protocol import commands
 from .protocol.errors import NSQError
@@ -521,7 +521,7 @@ class Consumer:
                 nursery.start_soon(ask, index)
         if all(answer is not None for answer in answers):
             # Only when every lookupd answered is absence meaningful.
-            found: set[str] = set().union(*(a for a in answers if a is not None))
+            found = merge(answers)
             for address in set(self._discovered) - found:
                 log.info("%s no longer has %s: disconnecting", address, self.topic)
                 self._discovered.pop(address).cancel()
