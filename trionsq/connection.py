@@ -37,7 +37,7 @@ import trio
 
 from .config import Config
 from .protocol import codecs, commands
-from .protocol.errors import NSQError, NSQErrorResponse, ProtocolError
+from .protocol.errors import NSQError, ProtocolError
 from .protocol.frames import OK, Error, Frame, FrameParser, MessageFrame, Response
 from .rdy import DEFAULT_MAX_RDY_COUNT
 from .transport import parse_address
