@@ -76,12 +76,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepared = tool.prepare(args._parser, args)
     try:
         status: int = trio.run(tool.run, args, prepared)
-    except ToolError as exc:
-        print(f"trionsq {args.command}: error: {exc}", file=sys.stderr)
+    except (ToolError, BaseExceptionGroup) as exc:
+        error = _tool_error(exc)
+        if error is None:
+            raise
+        print(f"trionsq {args.command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     return status
+
+
+def _tool_error(exc: BaseException) -> ToolError | None:
+    """The ToolError in ``exc``, however deep in nurseries' exception groups."""
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _tool_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

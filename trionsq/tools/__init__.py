@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import pub, tail
+from . import pub, stat, tail, to_file, to_http, to_nsq
 
 __all__ = ["TOOLS"]
 
 #: Subcommand name -> tool module.
 TOOLS: dict[str, ModuleType] = {
     "tail": tail,
+    "to-file": to_file,
     "pub": pub,
+    "stat": stat,
+    "to-nsq": to_nsq,
+    "to-http": to_http,
 }

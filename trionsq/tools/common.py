@@ -272,10 +272,10 @@ async def check_nsqds(addresses: tuple[str, ...] | list[str], config: Config) ->
         await conn.aclose()
 
 
-async def check_lookupds(addresses: tuple[str, ...] | list[str], timeout: float = 5.0) -> None:
+async def check_lookupds(addresses: tuple[str, ...] | list[str], wait: float = 5.0) -> None:
     """``GET /ping`` every nsqlookupd; fail when none answers (one is enough)."""
     failures: list[str] = []
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=wait) as client:
         for address in addresses:
             base = (address if "://" in address else f"http://{address}").rstrip("/")
             try:

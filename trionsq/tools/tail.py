@@ -69,7 +69,9 @@ def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[s
     return options
 
 
-async def run(args: argparse.Namespace, options: dict[str, Any], out: BinaryIO | None = None) -> int:
+async def run(
+    args: argparse.Namespace, options: dict[str, Any], out: BinaryIO | None = None
+) -> int:
     out = out if out is not None else sys.stdout.buffer
     await check_sources(Config(**options))
     shown = 0

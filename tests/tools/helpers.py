@@ -1,0 +1,105 @@
+"""Running the ``trionsq`` command in a subprocess against fakensq nodes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+TIMEOUT = 30.0
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trionsq.cli", *args]
+
+
+def run_tool(
+    *args: str, input: bytes | None = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(command(*args), input=input, capture_output=True, timeout=timeout)
+
+
+def start_tool(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def stop_tool(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> tuple[int, str, str]:
+    """Signal the tool, wait for it to exit, return (status, stdout, stderr)."""
+    process.send_signal(sig)
+    out, err = process.communicate(timeout=TIMEOUT)
+    return process.returncode, out.decode(), err.decode()
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition"
+) -> Any:
+    """Poll ``predicate`` until it is truthy (fails the test after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def dead_address() -> str:
+    """A loopback address nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+def publish(http_address: str, topic: str, bodies: list[bytes]) -> None:
+    data = len(bodies).to_bytes(4, "big") + b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+    response = httpx.post(
+        f"http://{http_address}/mpub", params={"topic": topic, "binary": "true"}, content=data
+    )
+    response.raise_for_status()
+
+
+def create_channel(http_address: str, topic: str, channel: str) -> None:
+    httpx.post(
+        f"http://{http_address}/channel/create", params={"topic": topic, "channel": channel}
+    ).raise_for_status()
+
+
+def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any] | None:
+    response = httpx.get(
+        f"http://{http_address}/stats",
+        params={"format": "json", "topic": topic, "channel": channel},
+    )
+    response.raise_for_status()
+    doc = json.loads(response.content)
+    for t in doc.get("topics") or []:
+        for c in t["channels"]:
+            if c["channel_name"] == channel:
+                return dict(c)
+    return None
+
+
+def topic_depth(http_address: str, topic: str) -> int:
+    response = httpx.get(f"http://{http_address}/stats", params={"format": "json", "topic": topic})
+    topics = response.json().get("topics") or []
+    return int(topics[0]["depth"]) if topics else 0
+
+
+def drained(http_address: str, topic: str, channel: str, total: int) -> bool:
+    """Every one of ``total`` messages went through the channel and was finished."""
+    stats = channel_stats(http_address, topic, channel)
+    return (
+        stats is not None
+        and stats["message_count"] >= total
+        and stats["depth"] == 0
+        and stats["in_flight_count"] == 0
+        and stats["deferred_count"] == 0
+    )

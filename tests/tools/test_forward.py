@@ -1,0 +1,150 @@
+"""``trionsq to-nsq`` and ``trionsq to-http``: FIN after success, REQ on failure."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from fakensq import NSQD
+from fakensq.httpserver import HTTPServer, Request, Response
+from fakensq.threaded import BackgroundNode
+
+from .helpers import channel_stats, drained, publish, start_tool, stop_tool, topic_depth, wait_for
+
+FAST_RETRY = ["--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "backoff=false"]
+
+
+class Endpoint:
+    """A local HTTP server recording requests; fails each body's first ``fail_first`` tries."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.fail_first = fail_first
+        self.requests: list[tuple[str, str, bytes, str]] = []
+        self.tries: dict[bytes, int] = {}
+        self.lock = threading.Lock()
+        self.address = ""
+
+    async def handle(self, request: Request) -> Response:
+        key = request.body or request.path.encode()
+        with self.lock:
+            self.tries[key] = self.tries.get(key, 0) + 1
+            if self.tries[key] <= self.fail_first:
+                return Response.text("try again", 503)
+            query = request.arg("q") or ""
+            self.requests.append(
+                (
+                    request.method,
+                    request.path,
+                    request.body or query.encode(),
+                    request.headers.get("content-type", ""),
+                )
+            )
+        return Response.text("ok")
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[Endpoint]:
+        server = HTTPServer(self.handle)
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(server.serve, "127.0.0.1", 0)
+            self.address = f"http://{host}:{port}"
+            yield self
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def endpoint_factory() -> Iterator[Callable[[int], Endpoint]]:
+    nodes: list[BackgroundNode[Endpoint]] = []
+
+    def make(fail_first: int = 0) -> Endpoint:
+        endpoint = Endpoint(fail_first)
+        node: BackgroundNode[Endpoint] = BackgroundNode(endpoint.serving, "http-endpoint")
+        nodes.append(node)
+        return node.start()
+
+    yield make
+    for node in nodes:
+        node.stop()
+
+
+def test_to_nsq_copies_a_topic(nsqd_factory: Callable[..., NSQD]) -> None:
+    source, destination = nsqd_factory(), nsqd_factory()
+    publish(source.http_address, "orders", [f"o{i}".encode() for i in range(200)])
+    process = start_tool(
+        "to-nsq",
+        "--topic",
+        "orders",
+        "--nsqd-tcp-address",
+        source.tcp_address,
+        "--destination-nsqd-tcp-address",
+        destination.tcp_address,
+        "--destination-topic",
+        "copy",
+        "--status-every",
+        "0.1",
+    )
+    wait_for(lambda: drained(source.http_address, "orders", "nsq_to_nsq", 200), what="copied")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    assert topic_depth(destination.http_address, "copy") == 200
+    assert "published=200" in err
+
+
+def test_to_http_post_round_robin_retries_failures(
+    nsqd: NSQD, endpoint_factory: Callable[[int], Endpoint]
+) -> None:
+    first, second = endpoint_factory(1), endpoint_factory(1)
+    bodies = [f"b{i}".encode() for i in range(20)]
+    publish(nsqd.http_address, "hooks", bodies)
+    process = start_tool(
+        "to-http",
+        "--topic",
+        "hooks",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--post",
+        f"{first.address}/in",
+        "--post",
+        f"{second.address}/in",
+        "--content-type",
+        "text/plain",
+        *FAST_RETRY,
+    )
+    wait_for(lambda: drained(nsqd.http_address, "hooks", "nsq_to_http", 20), what="delivered")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    delivered = first.requests + second.requests
+    assert sorted(r[2] for r in delivered) == sorted(bodies)
+    assert first.requests and second.requests  # round-robin
+    assert all(r[0] == "POST" and r[1] == "/in" and r[3] == "text/plain" for r in delivered)
+    stats = channel_stats(nsqd.http_address, "hooks", "nsq_to_http")
+    assert stats is not None and stats["requeue_count"] >= 20  # every first try failed: REQ
+
+
+def test_to_http_get_multicast_substitutes_the_body(
+    nsqd: NSQD, endpoint_factory: Callable[[int], Endpoint]
+) -> None:
+    first, second = endpoint_factory(0), endpoint_factory(0)
+    publish(nsqd.http_address, "hooks", [b"a b&c", b"x/y"])
+    process = start_tool(
+        "to-http",
+        "--topic",
+        "hooks",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--mode",
+        "multicast",
+        "--get",
+        f"{first.address}/get?q=%s",
+        "--get",
+        f"{second.address}/get?q=%s",
+    )
+    wait_for(lambda: drained(nsqd.http_address, "hooks", "nsq_to_http", 2), what="delivered")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    for endpoint in (first, second):
+        assert sorted(r[2] for r in endpoint.requests) == [b"a b&c", b"x/y"]
+        assert all(r[0] == "GET" for r in endpoint.requests)

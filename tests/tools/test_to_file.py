@@ -1,0 +1,157 @@
+"""``trionsq to-file``: names, rotation, gzip, work dir, and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from fakensq import NSQD
+
+from .helpers import channel_stats, drained, publish, run_tool, start_tool, stop_tool, wait_for
+
+HOST = socket.gethostname().split(".")[0]
+
+
+def archive(nsqd: NSQD, out: Path, *extra: str) -> list[str]:
+    return [
+        "to-file",
+        "--topic",
+        "logs",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--output-dir",
+        str(out),
+        "--status-every",
+        "0.2",
+        *extra,
+    ]
+
+
+def read_lines(paths: list[Path]) -> list[bytes]:
+    lines: list[bytes] = []
+    for path in paths:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)  # every member, concatenated
+        lines.extend(data.splitlines())
+    return lines
+
+
+def test_default_filename_and_content(nsqd: NSQD, tmp_path: Path) -> None:
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
+    bodies = [f"record {i}".encode() for i in range(500)]
+    publish(nsqd.http_address, "logs", bodies)
+    process = start_tool(*archive(nsqd, tmp_path, "--datetime-format", "%Y"))
+    wait_for(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 500), what="all finished")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    assert "to-file logs done: written=500 finished=500" in err
+    files = sorted(tmp_path.iterdir())
+    # <REV> is dropped without gzip/rotation/work dir, as nsq_to_file does.
+    assert [f.name for f in files] == [f"logs.{HOST}.{time.strftime('%Y')}.log"]
+    assert read_lines(files) == bodies
+
+
+def test_rotation_by_size_with_gzip(nsqd: NSQD, tmp_path: Path) -> None:
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
+    bodies = [f"{i:05d}".encode() * 10 for i in range(400)]  # 51 bytes a line
+    publish(nsqd.http_address, "logs", bodies)
+    process = start_tool(
+        *archive(
+            nsqd,
+            tmp_path,
+            "--gzip",
+            "--gzip-level",
+            "9",
+            "--rotate-size",
+            "5000",
+            "--filename-format",
+            "<TOPIC>-<HOST><REV>.log",
+        )
+    )
+    wait_for(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 400), what="all finished")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    files = sorted(tmp_path.iterdir())
+    assert len(files) >= 4  # 20,400 bytes in files of ~5,000
+    assert [f.name for f in files[:2]] == [
+        f"logs-{HOST}-000000.log.gz",
+        f"logs-{HOST}-000001.log.gz",
+    ]
+    assert sorted(read_lines(files)) == sorted(bodies)
+    for f in files:
+        assert len(gzip.decompress(f.read_bytes())) <= 5000 + 51
+
+
+def test_rotation_by_time_even_without_traffic(nsqd: NSQD, tmp_path: Path) -> None:
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
+    publish(nsqd.http_address, "logs", [b"first"])
+    process = start_tool(
+        *archive(nsqd, tmp_path, "--rotate-interval", "100ms", "--sync-interval", "50ms")
+    )
+    wait_for(lambda: len(list(tmp_path.iterdir())) >= 3, what="rotations")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    files = sorted(tmp_path.iterdir())
+    assert files[0].read_bytes() == b"first\n"
+    assert read_lines(files) == [b"first"]
+
+
+def test_work_dir_files_move_to_output_dir_when_closed(nsqd: NSQD, tmp_path: Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    publish(nsqd.http_address, "logs", [b"a", b"b"])
+    process = start_tool(*archive(nsqd, out, "--work-dir", str(work)))
+    wait_for(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 2), what="all finished")
+    # In progress: the file is in the work dir only.
+    assert len(list(work.iterdir())) == 1 and not any(out.iterdir())
+    status, _, err = stop_tool(process, signal.SIGINT)
+    assert status == 0, err
+    assert not any(work.iterdir())
+    (moved,) = out.iterdir()
+    assert moved.name.startswith(f"logs.{HOST}-000000.")
+    assert moved.read_bytes() == b"a\nb\n"
+
+
+def test_sigterm_mid_stream_loses_nothing(nsqd: NSQD, tmp_path: Path) -> None:
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
+    total = 3000
+    bodies = [f"m{i}".encode() for i in range(total)]
+    publish(nsqd.http_address, "logs", bodies)
+    process = start_tool(*archive(nsqd, tmp_path, "--gzip", "--max-in-flight", "50"))
+
+    def some_finished() -> bool:
+        stats = channel_stats(nsqd.http_address, "logs", "nsq_to_file")
+        return stats is not None and stats["depth"] < total - 200
+
+    wait_for(some_finished, what="a part archived")
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    archived = read_lines(sorted(tmp_path.iterdir()))
+    assert len(archived) == len(set(archived))
+    stats = channel_stats(nsqd.http_address, "logs", "nsq_to_file")
+    assert stats is not None
+    # What is not in the files is still in the channel (requeued), nothing in between.
+    assert stats["in_flight_count"] == 0
+    left = stats["depth"] + stats["deferred_count"]
+    assert len(archived) + left == total, (len(archived), left)
+    rest = run_tool(
+        "tail",
+        "--topic",
+        "logs",
+        "--channel",
+        "nsq_to_file",
+        "-n",
+        str(left),
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+    )
+    assert set(archived) | set(rest.stdout.splitlines()) == set(bodies)
+    assert os.listdir(tmp_path)

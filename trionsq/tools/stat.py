@@ -1,0 +1,217 @@
+"""``trionsq stat``: poll ``/stats`` of a topic's nsqds and print a table, as ``nsq_stat``.
+
+The nsqds are ``--nsqd-http-address`` (repeatable) or those found through
+``--lookupd-http-address``.  Every ``--status-every`` (alias ``--interval``,
+default 2s) the channel's numbers are summed over the nsqds and printed as a
+row; the header is repeated every 25 rows::
+
+    ------rate------+----------------depth----------------+--------------metadata---------------
+    ingress  egress |   total     mem    disk inflt   def |     req     t-o         msgs clients
+         10      10 |       0       0       0     0     0 |       0       0           50       1
+
+``ingress`` is messages/s into the channel, ``egress`` messages/s out of it.
+``--count N`` exits after N rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, fields
+from typing import Any, TextIO
+
+import httpx
+import trio
+
+from .common import ToolError, parse_duration, positive_int, stop_on_signals
+
+__all__ = ["configure", "prepare", "run", "ChannelTotals", "format_header", "format_row"]
+
+HELP = "poll /stats of a topic's nsqds and print nsq_stat's table"
+
+HEADER_EVERY = 25
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topic", required=True, help="NSQ topic")
+    parser.add_argument("--channel", required=True, help="NSQ channel")
+    parser.add_argument(
+        "--nsqd-http-address",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="nsqd HTTP address (may be given multiple times)",
+    )
+    parser.add_argument(
+        "--lookupd-http-address",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="lookupd HTTP address (may be given multiple times)",
+    )
+    parser.add_argument(
+        "--status-every",
+        "--interval",
+        dest="interval",
+        type=parse_duration,
+        default=2.0,
+        help="duration of time between polling/printing output (default 2s)",
+    )
+    parser.add_argument("--count", type=positive_int, default=0, help="number of reports")
+    parser.add_argument(
+        "--http-client-request-timeout",
+        type=parse_duration,
+        default=5.0,
+        help="timeout for an HTTP request (default 5s)",
+    )
+
+
+def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.nsqd_http_address and not args.lookupd_http_address:
+        parser.error("--nsqd-http-address or --lookupd-http-address required")
+    if args.nsqd_http_address and args.lookupd_http_address:
+        parser.error("use --nsqd-http-address or --lookupd-http-address not both")
+    for address in args.nsqd_http_address + args.lookupd_http_address:
+        if address.startswith("http"):
+            parser.error(f"{address}: address should not contain scheme")
+    if args.interval <= 0:
+        parser.error("--interval should be positive")
+    if args.http_client_request_timeout <= 0:
+        parser.error("--http-client-request-timeout should be positive")
+
+
+@dataclass
+class ChannelTotals:
+    """One channel's numbers, summed over nsqds (clusterinfo's ChannelStats)."""
+
+    depth: int = 0
+    memory_depth: int = 0
+    backend_depth: int = 0
+    in_flight_count: int = 0
+    deferred_count: int = 0
+    requeue_count: int = 0
+    timeout_count: int = 0
+    message_count: int = 0
+    client_count: int = 0
+
+    def add(self, doc: dict[str, Any]) -> None:
+        for f in fields(self):
+            if f.name != "memory_depth":
+                setattr(self, f.name, getattr(self, f.name) + int(doc.get(f.name) or 0))
+        self.memory_depth += int(doc.get("depth") or 0) - int(doc.get("backend_depth") or 0)
+
+
+def format_header() -> str:
+    """nsq_stat's two header lines."""
+    return (
+        "------rate------+----------------depth----------------+"
+        "--------------metadata---------------\n"
+        f"{'ingress':>7} {'egress':>7} | {'total':>7} {'mem':>7} {'disk':>7} {'inflt':>5} "
+        f"{'def':>5} | {'req':>7} {'t-o':>7} {'msgs':>12} {'clients':>7}"
+    )
+
+
+def format_row(now: ChannelTotals, before: ChannelTotals, seconds: float) -> str:
+    """One row: rates from the change since ``before`` over ``seconds``."""
+    ingress = int((now.message_count - before.message_count) / seconds)
+    egress = int((now.message_count - before.message_count - (now.depth - before.depth)) / seconds)
+    return (
+        f"{ingress:>7} {egress:>7} | {now.depth:>7} {now.memory_depth:>7} "
+        f"{now.backend_depth:>7} {now.in_flight_count:>5} {now.deferred_count:>5} | "
+        f"{now.requeue_count:>7} {now.timeout_count:>7} {now.message_count:>12} "
+        f"{now.client_count:>7}"
+    )
+
+
+def _base(address: str) -> str:
+    return f"http://{address}".rstrip("/")
+
+
+async def _producers(client: httpx.AsyncClient, args: argparse.Namespace) -> list[str]:
+    """The nsqd HTTP addresses to poll."""
+    if args.nsqd_http_address:
+        return list(dict.fromkeys(args.nsqd_http_address))
+    found: dict[str, None] = {}
+    errors: list[str] = []
+    for address in args.lookupd_http_address:
+        try:
+            response = await client.get(f"{_base(address)}/lookup", params={"topic": args.topic})
+            if response.status_code == 404:
+                continue
+            response.raise_for_status()
+            doc = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            errors.append(f"{address}: {exc or type(exc).__name__}")
+            continue
+        if "producers" not in doc and isinstance(doc.get("data"), dict):
+            doc = doc["data"]
+        for producer in doc.get("producers") or []:
+            host, port = producer.get("broadcast_address"), producer.get("http_port")
+            if host and port:
+                found[f"[{host}]:{port}" if ":" in host else f"{host}:{port}"] = None
+    if errors and len(errors) == len(args.lookupd_http_address):
+        raise ToolError("failed to get topic producers - " + "; ".join(errors))
+    return list(found)
+
+
+async def _poll(client: httpx.AsyncClient, args: argparse.Namespace) -> ChannelTotals | None:
+    totals = ChannelTotals()
+    found = False
+    for address in await _producers(client, args):
+        try:
+            response = await client.get(
+                f"{_base(address)}/stats",
+                params={"format": "json", "topic": args.topic, "channel": args.channel},
+            )
+            response.raise_for_status()
+            doc = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ToolError(f"failed to get nsqd stats - {address}: {exc}") from None
+        if "topics" not in doc and isinstance(doc.get("data"), dict):
+            doc = doc["data"]
+        for topic in doc.get("topics") or []:
+            if topic.get("topic_name") != args.topic:
+                continue
+            for channel in topic.get("channels") or []:
+                if channel.get("channel_name") == args.channel:
+                    totals.add(channel)
+                    found = True
+    return totals if found else None
+
+
+async def run(args: argparse.Namespace, prepared: None, out: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    timeout = httpx.Timeout(args.http_client_request_timeout)
+    async with (
+        stop_on_signals() as stop,
+        httpx.AsyncClient(timeout=timeout) as client,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def on_stop() -> None:
+            await stop.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(on_stop)
+        previous: tuple[float, ChannelTotals] | None = None
+        rows = 0
+        i = 0
+        while not args.count or rows < args.count:
+            totals = await _poll(client, args)
+            if totals is None:
+                raise ToolError(
+                    f"failed to find channel({args.channel}) in stats metadata "
+                    f"for topic({args.topic})"
+                )
+            now = trio.current_time()
+            if i % HEADER_EVERY == 0:
+                print(format_header(), file=out, flush=True)
+            if previous is not None:
+                print(format_row(totals, previous[1], now - previous[0]), file=out, flush=True)
+                rows += 1
+            previous = (now, totals)
+            i += 1
+            if not args.count or rows < args.count:
+                await trio.sleep(args.interval)
+        nursery.cancel_scope.cancel()
+    return 0

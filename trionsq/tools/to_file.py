@@ -1,0 +1,436 @@
+"""``trionsq to-file``: archive topics to files, as ``nsq_to_file``.
+
+Each message body is written followed by a newline.  Messages are finished only
+once written and synced: after a batch of ``--max-in-flight`` messages, when the
+consumer is starved or idle, and every ``--sync-interval``.  With ``--gzip``
+each sync ends a gzip member (the file is a valid concatenation of members), so
+a crash loses nothing that was finished.
+
+File names come from ``--filename-format`` (default
+``<TOPIC>.<HOST><REV>.<DATETIME>.log``): ``<TOPIC>``, ``<HOST>`` (the short
+host name, or ``--host-identifier``), ``<PID>``, ``<DATETIME>``
+(``--datetime-format``, strftime) and ``<REV>`` (``-000000``, ``-000001``, ...:
+bumped when a name is taken; required with gzip, rotation or a work dir).  A
+file is rotated when ``<DATETIME>`` changes, after ``--rotate-interval``, or past
+``--rotate-size`` bytes (uncompressed).  Files in progress live in
+``--work-dir`` and are moved to ``--output-dir`` when closed.  SIGINT/SIGTERM
+sync, finish and close everything, then exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+
+from ..config import Config
+from ..consumer import Consumer
+from ..message import Message
+from .common import (
+    ToolError,
+    add_consumer_flags,
+    check_sources,
+    consumer_options,
+    parse_duration,
+    require_sources,
+    stop_on_signals,
+)
+from .progress import Progress
+
+__all__ = ["configure", "prepare", "run", "FileOptions", "FileLogger", "filename_template"]
+
+HELP = "archive topics to files, with rotation and gzip (nsq_to_file)"
+
+DEFAULT_FORMAT = "<TOPIC>.<HOST><REV>.<DATETIME>.log"
+#: How long without a new message before what was written is synced and finished.
+IDLE_SYNC = 0.1
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_consumer_flags(parser, channel_default="nsq_to_file")
+    parser.add_argument("--output-dir", default="/tmp", help="directory to write output files to")
+    parser.add_argument(
+        "--work-dir", default=None, help="directory for files in progress (default: output dir)"
+    )
+    parser.add_argument(
+        "--filename-format",
+        default=DEFAULT_FORMAT,
+        help="output file name format (<TOPIC>, <HOST>, <PID>, <DATETIME>, <REV> are replaced; "
+        f"default {DEFAULT_FORMAT})",
+    )
+    parser.add_argument(
+        "--datetime-format",
+        default="%Y-%m-%d_%H",
+        help="strftime format for <DATETIME> (default %%Y-%%m-%%d_%%H)",
+    )
+    parser.add_argument(
+        "--host-identifier",
+        default="",
+        help="value for <HOST> (<SHORT_HOST> and <HOSTNAME> are replaced)",
+    )
+    parser.add_argument("--gzip", action="store_true", help="gzip output files")
+    parser.add_argument(
+        "--gzip-level", type=int, default=6, help="gzip level (1-9, 1=BestSpeed, 9=BestCompression)"
+    )
+    parser.add_argument(
+        "--rotate-interval",
+        type=parse_duration,
+        default=0.0,
+        help="rotate the file every duration (e.g. 1h, 30s; 0: never)",
+    )
+    parser.add_argument(
+        "--rotate-size",
+        type=int,
+        default=0,
+        help="rotate the file when it grows past this many bytes (0: never)",
+    )
+    parser.add_argument(
+        "--skip-empty-files", action="store_true", help="do not keep files with nothing written"
+    )
+    parser.add_argument(
+        "--sync-interval",
+        type=parse_duration,
+        default=30.0,
+        help="sync the file to disk at least every duration (default 30s)",
+    )
+    parser.add_argument(
+        "--status-every", type=float, default=5.0, help="seconds between plain status lines"
+    )
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """How files are named, rotated and compressed."""
+
+    output_dir: str
+    work_dir: str
+    filename_format: str = DEFAULT_FORMAT
+    datetime_format: str = "%Y-%m-%d_%H"
+    host_identifier: str = ""
+    gzip: bool = False
+    gzip_level: int = 6
+    rotate_interval: float = 0.0
+    rotate_size: int = 0
+    skip_empty_files: bool = False
+
+
+def filename_template(opts: FileOptions, topic: str) -> str:
+    """nsq_to_file's ``computeFilenameFormat``: the name with all but ``<DATETIME>``
+    and ``<REV>`` replaced."""
+    hostname = socket.gethostname()
+    short = hostname.split(".")[0]
+    identifier = short
+    if opts.host_identifier:
+        identifier = opts.host_identifier.replace("<SHORT_HOST>", short)
+        identifier = identifier.replace("<HOSTNAME>", hostname)
+    template = opts.filename_format
+    needs_rev = opts.gzip or opts.rotate_size > 0 or opts.rotate_interval > 0
+    if needs_rev or opts.work_dir != opts.output_dir:
+        if "<REV>" not in template:
+            raise ValueError(
+                "missing <REV> in --filename-format when gzip, rotation, or work dir enabled"
+            )
+    else:
+        template = template.replace("<REV>", "")
+    template = template.replace("<TOPIC>", topic).replace("<HOST>", identifier)
+    template = template.replace("<PID>", str(os.getpid()))
+    if opts.gzip and not template.endswith(".gz"):
+        template += ".gz"
+    return template
+
+
+def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    if not args.topic:
+        parser.error("--topic is required")
+    require_sources(parser, args)
+    if not 1 <= args.gzip_level <= 9:
+        parser.error("invalid --gzip-level (1-9)")
+    if args.rotate_size < 0:
+        parser.error("--rotate-size must be >= 0")
+    if args.sync_interval <= 0:
+        parser.error("--sync-interval must be positive")
+    file_options = FileOptions(
+        output_dir=args.output_dir,
+        work_dir=args.work_dir or args.output_dir,
+        filename_format=args.filename_format,
+        datetime_format=args.datetime_format,
+        host_identifier=args.host_identifier,
+        gzip=args.gzip,
+        gzip_level=args.gzip_level,
+        rotate_interval=args.rotate_interval,
+        rotate_size=args.rotate_size,
+        skip_empty_files=args.skip_empty_files,
+    )
+    for directory in {file_options.output_dir, file_options.work_dir}:
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"cannot create {directory}: {exc}")
+    try:
+        for topic in args.topic:
+            filename_template(file_options, topic)
+        options = consumer_options(args)
+        for topic in args.topic:
+            Consumer(topic, args.channel, **options)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    return {"consumer": options, "files": file_options}
+
+
+class FileLogger:
+    """One topic's output file: naming, writing, syncing, rotating, closing.
+
+    Synchronous and small: file writes are local and quick, and keeping them in
+    the event loop keeps the order of writes and FINs obvious.
+    """
+
+    def __init__(self, opts: FileOptions, topic: str) -> None:
+        self.opts = opts
+        self.topic = topic
+        self.template = filename_template(opts, topic)
+        self.filename = ""  # the name with <DATETIME> replaced, <REV> not
+        self.path: Path | None = None
+        self.rev = 0
+        self.opened_at = 0.0
+        self.size = 0
+        self.written = 0  # bytes written into the current file by us
+        self.files_written = 0
+        self._raw: IO[bytes] | None = None
+        self._gzip: gzip.GzipFile | None = None
+
+    def current_filename(self) -> str:
+        return self.template.replace("<DATETIME>", time.strftime(self.opts.datetime_format))
+
+    def needs_rotation(self) -> bool:
+        if self._raw is None:
+            return True
+        if self.current_filename() != self.filename:
+            return True
+        if self.opts.rotate_interval > 0 and (
+            time.monotonic() - self.opened_at > self.opts.rotate_interval
+        ):
+            return True
+        return self.opts.rotate_size > 0 and self.size > self.opts.rotate_size
+
+    def _open_file(self) -> None:
+        """Close the current file and open the next name free (``updateFile``)."""
+        self.close()
+        filename = self.current_filename()
+        self.rev = 0 if filename != self.filename else self.rev + 1
+        self.filename = filename
+        self.opened_at = time.monotonic()
+        work = Path(self.opts.work_dir)
+        output = Path(self.opts.output_dir)
+        exclusive = self.opts.gzip or self.opts.rotate_interval > 0
+        while True:
+            name = filename.replace("<REV>", f"-{self.rev:06d}")
+            path = work / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if work != output:
+                target = output / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.exists():
+                    self.rev += 1
+                    continue
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_APPEND)
+            try:
+                fd = os.open(path, flags, 0o666)
+            except FileExistsError:
+                self.rev += 1
+                continue
+            raw = os.fdopen(fd, "ab")
+            self.size = os.fstat(fd).st_size
+            if self.opts.rotate_size > 0 and self.size > self.opts.rotate_size:
+                raw.close()
+                self.rev += 1
+                continue
+            break
+        self._raw = raw
+        self.path = path
+        self.written = 0
+        self._gzip = self._new_gzip() if self.opts.gzip else None
+
+    def _new_gzip(self) -> gzip.GzipFile:
+        assert self._raw is not None
+        return gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=self.opts.gzip_level)
+
+    def write(self, body: bytes) -> None:
+        if self.needs_rotation():
+            self._open_file()
+        data = body + b"\n"
+        if self._gzip is not None:
+            self._gzip.write(data)
+        else:
+            assert self._raw is not None
+            self._raw.write(data)
+        self.size += len(data)
+        self.written += len(data)
+
+    def sync(self) -> None:
+        """Make everything written so far durable (ends the gzip member)."""
+        if self._raw is None:
+            return
+        if self._gzip is not None:
+            self._gzip.close()  # a complete member, with its checksum
+            self._gzip = self._new_gzip()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+
+    def close(self) -> None:
+        """Sync, close, and move the file from the work dir to the output dir."""
+        raw, path = self._raw, self.path
+        if raw is None or path is None:
+            return
+        if self._gzip is not None:
+            self._gzip.close()
+            self._gzip = None
+        raw.flush()
+        os.fsync(raw.fileno())
+        raw.close()
+        self._raw = None
+        if self.opts.skip_empty_files and self.written == 0 and path.stat().st_size == 0:
+            path.unlink()
+            return
+        self.files_written += 1
+        work, output = Path(self.opts.work_dir), Path(self.opts.output_dir)
+        if work != output:
+            relative = path.relative_to(work)
+            rev = self.rev
+            target = output / relative
+            while True:
+                try:
+                    os.link(path, target)  # never overwrites
+                except FileExistsError:
+                    rev += 1
+                    target = output / self.filename.replace("<REV>", f"-{rev:06d}")
+                    continue
+                path.unlink()
+                break
+
+    def rotate_if_needed(self) -> None:
+        """On a timer tick: rotate by time even when no message comes."""
+        if self._raw is not None and self.needs_rotation():
+            if self.opts.skip_empty_files:
+                self.close()
+            else:
+                self._open_file()
+
+
+async def _archive(
+    topic: str,
+    channel: str,
+    options: dict[str, Any],
+    files: FileOptions,
+    sync_interval: float,
+    stop: trio.Event,
+    progress: Progress,
+) -> None:
+    logger = FileLogger(files, topic)
+    pending: list[Message] = []
+    batch = options["max_in_flight"]
+
+    async def sync_and_finish() -> None:
+        if not pending:
+            return
+        try:
+            logger.sync()
+        except OSError as exc:
+            raise ToolError(f"{topic}: cannot sync {logger.path}: {exc}") from None
+        # Shielded: a FIN cut in half by the stop signal would leave the
+        # consumer waiting for a message it thinks is still unanswered.
+        with trio.CancelScope(shield=True):
+            for message in pending:
+                await message.finish()
+        progress.add("finished", len(pending))
+        pending.clear()
+
+    try:
+        async with Consumer(topic, channel, **options) as consumer:
+            next_tick = trio.current_time() + sync_interval
+            stopped = trio.CancelScope()
+
+            async def on_stop() -> None:
+                await stop.wait()
+                stopped.cancel()
+
+            async with trio.open_nursery() as watcher:
+                watcher.start_soon(on_stop)
+                with stopped:
+                    while True:
+                        deadline = next_tick
+                        if pending:
+                            deadline = min(deadline, trio.current_time() + IDLE_SYNC)
+                        message: Message | None = None
+                        with trio.move_on_at(deadline):
+                            try:
+                                message = await consumer.__anext__()
+                            except StopAsyncIteration:
+                                break
+                        if message is None:
+                            # Idle, or the sync timer: write out what is held.
+                            if trio.current_time() >= next_tick:
+                                next_tick = trio.current_time() + sync_interval
+                                await sync_and_finish()
+                                logger.rotate_if_needed()
+                            await sync_and_finish()
+                            continue
+                        if pending and logger.needs_rotation():
+                            await sync_and_finish()
+                        try:
+                            logger.write(message.body)
+                        except OSError as exc:
+                            await message.requeue(0, backoff=False)
+                            raise ToolError(f"{topic}: cannot write: {exc}") from None
+                        pending.append(message)
+                        progress.add("written")
+                        if len(pending) >= batch or consumer.is_starved():
+                            await sync_and_finish()
+                watcher.cancel_scope.cancel()
+            # Stopping: what was written is synced and finished before the CLS.
+            await sync_and_finish()
+    except BaseException:
+        # Written but not durable: back to nsqd (a duplicate, never a loss).
+        with trio.CancelScope(shield=True):
+            for message in pending:
+                await message.requeue(0, backoff=False)
+        raise
+    finally:
+        logger.close()
+        progress.add("files", logger.files_written)
+
+
+async def run(args: argparse.Namespace, prepared: dict[str, Any]) -> int:
+    options: dict[str, Any] = prepared["consumer"]
+    files: FileOptions = prepared["files"]
+    await check_sources(Config(**options))
+    progress = Progress(
+        f"to-file {','.join(args.topic)}",
+        ["written", "finished", "files"],
+        rate_of="written",
+        backlog=lambda: progress.counts["written"] - progress.counts["finished"],
+        interval=args.status_every,
+    )
+    async with stop_on_signals() as stop, trio.open_nursery() as display:
+        display.start_soon(progress.run)
+        async with trio.open_nursery() as nursery:
+            for topic in dict.fromkeys(args.topic):
+                nursery.start_soon(
+                    _archive,
+                    topic,
+                    args.channel,
+                    options,
+                    files,
+                    args.sync_interval,
+                    stop,
+                    progress,
+                )
+        display.cancel_scope.cancel()
+    progress.summary()
+    return 0
