@@ -136,8 +136,16 @@ class Consumer:
 
     Sync handlers run in the event loop: keep them quick (or use
     ``trio.to_thread``).  Messages with more than ``max_attempts`` attempts go to
-    ``give_up`` (default: log a warning) and are finished.  Other options are
-    those of :class:`~trionsq.config.Config`.
+    ``give_up`` (default: log a warning) and are finished.  Messages are never
+    touched automatically.  Other options are those of
+    :class:`~trionsq.config.Config`; ``rng`` seeds the jitter (for tests).
+
+    Leaving the block sends CLS to every nsqd, requeues at once the messages
+    not handed out yet, and waits up to ``close_timeout`` for the ones handed
+    out (to a handler or through iteration) to be finished or requeued; handlers
+    still running then are cancelled and their messages left to nsqd's timeout.
+    Cancellation skips the wait.  Nothing the consumer started outlives the
+    block.
     """
 
     def __init__(
