@@ -181,13 +181,15 @@ class RdyController(Generic[K]):
         for key, target in targets.items():
             if self.conns[key].rdy > target:
                 self._set(key, target, now, changed)
+        committed = sum(c.committed for c in self.conns.values())
         for key, target in targets.items():
             conn = self.conns[key]
             if conn.rdy < target:
-                others = sum(c.committed for k, c in self.conns.items() if k != key)
+                others = committed - conn.committed
                 allowed = min(target, self.max_in_flight - others)
                 if allowed > conn.rdy:
                     self._set(key, allowed, now, changed)
+                    committed = others + conn.committed
             if key not in changed and conn.rdy > 0 and conn.remaining < max(1, conn.rdy * 0.25):
                 # The guide's refresh rule; nsqd takes it as a fresh cap.
                 self._set(key, conn.rdy, now, changed)
