@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -287,3 +288,21 @@ async def test_iterating_outside_async_with_is_an_error() -> None:
     c = trionsq.Consumer("topic", "chan", nsqd_tcp_addresses=["a:1"])
     with pytest.raises(RuntimeError):
         await c.__anext__()
+
+
+async def test_reconnect_delays_grow_exponentially(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    attempts: list[float] = []
+
+    async def refusing(host: str, port: int) -> trio.abc.Stream:
+        attempts.append(trio.current_time())
+        raise OSError("connection refused")
+
+    policy = trionsq.BackoffPolicy(base=1.0, max=8.0, multiplier=2.0, jitter=0.0)
+    async with trionsq.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=["a:1"], connector=refusing, reconnect_backoff=policy
+    ):
+        await wait_for(lambda: len(attempts) == 7, limit=100, step=0.1)
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(attempts)]
+    assert gaps == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
