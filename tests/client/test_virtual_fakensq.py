@@ -123,3 +123,31 @@ async def test_backoff_against_nsqd(
     # Pauses of 2, 4 and 8 s between deliveries, each retried by a single RDY 1.
     assert times == pytest.approx([0.0, 2.0, 6.0, 14.0], abs=0.1)
     assert [a for _, a in handled] == [1, 2, 3, 4]
+
+
+async def test_rdy_never_exceeds_nsqds_max_rdy_count(
+    nursery: trio.Nursery, tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with NSQD(
+        tcp_address="", http_address="", data_path=str(tmp_path), max_rdy_count=3
+    ) as nsqd:
+        connector = InMemory(nsqd, nursery)
+        async with trionsq.Producer(**options(connector)) as producer:
+            await producer.multi_publish("topic", [b"%d" % i for i in range(20)])
+        in_flight = peak = 0
+
+        async def handler(message: trionsq.Message) -> None:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await trio.sleep(1)
+            in_flight -= 1
+
+        async with trionsq.Consumer(
+            "topic", "chan", **options(connector, max_in_flight=10), handler=handler
+        ) as c:
+            await wait_for(lambda: c.stats.finished == 20, limit=100, step=0.1)
+            assert c.stats.connections["nsqd:4150"].max_rdy_count == 3
+            assert c.stats.rdy == 3
+        assert peak == 3
+        assert len(c.connections) == 0
