@@ -1,0 +1,161 @@
+"""Missing, unknown and bad options fail early, naming the option."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from fakensq import NSQD
+from trionsq import NSQConnectionError
+from trionsq.spark import NSQOptionError
+from trionsq.spark._options import (
+    SourceOptions,
+    parse_sink_options,
+    parse_source_options,
+)
+from trionsq.spark.sink import NSQBatchWriter
+
+from .conftest import consume
+
+SOURCE = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+SINK = {"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+
+
+def test_source_defaults_and_parsing() -> None:
+    options = parse_source_options(
+        {
+            **SOURCE,
+            "nsqd_tcp_addresses": " 127.0.0.1:4150, 127.0.0.1:4250 ,",
+            "lookupd_http_addresses": "127.0.0.1:4161",
+            "snappy": "TRUE",
+            "max_in_flight": "5000",
+            "max_messages_per_trigger": "1000",
+            "msg_timeout": "30",
+            "checkpointLocation": "/ignored",  # Spark's own options pass through
+        }
+    )
+    assert isinstance(options, SourceOptions)
+    assert options.connection.nsqd_tcp_addresses == ("127.0.0.1:4150", "127.0.0.1:4250")
+    assert options.connection.lookupd_http_addresses == ("127.0.0.1:4161",)
+    assert options.connection.snappy is True
+    assert (options.max_in_flight, options.max_messages_per_trigger) == (5000, 1000)
+    config = options.consumer_config()
+    assert (config.max_in_flight, config.msg_timeout, config.max_attempts) == (5000, 30.0, 0)
+    defaults = parse_source_options(SOURCE)
+    assert defaults.max_messages_per_trigger == defaults.max_in_flight == 2500
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"channel": "c", "nsqd_tcp_addresses": "h:1"}, "option 'topic' is required"),
+        ({"topic": "t", "nsqd_tcp_addresses": "h:1"}, "option 'channel' is required"),
+        ({"topic": "t", "channel": "c"}, "give 'nsqd_tcp_addresses' or 'lookupd_http_addresses'"),
+        ({**SOURCE, "topic": "bad topic!"}, "not a valid NSQ topic name"),
+        ({**SOURCE, "channel": "x" * 65}, "not a valid NSQ channel name"),
+        ({**SOURCE, "nsqd_tcp_addresses": "localhost"}, "expected 'host:port'"),
+        ({**SOURCE, "lookupd_http_addresses": "ftp://x:1"}, "invalid lookupd address"),
+        ({**SOURCE, "max_in_flight": "lots"}, "option 'max_in_flight' must be an integer"),
+        ({**SOURCE, "max_in_flight": "0"}, "option 'max_in_flight' must be >= 1"),
+        ({**SOURCE, "max_messages_per_trigger": "3000"}, "cannot exceed 'max_in_flight'"),
+        ({**SOURCE, "msg_timeout": "0.5"}, "option 'msg_timeout' must be >= 1 seconds"),
+        ({**SOURCE, "max_batch_wait": "soon"}, "option 'max_batch_wait' must be a number"),
+        ({**SOURCE, "tls": "maybe"}, "option 'tls' must be true or false"),
+        ({**SOURCE, "tls_cert": "c.pem"}, "need tls=true"),
+        (
+            {**SOURCE, "tls": "true", "tls_cert": "/nonexistent.pem", "tls_key": "/k"},
+            "no such file",
+        ),
+        ({**SOURCE, "snappy": "true", "deflate": "true"}, "mutually exclusive"),
+        ({**SOURCE, "chanel": "c"}, "unknown option 'chanel' (did you mean 'channel'?)"),
+        ({**SOURCE, "value_column": "v"}, "option 'value_column' only applies to writing"),
+    ],
+)
+def test_bad_source_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(NSQOptionError) as info:
+        parse_source_options(options)
+    assert message in str(info.value)
+    assert str(info.value).startswith("nsq data source: ")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"nsqd_tcp_addresses": "h:1"}, "option 'topic' is required"),
+        ({"topic": "t"}, "option 'nsqd_tcp_addresses' is required for writing"),
+        ({**SINK, "lookupd_http_addresses": "h:1"}, "only applies to reading"),
+        ({**SINK, "channel": "c"}, "option 'channel' only applies to reading"),
+        ({**SINK, "batch_size": "-1"}, "option 'batch_size' must be >= 1"),
+        ({**SINK, "topix": "t"}, "did you mean 'topic'?"),
+    ],
+)
+def test_bad_sink_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(NSQOptionError, match="nsq data source: ") as info:
+        parse_sink_options(options)
+    assert message in str(info.value)
+
+
+def test_spark_reports_a_bad_option_at_load(spark: SparkSession) -> None:
+    with pytest.raises(Exception, match="option 'topic' is required"):
+        spark.readStream.format("nsq").option("channel", "c").load()
+    with pytest.raises(Exception, match="option 'max_in_flight' must be an integer"):
+        (spark.readStream.format("nsq").options(**SOURCE).option("max_in_flight", "many").load())
+
+
+def test_spark_reports_bad_writes_before_publishing(spark: SparkSession, nsqd: NSQD) -> None:
+    df = spark.createDataFrame([(1,)], "value int")
+    writer = df.write.format("nsq").option("topic", "t").option("nsqd_tcp_addresses", "h:1")
+    with pytest.raises(Exception, match="the nsq sink publishes binary or string values"):
+        writer.mode("append").save()
+    with pytest.raises(Exception, match="NSQ topics are append-only"):
+        writer.mode("overwrite").save()
+    with pytest.raises(Exception, match="NSQ has no offsets to read a batch between"):
+        spark.read.format("nsq").options(**SOURCE).load().collect()
+
+
+def test_writer_publishes_in_chunks_and_fails_loudly(nsqd: NSQD) -> None:
+    from pyspark.sql.types import StructType
+
+    schema = StructType.fromDDL("key string, body binary")
+    writer = NSQBatchWriter(
+        parse_sink_options(
+            {"topic": "chunks", "nsqd_tcp_addresses": nsqd.tcp_address, "batch_size": "7"}
+        ),
+        schema,
+    )
+    assert writer.column == "body"
+    batch = pa.RecordBatch.from_pydict(
+        {"key": ["k"] * 20, "body": [b"b%02d" % i for i in range(20)]}
+    )
+    message = writer.write(iter([batch, batch]))
+    assert (message.messages, message.bytes) == (40, 120)
+    writer.commit([message, None])
+    assert writer.totals == (1, 40, 120)
+    assert sorted(consume(nsqd.tcp_address, "chunks", "c", 40)) == sorted(
+        batch.column(1).to_pylist() * 2
+    )
+    with pytest.raises(ValueError, match="has a null value"):
+        writer.write(iter([pa.RecordBatch.from_pydict({"key": ["k"], "body": [None]})]))
+    dead = NSQBatchWriter(
+        parse_sink_options(
+            {"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:9", "connect_timeout": "2"}
+        ),
+        schema,
+    )
+    with pytest.raises(NSQConnectionError, match=r"127\.0\.0\.1:9"):
+        dead.write(iter([batch]))
+
+
+def test_importing_trionsq_does_not_import_pyspark() -> None:
+    code = (
+        "import sys; import trionsq; assert 'pyspark' not in sys.modules\n"
+        "sys.modules['pyspark'] = None\n"
+        "try:\n    import trionsq.spark\nexcept ImportError as e:\n    print(e)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'trionsq[spark]'" in result.stdout

@@ -1,0 +1,361 @@
+"""The data source's options: parsed from Spark's strings, validated once, with
+errors that name the option.
+
+Spark hands options over as a case-insensitive ``{name: str}`` mapping.  Every
+value is checked here, on the driver, before any query runs: a typo or a bad
+value fails ``load()``, ``save()`` or ``start()`` with a :class:`NSQOptionError`
+that says which option and why, instead of a stuck stream or a task failure.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Config
+from ..protocol.names import is_valid_channel_name, is_valid_topic_name
+
+__all__ = [
+    "COMMON_OPTIONS",
+    "SINK_OPTIONS",
+    "SOURCE_OPTIONS",
+    "ConnectionOptions",
+    "NSQOptionError",
+    "SinkOptions",
+    "SourceOptions",
+    "parse_sink_options",
+    "parse_source_options",
+]
+
+#: nsqd's default max-rdy-count: how many messages one connection may hold in flight.
+DEFAULT_MAX_RDY_COUNT = 2500
+DEFAULT_MAX_IN_FLIGHT = DEFAULT_MAX_RDY_COUNT
+DEFAULT_MSG_TIMEOUT = 60.0
+DEFAULT_MAX_BATCH_WAIT = 1.0
+DEFAULT_NUM_PARTITIONS = 2
+DEFAULT_SINK_BATCH_SIZE = 500
+
+#: Options Spark itself adds or passes through (``save(path)``, ``writeStream``).
+_SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
+
+COMMON_OPTIONS = (
+    "topic",
+    "nsqd_tcp_addresses",
+    "lookupd_http_addresses",
+    "tls",
+    "tls_ca_file",
+    "tls_cert",
+    "tls_key",
+    "snappy",
+    "deflate",
+    "deflate_level",
+    "auth_secret",
+    "connect_timeout",
+    "heartbeat_interval",
+    "client_id",
+)
+SOURCE_OPTIONS = (
+    "channel",
+    "max_in_flight",
+    "max_messages_per_trigger",
+    "max_batch_wait",
+    "num_partitions",
+    "msg_timeout",
+    "max_attempts",
+    "lookupd_poll_interval",
+)
+SINK_OPTIONS = ("value_column", "batch_size")
+
+
+class NSQOptionError(ValueError):
+    """A missing, unknown or bad option of the ``nsq`` data source."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"nsq data source: {message}")
+
+
+# --- parsing helpers ----------------------------------------------------------
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    return str(value).strip()
+
+
+def _required(options: Mapping[str, str], name: str, what: str) -> str:
+    value = _get(options, name)
+    if not value:
+        raise NSQOptionError(f"option '{name}' is required ({what})")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = _get(options, name)
+    if value is None or value == "":
+        return default
+    lowered = value.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise NSQOptionError(f"option '{name}' must be true or false, got {value!r}")
+
+
+def _int(
+    options: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None
+) -> int:
+    value = _get(options, name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise NSQOptionError(f"option '{name}' must be an integer, got {value!r}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise NSQOptionError(f"option '{name}' must be {bound}, got {number}")
+    return number
+
+
+def _seconds(options: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+    value = _get(options, name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise NSQOptionError(
+            f"option '{name}' must be a number of seconds, got {value!r}"
+        ) from None
+    if not math.isfinite(number) or number < minimum:
+        raise NSQOptionError(f"option '{name}' must be >= {minimum:g} seconds, got {value!r}")
+    return number
+
+
+def _addresses(options: Mapping[str, str], name: str) -> tuple[str, ...]:
+    value = _get(options, name) or ""
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def _check_known(
+    options: Mapping[str, str], known: tuple[str, ...], other: tuple[str, ...]
+) -> None:
+    for key in options:
+        name = str(key).lower()
+        if name in _SPARK_OPTIONS or name in known:
+            continue
+        if name in other:
+            side = "reading" if name in SOURCE_OPTIONS else "writing"
+            raise NSQOptionError(f"option '{name}' only applies to {side}")
+        close = difflib.get_close_matches(name, [*known, *other], n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise NSQOptionError(
+            f"unknown option '{name}'{hint}; known options: {', '.join(sorted(known))}"
+        )
+
+
+# --- parsed options -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOptions:
+    """Where and how to connect: what both directions share.
+
+    Frozen and hashable (executors pool producers by it); plain data, so that it
+    pickles (an SSL context is built where the connection is made).
+    """
+
+    nsqd_tcp_addresses: tuple[str, ...]
+    lookupd_http_addresses: tuple[str, ...]
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    auth_secret: str | None = field(default=None, repr=False)
+    connect_timeout: float = 5.0
+    heartbeat_interval: float = 30.0
+    client_id: str | None = None
+
+    def config(self, *, check_files: bool = True, **extra: Any) -> Config:
+        """The trionsq :class:`~trionsq.Config` (``extra``: consumer settings)."""
+        tls: bool | ssl.SSLContext = self.tls
+        if self.tls and self.tls_ca_file is not None and check_files:
+            try:
+                tls = ssl.create_default_context(cafile=self.tls_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise NSQOptionError(f"option 'tls_ca_file': cannot load {exc}") from None
+        keywords: dict[str, Any] = {
+            "nsqd_tcp_addresses": self.nsqd_tcp_addresses,
+            "lookupd_http_addresses": self.lookupd_http_addresses,
+            "tls": tls,
+            "snappy": self.snappy,
+            "deflate": self.deflate,
+            "deflate_level": self.deflate_level,
+            "auth_secret": self.auth_secret,
+            "connect_timeout": self.connect_timeout,
+            "heartbeat_interval": self.heartbeat_interval,
+            "read_timeout": max(60.0, 2 * self.heartbeat_interval),
+        }
+        if check_files:
+            keywords["tls_cert"] = self.tls_cert
+            keywords["tls_key"] = self.tls_key
+        if self.client_id is not None:
+            keywords["client_id"] = self.client_id
+        keywords.update(extra)
+        try:
+            return Config(**keywords)
+        except (TypeError, ValueError) as exc:
+            raise NSQOptionError(str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """What ``spark.readStream.format("nsq")`` was given, validated."""
+
+    topic: str
+    channel: str
+    connection: ConnectionOptions
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_messages_per_trigger: int = DEFAULT_MAX_IN_FLIGHT
+    max_batch_wait: float = DEFAULT_MAX_BATCH_WAIT
+    num_partitions: int = DEFAULT_NUM_PARTITIONS
+    msg_timeout: float = DEFAULT_MSG_TIMEOUT
+    max_attempts: int = 0
+    lookupd_poll_interval: float = 60.0
+
+    def consumer_config(self) -> Config:
+        return self.connection.config(
+            max_in_flight=self.max_in_flight,
+            # Always sent, so the touch schedule knows nsqd's timeout for us.
+            msg_timeout=self.msg_timeout,
+            max_attempts=self.max_attempts,
+            # The source never requeues for a failure: no backoff to enter.
+            backoff=False,
+            lookupd_poll_interval=self.lookupd_poll_interval,
+            # nsqd holds messages up to this long to fill a write (250 ms by default);
+            # the source closes a batch when deliveries pause, so ask for nsqd's minimum.
+            output_buffer_timeout=0.025,
+            close_timeout=5.0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """What ``df.write.format("nsq")`` (or ``writeStream``) was given, validated."""
+
+    topic: str
+    connection: ConnectionOptions
+    value_column: str | None = None
+    batch_size: int = DEFAULT_SINK_BATCH_SIZE
+
+
+def _connection_options(options: Mapping[str, str]) -> ConnectionOptions:
+    tls_cert = _get(options, "tls_cert") or None
+    tls_key = _get(options, "tls_key") or None
+    tls_ca_file = _get(options, "tls_ca_file") or None
+    tls = _bool(options, "tls", default=False)
+    if not tls and (tls_cert or tls_key or tls_ca_file):
+        raise NSQOptionError("options 'tls_ca_file', 'tls_cert' and 'tls_key' need tls=true")
+    connection = ConnectionOptions(
+        nsqd_tcp_addresses=_addresses(options, "nsqd_tcp_addresses"),
+        lookupd_http_addresses=_addresses(options, "lookupd_http_addresses"),
+        tls=tls,
+        tls_ca_file=tls_ca_file,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        snappy=_bool(options, "snappy", default=False),
+        deflate=_bool(options, "deflate", default=False),
+        deflate_level=_int(options, "deflate_level", 6, minimum=1, maximum=9),
+        auth_secret=_get(options, "auth_secret") or None,
+        connect_timeout=_seconds(options, "connect_timeout", 5.0, minimum=0.001),
+        heartbeat_interval=_seconds(options, "heartbeat_interval", 30.0, minimum=1.0),
+        client_id=_get(options, "client_id") or None,
+    )
+    if connection.snappy and connection.deflate:
+        raise NSQOptionError("options 'snappy' and 'deflate' are mutually exclusive")
+    return connection
+
+
+def _topic(options: Mapping[str, str]) -> str:
+    topic = _required(options, "topic", "the NSQ topic")
+    if not is_valid_topic_name(topic):
+        raise NSQOptionError(
+            f"option 'topic': {topic!r} is not a valid NSQ topic name "
+            "(1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral)"
+        )
+    return topic
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate the options of ``readStream.format("nsq")``."""
+    _check_known(options, (*COMMON_OPTIONS, *SOURCE_OPTIONS), SINK_OPTIONS)
+    topic = _topic(options)
+    channel = _required(options, "channel", "the NSQ channel to consume from")
+    if not is_valid_channel_name(channel):
+        raise NSQOptionError(
+            f"option 'channel': {channel!r} is not a valid NSQ channel name "
+            "(1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral)"
+        )
+    connection = _connection_options(options)
+    if not connection.nsqd_tcp_addresses and not connection.lookupd_http_addresses:
+        raise NSQOptionError(
+            "give 'nsqd_tcp_addresses' or 'lookupd_http_addresses' (comma-separated host:port)"
+        )
+    max_in_flight = _int(options, "max_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1)
+    per_trigger = _int(options, "max_messages_per_trigger", max_in_flight, minimum=1)
+    if per_trigger > max_in_flight:
+        # Every message of a batch is held un-FINed until the batch is committed, so a
+        # batch can never hold more than max_in_flight: say so rather than stall.
+        raise NSQOptionError(
+            f"option 'max_messages_per_trigger' ({per_trigger}) cannot exceed "
+            f"'max_in_flight' ({max_in_flight}): a batch's messages are all in flight "
+            "until it is committed"
+        )
+    parsed = SourceOptions(
+        topic=topic,
+        channel=channel,
+        connection=connection,
+        max_in_flight=max_in_flight,
+        max_messages_per_trigger=per_trigger,
+        max_batch_wait=_seconds(options, "max_batch_wait", DEFAULT_MAX_BATCH_WAIT, minimum=0.0),
+        num_partitions=_int(options, "num_partitions", DEFAULT_NUM_PARTITIONS, minimum=1),
+        msg_timeout=_seconds(options, "msg_timeout", DEFAULT_MSG_TIMEOUT, minimum=1.0),
+        max_attempts=_int(options, "max_attempts", 0, minimum=0, maximum=65535),
+        lookupd_poll_interval=_seconds(options, "lookupd_poll_interval", 60.0, minimum=0.01),
+    )
+    parsed.consumer_config()  # what trionsq itself checks (addresses, TLS files...)
+    return parsed
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """Validate the options of ``write.format("nsq")`` / ``writeStream.format("nsq")``."""
+    _check_known(options, (*COMMON_OPTIONS, *SINK_OPTIONS), SOURCE_OPTIONS)
+    topic = _topic(options)
+    connection = _connection_options(options)
+    if not connection.nsqd_tcp_addresses:
+        raise NSQOptionError(
+            "option 'nsqd_tcp_addresses' is required for writing (comma-separated host:port)"
+        )
+    if connection.lookupd_http_addresses:
+        raise NSQOptionError(
+            "option 'lookupd_http_addresses' only applies to reading: "
+            "give the nsqds to publish to in 'nsqd_tcp_addresses'"
+        )
+    parsed = SinkOptions(
+        topic=topic,
+        connection=connection,
+        value_column=_get(options, "value_column") or None,
+        batch_size=_int(options, "batch_size", DEFAULT_SINK_BATCH_SIZE, minimum=1),
+    )
+    # TLS files are checked where they are read: on the executors.
+    connection.config(check_files=False)
+    return parsed
