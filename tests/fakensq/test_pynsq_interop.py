@@ -52,7 +52,7 @@ def _pynsq_roundtrip(
     writer = nsq.Writer([tcp_address], **features)
 
     async def publish() -> None:
-        while not writer.conns:
+        while not writer.conns:  # noqa: ASYNC110 - pynsq offers no event for it
             await asyncio.sleep(0.01)
         for start in range(0, count, 10):
             batch = [b"%d" % i for i in range(start, min(count, start + 10))]
