@@ -79,12 +79,12 @@ class Progress:
         return f"{self.title}: " + " ".join(f"{k}={v}" for k, v in self._fields())
 
     def table(self) -> Table:
-        """The rich form: one column per counter."""
-        fields = self._fields()
-        table = Table(title=self.title, title_justify="left")
-        for name, _ in fields:
-            table.add_column(name, justify="right")
-        table.add_row(*(value for _, value in fields))
+        """The rich form: one row per counter (narrow terminals stay readable)."""
+        table = Table(title=self.title, title_justify="left", show_header=False)
+        table.add_column("name", style="bold")
+        table.add_column("value", justify="right")
+        for name, value in self._fields():
+            table.add_row(name, value)
         return table
 
     async def run(self) -> None:
