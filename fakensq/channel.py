@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Channel"]
 
-_Entry = tuple[float, int, Message]
+# Heap entries hold the message id, not the message: a tuple of atomic values
+# is untracked by Python's cyclic GC, which matters with many in flight.
+_Entry = tuple[float, int, bytes]
 
 
 class Channel:
@@ -122,7 +124,7 @@ class Channel:
             msg.deadline = deadline = now + client.msg_timeout
             msg.seq = n = next(seq)
             in_flight[msg.id] = msg
-            heapq.heappush(heap, (deadline, n, msg))
+            heapq.heappush(heap, (deadline, n, msg.id))
             if deadline < earliest:
                 earliest = deadline
             if not client.send_message(msg):
@@ -183,14 +185,14 @@ class Channel:
         msg.deadline = deadline
         msg.seq = next(self._seq)
         self.in_flight[msg.id] = msg
-        heapq.heappush(self._in_flight_heap, (deadline, msg.seq, msg))
+        heapq.heappush(self._in_flight_heap, (deadline, msg.seq, msg.id))
         self._schedule(deadline)
 
     def _start_deferred(self, msg: Message, delay: float) -> None:
         msg.deadline = trio.current_time() + delay
         msg.seq = next(self._seq)
         self.deferred[msg.id] = msg
-        heapq.heappush(self._deferred_heap, (msg.deadline, msg.seq, msg))
+        heapq.heappush(self._deferred_heap, (msg.deadline, msg.seq, msg.id))
         self._schedule(msg.deadline)
 
     # --- clients ---
@@ -251,7 +253,7 @@ class Channel:
     def _compact(heap: list[_Entry], live: dict[bytes, Message]) -> None:
         # FIN leaves its heap entry behind; rebuild once stale entries dominate so
         # memory stays proportional to what is really in flight.
-        heap[:] = [(m.deadline, m.seq, m) for m in live.values()]
+        heap[:] = [(m.deadline, m.seq, m.id) for m in live.values()]
         heapq.heapify(heap)
 
     async def run_timers(self) -> None:
@@ -274,8 +276,9 @@ class Channel:
         changed = False
         heap = self._in_flight_heap
         while heap and heap[0][0] <= now:
-            _, seq, msg = heapq.heappop(heap)
-            if msg.seq != seq or self.in_flight.get(msg.id) is not msg:
+            _, seq, msg_id = heapq.heappop(heap)
+            msg = self.in_flight.get(msg_id)
+            if msg is None or msg.seq != seq:
                 continue
             del self.in_flight[msg.id]
             self.timeout_count += 1
@@ -286,8 +289,9 @@ class Channel:
             changed = True
         heap = self._deferred_heap
         while heap and heap[0][0] <= now:
-            _, seq, msg = heapq.heappop(heap)
-            if msg.seq != seq or self.deferred.get(msg.id) is not msg:
+            _, seq, msg_id = heapq.heappop(heap)
+            msg = self.deferred.get(msg_id)
+            if msg is None or msg.seq != seq:
                 continue
             del self.deferred[msg.id]
             self._requeue(msg)
