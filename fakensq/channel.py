@@ -95,19 +95,34 @@ class Channel:
     # --- delivery ---
 
     def dispatch(self) -> None:
-        """Hand queued messages to clients with RDY to spare."""
+        """Hand queued messages to clients with RDY to spare.
+
+        Each message goes to a ready client chosen at random (seeded), as nsqd's
+        clients race for its channel's queue; each client then gets its share in
+        one batch.
+        """
         if self.paused or self.exiting or not self.clients or not self.queue:
             return
-        ready = [c for c in self.clients.values() if c.is_ready_for_messages()]
-        if not ready:
+        capacity = {
+            c: c.ready_count - c.in_flight_count
+            for c in self.clients.values()
+            if c.is_ready_for_messages()
+        }
+        if not capacity:
             return
+        now = trio.current_time()
+        batches: dict[ClientConnection, list[Message]] = {}
+        if len(capacity) == 1:
+            ((client, room),) = capacity.items()
+            if client.sample_rate == 0:
+                # The common case: one consumer, no sampling.
+                batch = self.queue.get_many(room)
+                self._start_in_flight(batch, client, now)
+                client.send_messages(batch)
+                return
         rng = self.nsqd.rng
         queue = self.queue
-        now = trio.current_time()
-        heap = self._in_flight_heap
-        in_flight = self.in_flight
-        seq = self._seq
-        earliest = math.inf
+        ready = list(capacity)
         while ready:
             msg = queue.get()
             if msg is None:
@@ -117,21 +132,36 @@ class Channel:
             # channel (taken off the queue and never sent).
             if client.sample_rate > 0 and rng.randrange(100) > client.sample_rate:
                 continue
-            # in flight (inlined: this is the hot path)
+            share = batches.get(client)
+            if share is None:
+                share = batches[client] = []
+            share.append(msg)
+            room = capacity[client] - 1
+            capacity[client] = room
+            if room <= 0:
+                ready.remove(client)
+        for client, batch in batches.items():
+            self._start_in_flight(batch, client, now)
+            client.send_messages(batch)
+
+    def _start_in_flight(self, batch: list[Message], client: ClientConnection, now: float) -> None:
+        heap = self._in_flight_heap
+        in_flight = self.in_flight
+        seq = self._seq
+        push = heapq.heappush
+        deadline = now + client.msg_timeout
+        for msg in batch:
             msg.attempts += 1
             msg.client = client
             msg.delivery_ts = now
-            msg.deadline = deadline = now + client.msg_timeout
+            msg.deadline = deadline
             msg.seq = n = next(seq)
             in_flight[msg.id] = msg
-            heapq.heappush(heap, (deadline, n, msg.id))
-            if deadline < earliest:
-                earliest = deadline
-            if not client.send_message(msg):
-                ready.remove(client)
+            push(heap, (deadline, n, msg.id))
         if len(heap) > 1024 and len(heap) > 4 * len(in_flight):
             self._compact(heap, in_flight)
-        self._schedule(earliest)
+        if batch:
+            self._schedule(deadline)
 
     def _pop_in_flight(self, client: ClientConnection, msg_id: bytes, verb: str) -> Message:
         msg = self.in_flight.get(msg_id)

@@ -5,7 +5,7 @@ in order, answering responses and errors at once, like nsqd's IOLoop.  The
 writer task is nsqd's messagePump minus the channel reading: it sends
 heartbeats and flushes buffered message frames (when the buffer fills, when the
 client has no RDY left, or at the output buffer timeout).  Channels hand
-messages to :meth:`ClientConnection.send_message` synchronously.
+messages to :meth:`ClientConnection.send_messages` synchronously.
 """
 
 from __future__ import annotations
@@ -519,26 +519,28 @@ class ClientConnection:
     def is_producer(self) -> bool:
         return bool(self.pub_counts)
 
-    def send_message(self, msg: Message) -> bool:
-        """Buffer a message frame (the channel has put it in flight for us).
-
-        Returns whether the client can take more."""
-        self.in_flight_count += 1
-        self.message_count += 1
-        body = msg.body
+    def send_messages(self, batch: list[Message]) -> None:
+        """Buffer message frames (the channel has put them in flight for us)."""
+        n = len(batch)
+        if not n:
+            return
+        self.in_flight_count += n
+        self.message_count += n
         buf = self._msg_buf
-        buf.append(message_frame_header(msg.timestamp, msg.attempts, msg.id, len(body)))
-        buf.append(body)
-        self._msg_buf_size += len(body) + 30
-        ready = self.is_ready_for_messages()
-        if not ready or self._msg_buf_size >= self.output_buffer_size:
+        size = 30 * n
+        for msg in batch:
+            body = msg.body
+            size += len(body)
+            buf.append(message_frame_header(msg.timestamp, msg.attempts, msg.id, len(body)))
+            buf.append(body)
+        self._msg_buf_size += size
+        if self._msg_buf_size >= self.output_buffer_size or not self.is_ready_for_messages():
             if not self._flush_now:
                 self._flush_now = True
                 self._wake.set()
         elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
             self._flush_deadline = trio.current_time() + self.output_buffer_timeout
             self._wake.set()
-        return ready
 
     def ready_state_changed(self) -> None:
         # nsqd's messagePump flushes as soon as the client cannot take more.

@@ -107,6 +107,23 @@ class GUIDFactory:
         value = (now << (_NODE_BITS + _SEQ_BITS)) | self._node_bits | self._sequence
         return b"%016x" % (value & 0xFFFFFFFFFFFFFFFF)
 
+    def new_ids(self, n: int) -> list[bytes]:
+        """``n`` ids at once (an MPUB), in the order ``new_id`` would give them."""
+        if self._seeded_next is not None or n < 8:
+            return [self.new_id() for _ in range(n)]
+        first = self.new_id()  # settles the millisecond and the sequence
+        ms, seq = self._last_ms, self._sequence
+        out = [first]
+        base = self._node_bits
+        shift = _NODE_BITS + _SEQ_BITS
+        for _ in range(n - 1):
+            seq = (seq + 1) & _SEQ_MASK
+            if seq == 0:
+                ms += 1
+            out.append(b"%016x" % (((ms << shift) | base | seq) & 0xFFFFFFFFFFFFFFFF))
+        self._last_ms, self._sequence = ms, seq
+        return out
+
 
 class MessageQueue(Protocol):
     """Where ready messages wait (a topic's, or a channel's, "memory + backend").
@@ -121,6 +138,9 @@ class MessageQueue(Protocol):
 
     def get(self) -> Message | None:
         """The oldest message, or None when empty."""
+
+    def get_many(self, n: int) -> list[Message]:
+        """Up to ``n`` of the oldest messages."""
 
     def clear(self) -> None: ...
 
@@ -143,6 +163,15 @@ class MemoryQueue:
 
     def get(self) -> Message | None:
         return self._items.popleft() if self._items else None
+
+    def get_many(self, n: int) -> list[Message]:
+        items = self._items
+        if n >= len(items):
+            out = list(items)
+            items.clear()
+            return out
+        popleft = items.popleft
+        return [popleft() for _ in range(n)]
 
     def clear(self) -> None:
         self._items.clear()

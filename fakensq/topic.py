@@ -52,9 +52,9 @@ class Topic:
 
     def new_messages(self, bodies: list[bytes]) -> list[Message]:
         """Messages for an MPUB (one timestamp for the batch)."""
-        new_id = self.nsqd.guids.new_id
+        ids = self.nsqd.guids.new_ids(len(bodies))
         now = time.time_ns()
-        return [Message(new_id(), body, now) for body in bodies]
+        return [Message(i, body, now) for i, body in zip(ids, bodies, strict=True)]
 
     def put(self, msg: Message) -> None:
         self.put_many([msg])
