@@ -102,10 +102,16 @@ class NSQDHTTP:
             if found is None:
                 return _error(404, "NOT_FOUND")
             methods = found
-        method = "GET" if request.method == "HEAD" and "GET" in methods else request.method
-        route = methods.get(method)
+        route = methods.get(request.method)
         if route is None:
-            return _error(405, "METHOD_NOT_ALLOWED")
+            # httprouter: OPTIONS answers the allowed methods, anything else
+            # (HEAD included: no automatic GET fallback) is a 405.
+            allow = ", ".join(sorted({*methods, "OPTIONS"}))
+            if request.method == "OPTIONS":
+                return Response(200, b"", [("Allow", allow)])
+            resp = _error(405, "METHOD_NOT_ALLOWED")
+            resp.headers.append(("Allow", allow))
+            return resp
         try:
             return await route(request)
         except HTTPError as exc:
