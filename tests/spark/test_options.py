@@ -8,10 +8,11 @@ import sys
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 
 from fakensq import NSQD
 from trionsq import NSQConnectionError
-from trionsq.spark import NSQOptionError
+from trionsq.spark import SCHEMA, NSQDataSource, NSQOptionError
 from trionsq.spark._options import (
     SourceOptions,
     parse_sink_options,
@@ -106,20 +107,27 @@ def test_spark_reports_a_bad_option_at_load(spark: SparkSession) -> None:
         (spark.readStream.format("nsq").options(**SOURCE).option("max_in_flight", "many").load())
 
 
-def test_spark_reports_bad_writes_before_publishing(spark: SparkSession, nsqd: NSQD) -> None:
-    df = spark.createDataFrame([(1,)], "value int")
-    writer = df.write.format("nsq").option("topic", "t").option("nsqd_tcp_addresses", "h:1")
-    with pytest.raises(Exception, match="the nsq sink publishes binary or string values"):
-        writer.mode("append").save()
-    with pytest.raises(Exception, match="NSQ topics are append-only"):
-        writer.mode("overwrite").save()
-    with pytest.raises(Exception, match="NSQ has no offsets to read a batch between"):
-        spark.read.format("nsq").options(**SOURCE).load().collect()
+def test_bad_writes_fail_before_publishing() -> None:
+    # What Spark calls on the driver when save() or start() is called.
+    source = NSQDataSource({"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:4150"})
+    ints = StructType.fromDDL("value int")
+    with pytest.raises(NSQOptionError, match="the nsq sink publishes binary or string values"):
+        source.writer(ints, overwrite=False)
+    with pytest.raises(NSQOptionError, match="the nsq sink publishes binary or string values"):
+        source.streamWriter(ints, overwrite=False)
+    with pytest.raises(NSQOptionError, match="has neither"):
+        source.writer(StructType.fromDDL("n int, text string"), overwrite=False)
+    with pytest.raises(NSQOptionError, match="no column 'missing'"):
+        NSQDataSource({**SINK, "value_column": "missing"}).writer(ints, overwrite=False)
+    with pytest.raises(NSQOptionError, match="NSQ topics are append-only"):
+        source.writer(StructType.fromDDL("value string"), overwrite=True)
+    with pytest.raises(NSQOptionError, match="NSQ has no offsets to read a batch between"):
+        NSQDataSource(SOURCE).reader(SCHEMA)
+    with pytest.raises(NSQOptionError, match="schema is fixed"):
+        NSQDataSource(SOURCE).streamReader(StructType.fromDDL("body binary"))
 
 
 def test_writer_publishes_in_chunks_and_fails_loudly(nsqd: NSQD) -> None:
-    from pyspark.sql.types import StructType
-
     schema = StructType.fromDDL("key string, body binary")
     writer = NSQBatchWriter(
         parse_sink_options(

@@ -197,8 +197,6 @@ class _DriverConsumer:
             raise
         try:
             self._loop.run(self._wait_connected)
-        except LoopStoppedError:
-            raise
         except trio.TooSlowError:
             log.warning(
                 "nsq source %s/%s: not connected to any nsqd after %.0fs; still trying",
