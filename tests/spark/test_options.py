@@ -8,7 +8,14 @@ import sys
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from fakensq import NSQD
 from trionsq import NSQConnectionError
@@ -21,6 +28,12 @@ from trionsq.spark._options import (
 from trionsq.spark.sink import NSQBatchWriter
 
 from .conftest import consume
+
+
+def schema(**columns: DataType) -> StructType:
+    """A StructType (``StructType.fromDDL`` would need a running SparkSession)."""
+    return StructType([StructField(name, data_type) for name, data_type in columns.items()])
+
 
 SOURCE = {"topic": "t", "channel": "c", "nsqd_tcp_addresses": "127.0.0.1:4150"}
 SINK = {"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:4150"}
@@ -110,30 +123,29 @@ def test_spark_reports_a_bad_option_at_load(spark: SparkSession) -> None:
 def test_bad_writes_fail_before_publishing() -> None:
     # What Spark calls on the driver when save() or start() is called.
     source = NSQDataSource({"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:4150"})
-    ints = StructType.fromDDL("value int")
+    ints = schema(value=IntegerType())
     with pytest.raises(NSQOptionError, match="the nsq sink publishes binary or string values"):
         source.writer(ints, overwrite=False)
     with pytest.raises(NSQOptionError, match="the nsq sink publishes binary or string values"):
         source.streamWriter(ints, overwrite=False)
     with pytest.raises(NSQOptionError, match="has neither"):
-        source.writer(StructType.fromDDL("n int, text string"), overwrite=False)
+        source.writer(schema(n=IntegerType(), text=StringType()), overwrite=False)
     with pytest.raises(NSQOptionError, match="no column 'missing'"):
         NSQDataSource({**SINK, "value_column": "missing"}).writer(ints, overwrite=False)
     with pytest.raises(NSQOptionError, match="NSQ topics are append-only"):
-        source.writer(StructType.fromDDL("value string"), overwrite=True)
+        source.writer(schema(value=StringType()), overwrite=True)
     with pytest.raises(NSQOptionError, match="NSQ has no offsets to read a batch between"):
         NSQDataSource(SOURCE).reader(SCHEMA)
     with pytest.raises(NSQOptionError, match="schema is fixed"):
-        NSQDataSource(SOURCE).streamReader(StructType.fromDDL("body binary"))
+        NSQDataSource(SOURCE).streamReader(schema(body=BinaryType()))
 
 
 def test_writer_publishes_in_chunks_and_fails_loudly(nsqd: NSQD) -> None:
-    schema = StructType.fromDDL("key string, body binary")
     writer = NSQBatchWriter(
         parse_sink_options(
             {"topic": "chunks", "nsqd_tcp_addresses": nsqd.tcp_address, "batch_size": "7"}
         ),
-        schema,
+        schema(key=StringType(), body=BinaryType()),
     )
     assert writer.column == "body"
     batch = pa.RecordBatch.from_pydict(
@@ -152,7 +164,7 @@ def test_writer_publishes_in_chunks_and_fails_loudly(nsqd: NSQD) -> None:
         parse_sink_options(
             {"topic": "t", "nsqd_tcp_addresses": "127.0.0.1:9", "connect_timeout": "2"}
         ),
-        schema,
+        schema(key=StringType(), body=BinaryType()),
     )
     with pytest.raises(NSQConnectionError, match=r"127\.0\.0\.1:9"):
         dead.write(iter([batch]))
