@@ -114,3 +114,23 @@ async def test_consumer_and_producer_on_one_connection(nursery: trio.Nursery) ->
         await c.send(cmds.pub("t", b"self"))
         frames = [await c.read_frame(), await c.read_frame()]
         assert {type(f).__name__ for f in frames} == {"Response", "MessageFrame"}
+
+
+async def test_e2e_processing_latency_percentiles(nursery: trio.Nursery) -> None:
+    async with fakensq.NSQD(
+        tcp_address="", http_address="", e2e_processing_latency_percentiles=[0.5, 0.99]
+    ) as nsqd:
+        c = await memory_client(nsqd, nursery)
+        await c.identify(output_buffer_size=-1)
+        await c.sub("t", "c", rdy=10)
+        await trio.testing.wait_all_tasks_blocked()
+        topic = nsqd.topics["t"]
+        topic.put_many(topic.new_messages([b"a", b"b", b"c"]))
+        for _ in range(3):
+            await c.send(cmds.fin((await c.read_message()).id))
+        await c.send(cmds.nop())
+        await trio.testing.wait_all_tasks_blocked()
+        result = nsqd.stats()["topics"][0]["channels"][0]["e2e_processing_latency"]
+        assert result["count"] == 3
+        assert [p["quantile"] for p in result["percentiles"]] == [0.99, 0.5]
+        assert all(p["value"] >= 0 for p in result["percentiles"])

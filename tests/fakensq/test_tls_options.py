@@ -1,0 +1,98 @@
+"""TLS from nsqd's options: cert/key files, client certificates, HTTPS."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trustme
+
+import fakensq
+from trionsq.protocol import commands as cmds
+
+from .helpers import RawClient
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Any]:
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("client.example", common_name="worker-7")
+    files = {
+        "cert": tmp_path / "server.pem",
+        "key": tmp_path / "server.key",
+        "ca": tmp_path / "ca.pem",
+    }
+    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    server.private_key_pem.write_to_path(str(files["key"]))
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    return {"ca": ca, "client": client, "files": files}
+
+
+def _client_context(pki: dict[str, Any], with_cert: bool) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    pki["ca"].configure_trust(ctx)
+    if with_cert:
+        pki["client"].configure_cert(ctx)
+    return ctx
+
+
+async def _tls_client(address: str, ctx: ssl.SSLContext) -> RawClient:
+    c = await RawClient.connect(address)
+    await c.send(cmds.identify({"feature_negotiation": True, "tls_v1": True}))
+    assert json.loads(await c.read_response())["tls_v1"] is True
+    c.stream = trio.SSLStream(c.stream, ctx, server_hostname="127.0.0.1")
+    assert await c.read_response() == b"OK"
+    return c
+
+
+async def test_client_certificate_required_and_common_name(pki: dict[str, Any]) -> None:
+    files = pki["files"]
+    queries: list[dict[str, str]] = []
+    grant = {
+        "ttl": 60,
+        "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["publish"]}],
+    }
+
+    def auth(query: dict[str, str]) -> dict[str, Any]:
+        queries.append(query)
+        return grant
+
+    async with fakensq.NSQD(
+        tcp_address="127.0.0.1:0",
+        http_address="",
+        https_address="127.0.0.1:0",
+        tls_cert=str(files["cert"]),
+        tls_key=str(files["key"]),
+        tls_root_ca_file=str(files["ca"]),
+        tls_client_auth_policy="require-verify",
+        auth_handler=auth,
+    ) as nsqd:
+        with trio.fail_after(10):
+            c = await _tls_client(nsqd.tcp_address, _client_context(pki, with_cert=True))
+            await c.send(cmds.auth("pw"))
+            await c.read_response()
+            assert queries[0]["tls"] == "true"
+            assert queries[0]["common_name"] == "worker-7"
+            await c.pub("t", b"x")
+
+            # without a client certificate the handshake fails: connection closed
+            bad = await RawClient.connect(nsqd.tcp_address)
+            await bad.send(cmds.identify({"feature_negotiation": True, "tls_v1": True}))
+            await bad.read_response()
+            bad.stream = trio.SSLStream(
+                bad.stream, _client_context(pki, with_cert=False), server_hostname="127.0.0.1"
+            )
+            with pytest.raises((trio.BrokenResourceError, EOFError, ssl.SSLError)):
+                await bad.send(cmds.nop())
+                await bad.read_frame()
+
+            ctx = _client_context(pki, with_cert=True)
+            async with httpx.AsyncClient(verify=ctx) as http:
+                r = await http.get(f"https://{nsqd.https_address}/ping")
+            assert r.text == "OK"
