@@ -21,6 +21,12 @@ client guide's rules, as implemented here:
 :class:`RdyController` decides; the consumer sends.  :meth:`RdyController.rebalance`
 returns the connections whose RDY was decided anew (lowered ones first, so the
 budget is freed on the wire before it is spent elsewhere).
+
+Rebalancing looks at every connection, so the per-message events say whether
+one is due: :meth:`~RdyController.on_message` and :meth:`~RdyController.on_settled`
+return False exactly when :meth:`~RdyController.rebalance` would decide nothing,
+which in the steady state is almost always (O(1) per message instead of
+O(connections)).
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ class RdyController(Generic[K]):
         self.low_rdy_idle_timeout = low_rdy_idle_timeout
         self.mode = BackoffState.NORMAL
         self.conns: dict[K, ConnRdy] = {}
+        # Whether a rebalance could decide more than the refresh of a connection
+        # that just received a message (set by events, recomputed by rebalance).
+        self._due = True
 
     # --- events ---
 
@@ -78,30 +87,48 @@ class RdyController(Generic[K]):
         self.conns[key] = ConnRdy(
             max_rdy_count=max(0, max_rdy_count), waiting_since=now, last_message_at=now
         )
+        self._due = True
 
     def remove(self, key: K) -> None:
-        self.conns.pop(key, None)
+        if self.conns.pop(key, None) is not None:
+            self._due = True
 
-    def on_message(self, key: K, now: float) -> None:
+    def on_message(self, key: K, now: float) -> bool:
+        """A message arrived on ``key``; returns whether a rebalance is due."""
         conn = self.conns.get(key)
         if conn is None:
-            return
+            return self._due
         conn.in_flight += 1
         conn.remaining -= 1
-        conn.bootstrapping = False
         conn.last_message_at = now
+        if conn.bootstrapping:
+            conn.bootstrapping = False  # its target grows from 1 to its share
+            self._due = True
+        return self._due or (conn.rdy > 0 and conn.remaining < max(1, conn.rdy * 0.25))
 
-    def on_settled(self, key: K) -> None:
-        """A message from ``key`` was finished or requeued (or given up)."""
+    def on_settled(self, key: K) -> bool:
+        """A message from ``key`` was finished or requeued (or given up); returns
+        whether a rebalance is due."""
         conn = self.conns.get(key)
         if conn is not None and conn.in_flight > 0:
             conn.in_flight -= 1
+        # Fewer in flight only frees budget, which matters only to a connection
+        # still below its target: then _due is already set.
+        return self._due
 
     def set_mode(self, mode: BackoffState) -> None:
         self.mode = mode
+        self._due = True
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         self.max_in_flight = max_in_flight
+        self._due = True
+
+    @property
+    def due(self) -> bool:
+        """Whether a rebalance could decide something (besides a refresh that
+        :meth:`on_message` reports)."""
+        return self._due
 
     # --- queries ---
 
@@ -175,9 +202,11 @@ class RdyController(Generic[K]):
         """Decide RDY for every connection; returns the keys to (re)send, lowered
         ones first."""
         if not self.conns:
+            self._due = False
             return []
         targets = self._targets(now)
         changed: list[K] = []
+        short = False
         for key, target in targets.items():
             if self.conns[key].rdy > target:
                 self._set(key, target, now, changed)
@@ -193,4 +222,12 @@ class RdyController(Generic[K]):
             if key not in changed and conn.rdy > 0 and conn.remaining < max(1, conn.rdy * 0.25):
                 # The guide's refresh rule; nsqd takes it as a fresh cap.
                 self._set(key, conn.rdy, now, changed)
+            short = short or conn.rdy < target
+        # With every connection at its target and the targets fixed, only a
+        # connection's own messages (its refresh) or an event that moves the
+        # targets can change anything.  Rotation and backoff depend on the
+        # clock or on which connection holds RDY: always due there.
+        self._due = (
+            short or self.mode is not BackoffState.NORMAL or self.max_in_flight < len(self.conns)
+        )
         return changed

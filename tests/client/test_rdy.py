@@ -185,3 +185,36 @@ def test_settled_normal_state_uses_the_whole_budget(max_in_flight: int, count: i
         assert max(values(rdy).values()) - min(values(rdy).values()) <= 1
     else:
         assert rdy.total_rdy == max_in_flight
+
+
+@given(st.integers(0, 12), st.integers(1, 6), events)
+def test_not_due_means_rebalance_decides_nothing(
+    max_in_flight: int, max_rdy: int, script: list[tuple[str, int]]
+) -> None:
+    """The consumer skips rebalancing when the events say it is not due: that
+    must never skip a decision (the skip is exact, not a heuristic)."""
+    rdy: RdyController[int] = RdyController(max_in_flight, low_rdy_idle_timeout=5.0)
+    now = 0.0
+    for event, n in script:
+        now += 1.0
+        due = None
+        if event == "add" and n not in rdy.conns:
+            rdy.add(n, max_rdy, now)
+        elif event == "remove":
+            rdy.remove(n)
+        elif event == "message" and n in rdy.conns:
+            conn = rdy.conns[n]
+            if conn.in_flight < conn.rdy:
+                due = rdy.on_message(n, now)
+        elif event == "settle":
+            due = rdy.on_settled(n)
+        elif event == "tick":
+            now += 10.0
+        elif event in ("pause", "test", "resume"):
+            mode = {"pause": BackoffState.PAUSED, "test": BackoffState.TESTING}
+            rdy.set_mode(mode.get(event, BackoffState.NORMAL))
+        if due is None:
+            due = rdy.due
+        changed = rdy.rebalance(now)
+        if not due:
+            assert changed == []
