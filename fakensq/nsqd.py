@@ -66,8 +66,9 @@ def _join(host: str, port: int) -> str:
 class NSQD:
     """An nsqd v1.3, in process.
 
-    Keyword arguments are :class:`NSQDOptions` fields (or pass ``options=``),
-    plus fakensq-only settings:
+    Keyword arguments are :class:`NSQDOptions` fields (or pass ``options=``);
+    an empty ``tcp_address``/``http_address`` means no such listener (serve
+    streams with :meth:`handle_stream`).  fakensq-only settings:
 
     - ``auth_handler``: a callable standing in for the auth server;
     - ``ssl_context``: the server TLS context (instead of tls_cert/tls_key);

@@ -65,6 +65,13 @@ async def test_auth_flow(autojump_clock: trio.abc.Clock, nursery: trio.Nursery) 
         c = await memory_client(nsqd, nursery)
         await c.send(cmds.auth("good"))
         await c.read_response()
+        await c.send(cmds.auth("good"))
+        assert await c.read_error() == b"E_INVALID AUTH already set"
+        await c.expect_closed()
+
+        c = await memory_client(nsqd, nursery)
+        await c.send(cmds.auth("good"))
+        await c.read_response()
         n = len(queries)
         await trio.sleep(11)
         await c.sub("orders", "c")
