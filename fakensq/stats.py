@@ -50,11 +50,12 @@ class LatencyStream:
         self._trim(time.time())
         values = sorted(v for _, v in self._samples)
         out: list[dict[str, float]] = []
-        if values:
-            for q in self.percentiles:
-                index = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
-                out.append({"quantile": q, "value": float(values[index])})
-        return {"count": len(values), "percentiles": out or None}
+        for q in self.percentiles:
+            value = 0.0
+            if values:
+                value = float(values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))])
+            out.append({"quantile": q, "value": value})
+        return {"count": len(values), "percentiles": out}
 
 
 def _channel_stats(channel: Channel, topic_filter: str, include_clients: bool) -> dict[str, Any]:
@@ -86,7 +87,10 @@ def _topic_stats(topic: Topic, channels: list[dict[str, Any]]) -> dict[str, Any]
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": topic.paused,
-        "e2e_processing_latency": topic.e2e.result(),
+        # nsqd aggregates its channels' streams: none, no stream at all.
+        "e2e_processing_latency": (
+            topic.e2e.result() if topic.channels else {"count": 0, "percentiles": None}
+        ),
     }
 
 
