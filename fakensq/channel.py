@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -73,14 +73,15 @@ class Channel:
 
     def put(self, msg: Message) -> None:
         """A new message from the topic."""
-        self.message_count += 1
-        self.queue.put(msg)
-        self.dispatch()
+        self.put_many([msg])
 
-    def put_many(self, msgs: Iterable[Message]) -> None:
-        n = len(self.queue)
-        self.queue.put_many(msgs)
-        self.message_count += len(self.queue) - n
+    def put_many(self, msgs: Sequence[Message]) -> None:
+        self.message_count += len(msgs)
+        if self.ephemeral:
+            for msg in msgs:
+                self._requeue(msg)
+        else:
+            self.queue.put_many(msgs)
         self.dispatch()
 
     def put_deferred(self, msg: Message, delay: float) -> None:
@@ -90,6 +91,12 @@ class Channel:
 
     def _requeue(self, msg: Message) -> None:
         msg.client = None
+        if self.ephemeral and len(self.queue) >= self.nsqd.options.mem_queue_size:
+            # nsqd's ephemeral channels have no disk behind their memory queue:
+            # what does not fit is dropped (once ready clients had their share).
+            self.dispatch()
+            if len(self.queue) >= self.nsqd.options.mem_queue_size:
+                return
         self.queue.put(msg)
 
     # --- delivery ---

@@ -64,6 +64,10 @@ class Topic:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.paused or not self.channels:
+            if self.ephemeral:
+                # no disk behind an ephemeral topic's memory queue either
+                room = max(0, self.nsqd.options.mem_queue_size - len(self.queue))
+                msgs = msgs[:room]
             self.queue.put_many(msgs)
             return
         self._fan_out(msgs)

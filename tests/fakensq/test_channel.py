@@ -134,3 +134,22 @@ async def test_e2e_processing_latency_percentiles(nursery: trio.Nursery) -> None
         assert result["count"] == 3
         assert [p["quantile"] for p in result["percentiles"]] == [0.99, 0.5]
         assert all(p["value"] >= 0 for p in result["percentiles"])
+
+
+async def test_ephemeral_overflow_is_dropped(nursery: trio.Nursery) -> None:
+    async with fakensq.NSQD(tcp_address="", http_address="", mem_queue_size=5) as nsqd:
+        topic = nsqd.get_topic("t#ephemeral")
+        topic.put_many(topic.new_messages([b"%d" % i for i in range(8)]))
+        assert topic.depth() == 5  # the topic's own queue, no channel yet
+        durable = nsqd.get_topic("t")
+        durable.get_channel("kept")
+        c = await memory_client(nsqd, nursery)
+        await c.identify(output_buffer_size=-1)
+        await c.sub("t", "e#ephemeral", rdy=2)
+        await trio.testing.wait_all_tasks_blocked()
+        durable.put_many(durable.new_messages([b"%d" % i for i in range(10)]))
+        ephemeral = durable.channels["e#ephemeral"]
+        assert len(ephemeral.in_flight) == 2
+        assert ephemeral.depth() == 5  # 3 dropped
+        assert ephemeral.message_count == 10
+        assert durable.channels["kept"].depth() == 10  # a disk would hold these
