@@ -12,6 +12,7 @@ import inspect
 import logging
 import math
 import random
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ Handler = Callable[[Message], Awaitable[object] | object]
 GiveUpHandler = Callable[[Message], Awaitable[object] | object]
 
 _CLS_TIMEOUT = 5.0
+#: ``async for`` hands out this many queued messages between two yields to the
+#: scheduler: fewer passes through the run loop (the writer then sends the FINs
+#: of a whole batch at once), while other tasks still get their turn.
+_YIELD_EVERY = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +115,14 @@ class _Session:
         return True
 
     async def _finish(self, message: Message) -> None:
-        await self.consumer._settle(self, message, commands.fin(message.id), success=True)
+        await self.consumer._settle(self, message, commands.fin(message.id), True, True)
 
     async def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         if delay is None:
             config = self.consumer.config
             delay = min(config.default_requeue_delay * message.attempts, config.max_requeue_delay)
         data = commands.req(message.id, round(delay * 1000))
-        await self.consumer._settle(self, message, data, success=False if backoff else None)
+        await self.consumer._settle(self, message, data, False, False if backoff else None)
 
     async def _touch(self, message: Message) -> None:
         await self._send(commands.touch(message.id))
@@ -183,7 +188,14 @@ class Consumer:
         self._backoff_wakeup = trio.Event()
         self._sessions: set[_Session] = set()
         self._discovered: dict[str, trio.CancelScope] = {}
-        self._send_channel, self._receive_channel = trio.open_memory_channel[Message](math.inf)
+        # Messages received and not yet handed out (to a handler worker or to
+        # ``async for``), in arrival order, and the tasks waiting for one.
+        self._queue: deque[Message] = deque()
+        self._queue_waiters = trio.lowlevel.ParkingLot()
+        self._queue_closed = False
+        self._workers = 0
+        self._waking = 0  # workers started or unparked that have not run yet
+        self._since_yield = 0
         self._unsettled = 0
         self._settled_event = trio.Event()
         self._received = 0
@@ -246,10 +258,23 @@ class Consumer:
     async def __anext__(self) -> Message:
         if self._stack is None:
             raise RuntimeError("iterate the Consumer inside 'async with'")
-        try:
-            return await self._receive_channel.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise StopAsyncIteration from None
+        # Always a cancellation point; a scheduling point only every
+        # _YIELD_EVERY messages while some are queued (the queue holds at most
+        # what RDY allowed, so the run without a yield is bounded).
+        self._since_yield += 1
+        if self._since_yield >= _YIELD_EVERY:
+            self._since_yield = 0
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._queue:
+            if self._queue_closed:
+                raise StopAsyncIteration
+            self._since_yield = 0
+            await self._queue_waiters.park()
+        if self._queue_closed:
+            raise StopAsyncIteration
+        return self._queue.popleft()
 
     # --- lifecycle ---
 
@@ -294,17 +319,19 @@ class Consumer:
     async def _drain(self) -> None:
         """CLS everywhere, then give handed-out messages time to be settled."""
         self._closing = True
-        self._send_channel.close()
+        self._queue_closed = True
+        # Wake every parked worker or iterator: each counts as woken.
+        self._waking += len(self._queue_waiters) if self._handler is not None else 0
+        self._queue_waiters.unpark_all()
         async with trio.open_nursery() as nursery:
             for session in list(self._sessions):
                 nursery.start_soon(self._close_session, session)
-        # Messages never handed out go back at once (without backoff).
-        while True:
-            try:
-                message = self._receive_channel.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-            await message.requeue(0, backoff=False)
+        if self._handler is None:
+            # Messages never handed out go back at once (without backoff).  With
+            # a handler, every message received has been given to the handler
+            # pool: the workers go on with them during close_timeout.
+            while self._queue:
+                await self._queue.popleft().requeue(0, backoff=False)
         with trio.move_on_after(self.config.close_timeout):
             while self._unsettled > 0:
                 self._settled_event = trio.Event()
@@ -389,19 +416,77 @@ class Consumer:
         )
         self._received += 1
         self._unsettled += 1
-        self._rdy.on_message(session, trio.current_time())
+        due = self._rdy.on_message(session, trio.current_time())
         if self._closing:
             await message.requeue(0, backoff=False)
             return
         max_attempts = self.config.max_attempts
-        assert self._handlers is not None
         if max_attempts and message.attempts > max_attempts:
+            assert self._handlers is not None
             self._handlers.start_soon(self._give_up, message)
-        elif self._handler is not None:
-            self._handlers.start_soon(self._handle, message)
         else:
-            self._send_channel.send_nowait(message)
-        await self._update_rdy()
+            self._queue.append(message)
+            if self._handler is None:
+                if self._queue_waiters:
+                    self._queue_waiters.unpark()
+            elif not self._waking:
+                self._wake_workers(1)
+        if due:
+            await self._update_rdy()
+
+    # --- the handler pool ---
+    #
+    # Handlers run in a pool of worker tasks taking messages from the queue, not
+    # in a task per message: spawning a task costs more than handing a message
+    # to a parked worker.  The pool grows on demand, never beyond max_in_flight
+    # (which bounds what nsqd hands out), and workers are woken sparingly: at
+    # most one wake-up is outstanding for new messages, and a worker that finds
+    # more queued than it takes wakes two more.  A quick handler thus drains a
+    # whole read with a few workers (no task switch per message), while a
+    # handler that waits has the pool fan out in a few scheduler passes.
+
+    def _wake_workers(self, count: int) -> None:
+        assert self._handlers is not None
+        for _ in range(count):
+            if self._queue_waiters:
+                self._queue_waiters.unpark()
+            elif self._workers < max(1, self._rdy.max_in_flight) and not self._queue_closed:
+                self._workers += 1
+                self._handlers.start_soon(self._worker)
+            else:
+                return
+            self._waking += 1
+
+    async def _worker(self) -> None:
+        """Run the handler on queued messages, one at a time, until closing; a
+        worker over a lowered ``max_in_flight`` leaves once its message is settled."""
+        woken = True  # counted in _waking until it runs
+        try:
+            while self._workers <= max(1, self._rdy.max_in_flight):
+                if woken:
+                    woken = False
+                    self._waking -= 1
+                    # A worker woken as the consumer is cancelled must not start
+                    # a handler it cannot finish.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                if self._queue:
+                    message = self._queue.popleft()
+                    if self._queue and not self._waking:
+                        self._wake_workers(2)
+                    await self._handle(message)
+                elif self._queue_closed:
+                    return
+                else:
+                    await self._queue_waiters.park()
+                    woken = True
+        finally:
+            self._workers -= 1
+            if woken:
+                self._waking -= 1
+            if self._queue and not self._waking and self._queue_waiters:
+                # Leaving over the limit: pass the queue on to a parked worker.
+                self._queue_waiters.unpark()
+                self._waking += 1
 
     async def _handle(self, message: Message) -> None:
         assert self._handler is not None
@@ -435,36 +520,45 @@ class Consumer:
             message.responded = "finished"
             session = message._responder
             assert isinstance(session, _Session)
-            await self._settle(session, message, commands.fin(message.id), count=False)
+            await self._settle(session, message, commands.fin(message.id), True, None, count=False)
 
     async def _settle(
         self,
         session: _Session,
         message: Message,
         data: bytes,
-        success: bool | None = None,
+        fin: bool,
+        success: bool | None,
         count: bool = True,
     ) -> None:
-        """Update backoff and RDY for a settled ``message``, then FIN or REQ it.
+        """Update backoff and RDY for a settled ``message``, then send ``data``
+        (its FIN if ``fin``, else its REQ).
 
         ``success`` feeds backoff: True a success, False a failure, None neither;
         ``count=False`` leaves the finished/requeued counters alone (give-ups).
         RDY goes first: a failure that starts a backoff queues RDY 0 before the
         REQ, or nsqd could hand the requeued message straight back.
         """
-        self._rdy.on_settled(session)
-        if success is not None and not self._closing:
+        due = self._rdy.on_settled(session)
+        # A success only matters to backoff while it tests the waters.
+        if (
+            success is not None
+            and not self._closing
+            and (not success or self._backoff.state is BackoffState.TESTING)
+        ):
             now = trio.current_time()
             changed = self._backoff.on_success(now) if success else self._backoff.on_failure(now)
             if changed:
                 self._rdy.set_mode(self._backoff.state)
                 self._backoff_wakeup.set()
-        await self._update_rdy()
+                due = True
+        if due:
+            await self._update_rdy()
         sent = await session._send(data)
         self._unsettled -= 1
         self._settled_event.set()
         if sent and count:
-            if data.startswith(b"FIN"):
+            if fin:
                 self._finished += 1
             else:
                 self._requeued += 1

@@ -175,3 +175,64 @@ async def test_set_max_in_flight_at_run_time(
         assert c.stats.rdy == 2
         await wait_for(lambda: node.rdy_history[-1][2] == 2)
     assert [v for _, _, v in node.rdy_history] == [1, 5, 0, 2]
+
+
+async def test_handler_pool_is_bounded_by_max_in_flight(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Handlers run in a pool of at most max_in_flight workers, which shrinks
+    when max_in_flight is lowered at run time."""
+    node = MiniNSQD(nursery)
+    node.put(*[b"%d" % i for i in range(60)])
+    running = 0
+    peak = 0
+    peak_workers = 0
+
+    async def handler(message: trionsq.Message) -> None:
+        nonlocal running, peak, peak_workers
+        running += 1
+        peak = max(peak, running)
+        peak_workers = max(peak_workers, consumer._workers)
+        await trio.sleep(0.5)
+        running -= 1
+
+    async with trionsq.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=["n:1"],
+        connector=node.connector,
+        handler=handler,
+        max_in_flight=6,
+    ) as consumer:
+        await wait_for(lambda: consumer.stats.finished >= 24, limit=300)
+        assert (peak, peak_workers) == (6, 6)
+        await consumer.set_max_in_flight(2)
+        await wait_for(lambda: consumer._workers <= 2, limit=300)
+        peak = peak_workers = 0
+        await wait_for(lambda: consumer.stats.finished == 60, limit=300)
+    assert 0 < peak <= 2 and 0 < peak_workers <= 2
+
+
+async def test_quick_handlers_need_few_workers(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A handler that never waits drains what arrives in one worker: the pool
+    does not grow to max_in_flight (nor take a task switch per message)."""
+    node = MiniNSQD(nursery)
+    node.put(*[b"%d" % i for i in range(500)])
+    workers = 0
+
+    def handler(message: trionsq.Message) -> None:
+        nonlocal workers
+        workers = max(workers, consumer._workers)
+
+    async with trionsq.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=["n:1"],
+        connector=node.connector,
+        handler=handler,
+        max_in_flight=100,
+    ) as consumer:
+        await wait_for(lambda: consumer.stats.finished == 500, limit=300)
+    assert workers <= 3
