@@ -218,7 +218,8 @@ class ClientConnection:
                 raise InvalidError("cannot IDENTIFY in current state")
             return
         if self.nsqd.options.tls_required != TLS_NOT_REQUIRED and not self.tls:
-            raise InvalidError(f"cannot {cmds._text(name)} in current state (TLS required)")
+            text = name.decode("utf-8", "surrogateescape")
+            raise InvalidError(f"cannot {text} in current state (TLS required)")
         state = self.state
         if name in (b"FIN", b"REQ", b"TOUCH"):
             if state != STATE_SUBSCRIBED and state != STATE_CLOSING:
