@@ -138,7 +138,10 @@ def _ssl_context(config: Config) -> ssl.SSLContext:
     return context
 
 
-MessageCallback = Callable[[MessageFrame], Awaitable[None]]
+#: Called by the reader for each message frame, in order; it returns an
+#: awaitable when it has something to wait for (the reader awaits it before the
+#: next frame), None when it is done (the common case: no coroutine per message).
+MessageCallback = Callable[[MessageFrame], Awaitable[None] | None]
 
 
 class Connection:
@@ -315,6 +318,19 @@ class Connection:
         """
         await self._write(data, None)
 
+    def send_nowait(self, data: bytes) -> None:
+        """Queue a command that gets no response, without waiting for room.
+
+        For commands whose volume something else bounds, such as a consumer's
+        FIN, REQ and RDY (one per message nsqd handed out, or per RDY decision):
+        they skip :meth:`send`'s backpressure and its checkpoint.  Raises
+        :class:`ConnectionClosedError` if the connection is closed.
+        """
+        if self._closing or self._closed.is_set():
+            raise ConnectionClosedError(f"{self.address}: connection is closed")
+        self._out += data
+        self._wake_writer.set()
+
     async def request(self, data: bytes) -> bytes:
         """Send a command and wait for its response (``OK``, ``CLOSE_WAIT``, JSON).
 
@@ -342,8 +358,8 @@ class Connection:
                 self._wake_writer = trio.Event()
                 await self._wake_writer.wait()
                 continue
-            data = bytes(self._out)
-            self._out.clear()
+            # Swap buffers rather than copy: senders append to a fresh one.
+            data, self._out = self._out, bytearray()
             self._writing = True
             await self._stream.send_all(data)
             self._writing = False
@@ -392,7 +408,12 @@ class Connection:
         self._leftover = b""
         while True:
             for frame in frames:
-                await self._handle(frame, on_message)
+                if type(frame) is MessageFrame and on_message is not None:
+                    waiting = on_message(frame)
+                    if waiting is not None:
+                        await waiting
+                else:
+                    await self._handle(frame)
             with trio.move_on_after(read_timeout) as scope:
                 data = await self._stream.receive_some(_RECEIVE_SIZE)
             if scope.cancelled_caught:
@@ -405,11 +426,10 @@ class Connection:
                 return
             frames = self._parser.feed(bytes(data))
 
-    async def _handle(self, frame: Frame, on_message: MessageCallback | None) -> None:
+    async def _handle(self, frame: Frame) -> None:
+        """Any frame but a message for the callback."""
         if isinstance(frame, MessageFrame):
-            if on_message is None:
-                raise ProtocolError(f"{self.address}: unexpected message frame")
-            await on_message(frame)
+            raise ProtocolError(f"{self.address}: unexpected message frame")
         elif isinstance(frame, Response):
             if frame.is_heartbeat:
                 await self.send(commands.nop())

@@ -90,42 +90,49 @@ class _Session:
         self.consumer = consumer
         self.conn = conn
         self.address = conn.address
-        self.rdy_lock = trio.Lock()
         self.wire_generation = 0
+        self.wire_rdy = 0  # the last RDY queued
 
-    async def flush_rdy(self) -> None:
-        """Send the RDY the controller decided last (if not sent yet)."""
-        async with self.rdy_lock:
-            state = self.consumer._rdy.conns.get(self)
-            if state is None or state.generation == self.wire_generation:
-                return
-            self.wire_generation = state.generation
-            try:
-                await self.conn.send(commands.rdy(state.rdy))
-            except NSQError:
-                pass  # the reader notices the end of the connection
+    # RDY, FIN and REQ are queued without waiting (Connection.send_nowait): one
+    # per RDY decision or per message nsqd handed out bounds them, and settling
+    # a message then has no await in it, so it cannot be cancelled halfway.
 
-    async def _send(self, data: bytes) -> bool:
+    def flush_rdy(self) -> None:
+        """Queue the RDY the controller decided last (if not sent yet)."""
+        state = self.consumer._rdy.conns.get(self)
+        if state is None or state.generation == self.wire_generation:
+            return
+        self.wire_generation = state.generation
+        self.wire_rdy = state.rdy
         try:
-            await self.conn.send(data)
+            self.conn.send_nowait(commands.rdy(state.rdy))
+        except NSQError:
+            pass  # the reader notices the end of the connection
+
+    def _send(self, data: bytes) -> bool:
+        try:
+            self.conn.send_nowait(data)
         except NSQError as exc:
             # nsqd will time the message out and redeliver it.
             log.info("%s: could not answer a message: %s", self.address, exc)
             return False
         return True
 
-    async def _finish(self, message: Message) -> None:
-        await self.consumer._settle(self, message, commands.fin(message.id), True, True)
+    def _finish(self, message: Message) -> None:
+        self.consumer._settle(self, commands.fin(message.id), True, True)
 
-    async def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
+    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         if delay is None:
             config = self.consumer.config
             delay = min(config.default_requeue_delay * message.attempts, config.max_requeue_delay)
         data = commands.req(message.id, round(delay * 1000))
-        await self.consumer._settle(self, message, data, False, False if backoff else None)
+        self.consumer._settle(self, data, False, False if backoff else None)
 
     async def _touch(self, message: Message) -> None:
-        await self._send(commands.touch(message.id))
+        try:
+            await self.conn.send(commands.touch(message.id))
+        except NSQError as exc:
+            log.info("%s: could not touch a message: %s", self.address, exc)
 
 
 class Consumer:
@@ -186,6 +193,13 @@ class Consumer:
         )
         self._backoff = Backoff(config.backoff_policy, self._rng)
         self._backoff_wakeup = trio.Event()
+        # RDY raises wait until the lowerings that freed their budget are written
+        # (on other connections, so no single buffer orders them): the lowered
+        # sessions not known to be written yet, the raises held back, and the
+        # task that flushes the former and then sends the latter.
+        self._rdy_lowered: list[_Session] = []
+        self._rdy_held: set[_Session] = set()
+        self._rdy_barrier_wakeup = trio.Event()
         self._sessions: set[_Session] = set()
         self._discovered: dict[str, trio.CancelScope] = {}
         # Messages received and not yet handed out (to a handler worker or to
@@ -247,8 +261,9 @@ class Consumer:
             raise TypeError("max_in_flight must be an int")
         if max_in_flight < 0:
             raise ValueError("max_in_flight must be >= 0")
+        await trio.lowlevel.checkpoint()
         self._rdy.set_max_in_flight(max_in_flight)
-        await self._update_rdy()
+        self._update_rdy()
 
     def __aiter__(self) -> Consumer:
         if self._handler is not None:
@@ -292,6 +307,7 @@ class Consumer:
             nursery.start_soon(self._discovery)
         nursery.start_soon(self._backoff_loop)
         nursery.start_soon(self._rdy_loop)
+        nursery.start_soon(self._rdy_barrier_loop)
         return self
 
     async def __aexit__(
@@ -379,8 +395,8 @@ class Consumer:
     async def _serve(self, conn: Connection) -> None:
         session = _Session(self, conn)
 
-        async def on_message(frame: MessageFrame) -> None:
-            await self._on_message(session, frame)
+        def on_message(frame: MessageFrame) -> Awaitable[None] | None:
+            return self._on_message(session, frame)
 
         try:
             async with trio.open_nursery() as nursery:
@@ -398,7 +414,7 @@ class Consumer:
                 self._rdy.add(session, conn.max_rdy_count, trio.current_time())
                 self._connected.set()
                 log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
-                await self._update_rdy()
+                self._update_rdy()
                 await conn.wait_closed()
         finally:
             self._sessions.discard(session)
@@ -406,11 +422,12 @@ class Consumer:
             with trio.CancelScope(shield=True):
                 await conn.aclose()
         if not self._closing:
-            await self._update_rdy()
+            self._update_rdy()
 
     # --- messages ---
 
-    async def _on_message(self, session: _Session, frame: MessageFrame) -> None:
+    def _on_message(self, session: _Session, frame: MessageFrame) -> Awaitable[None] | None:
+        """Take a message from ``session``'s reader (see MessageCallback)."""
         message = Message(
             frame.id, frame.body, frame.attempts, frame.timestamp, session.address, session
         )
@@ -418,8 +435,7 @@ class Consumer:
         self._unsettled += 1
         due = self._rdy.on_message(session, trio.current_time())
         if self._closing:
-            await message.requeue(0, backoff=False)
-            return
+            return message.requeue(0, backoff=False)
         max_attempts = self.config.max_attempts
         if max_attempts and message.attempts > max_attempts:
             assert self._handlers is not None
@@ -432,7 +448,8 @@ class Consumer:
             elif not self._waking:
                 self._wake_workers(1)
         if due:
-            await self._update_rdy()
+            self._update_rdy()
+        return None
 
     # --- the handler pool ---
     #
@@ -520,19 +537,18 @@ class Consumer:
             message.responded = "finished"
             session = message._responder
             assert isinstance(session, _Session)
-            await self._settle(session, message, commands.fin(message.id), True, None, count=False)
+            self._settle(session, commands.fin(message.id), True, None, count=False)
 
-    async def _settle(
+    def _settle(
         self,
         session: _Session,
-        message: Message,
         data: bytes,
         fin: bool,
         success: bool | None,
         count: bool = True,
     ) -> None:
-        """Update backoff and RDY for a settled ``message``, then send ``data``
-        (its FIN if ``fin``, else its REQ).
+        """Update backoff and RDY for a settled message, then queue ``data``
+        (its FIN if ``fin``, else its REQ); nothing here waits.
 
         ``success`` feeds backoff: True a success, False a failure, None neither;
         ``count=False`` leaves the finished/requeued counters alone (give-ups).
@@ -553,8 +569,8 @@ class Consumer:
                 self._backoff_wakeup.set()
                 due = True
         if due:
-            await self._update_rdy()
-        sent = await session._send(data)
+            self._update_rdy()
+        sent = session._send(data)
         self._unsettled -= 1
         self._settled_event.set()
         if sent and count:
@@ -565,11 +581,34 @@ class Consumer:
 
     # --- RDY and backoff ---
 
-    async def _update_rdy(self) -> None:
+    def _update_rdy(self) -> None:
         if self._closing:
             return
         for session in self._rdy.rebalance(trio.current_time()):
-            await session.flush_rdy()
+            if session in self._rdy_held:
+                continue  # its latest decision goes out after the barrier
+            rdy = self._rdy.conns[session].rdy
+            if rdy > session.wire_rdy and self._rdy_lowered:
+                # nsqd must see the lowering before the raise it paid for.
+                self._rdy_held.add(session)
+                continue
+            if rdy < session.wire_rdy:
+                self._rdy_lowered.append(session)
+                self._rdy_barrier_wakeup.set()
+            session.flush_rdy()
+
+    async def _rdy_barrier_loop(self) -> None:
+        """Send held RDY raises once the lowered connections have written their RDY."""
+        while True:
+            await self._rdy_barrier_wakeup.wait()
+            self._rdy_barrier_wakeup = trio.Event()
+            # Each stays listed until written: raises decided meanwhile are held too.
+            while self._rdy_lowered:
+                await self._rdy_lowered[0].conn.flush()  # returns early if it closes
+                del self._rdy_lowered[0]
+            held, self._rdy_held = self._rdy_held, set()
+            for session in held:
+                session.flush_rdy()
 
     async def _backoff_loop(self) -> None:
         while True:
@@ -579,14 +618,14 @@ class Consumer:
                 await self._backoff_wakeup.wait()
             if self._backoff.on_timer(trio.current_time()):
                 self._rdy.set_mode(self._backoff.state)
-            await self._update_rdy()
+            self._update_rdy()
 
     async def _rdy_loop(self) -> None:
         """Periodic redistribution (RDY rotation when max_in_flight < connections)."""
         interval = min(5.0, self.config.low_rdy_idle_timeout / 2)
         while True:
             await trio.sleep(interval)
-            await self._update_rdy()
+            self._update_rdy()
 
     # --- discovery ---
 

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import trio
+
 __all__ = ["Message"]
 
 
 class _Responder(Protocol):
-    """What a message needs from its consumer to answer nsqd."""
+    """What a message needs from its consumer to answer nsqd.
 
-    async def _finish(self, message: Message) -> None: ...
+    Finishing and requeueing only queue a command and update counters: they do
+    not wait, so an answer is never cancelled halfway.
+    """
 
-    async def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None: ...
+    def _finish(self, message: Message) -> None: ...
+
+    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None: ...
 
     async def _touch(self, message: Message) -> None: ...
 
@@ -61,9 +67,12 @@ class Message:
 
     async def finish(self) -> None:
         """FIN: nsqd forgets the message."""
+        # A cancellation point (before anything happens), not a scheduling one:
+        # finishing a batch of messages must not cost a scheduler pass each.
+        await trio.lowlevel.checkpoint_if_cancelled()
         if self.responded is None:
             self.responded = "finished"
-            await self._responder._finish(self)
+            self._responder._finish(self)
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: nsqd redelivers the message after ``delay`` seconds.
@@ -74,9 +83,10 @@ class Message:
         """
         if delay is not None and (not isinstance(delay, int | float) or delay < 0):
             raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
+        await trio.lowlevel.checkpoint_if_cancelled()
         if self.responded is None:
             self.responded = "requeued"
-            await self._responder._requeue(self, delay, backoff)
+            self._responder._requeue(self, delay, backoff)
 
     async def touch(self) -> None:
         """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
