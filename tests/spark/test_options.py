@@ -25,7 +25,7 @@ from trionsq.spark._options import (
     parse_sink_options,
     parse_source_options,
 )
-from trionsq.spark.sink import NSQBatchWriter
+from trionsq.spark.sink import NSQBatchWriter, _publisher
 
 from .conftest import consume
 
@@ -153,6 +153,8 @@ def test_writer_publishes_in_chunks_and_fails_loudly(nsqd: NSQD) -> None:
     )
     message = writer.write(iter([batch, batch]))
     assert (message.messages, message.bytes) == (40, 120)
+    # Tasks in the same Python worker share one connection per set of options.
+    assert _publisher(writer.options.connection) is _publisher(writer.options.connection)
     writer.commit([message, None])
     assert writer.totals == (1, 40, 120)
     assert sorted(consume(nsqd.tcp_address, "chunks", "c", 40)) == sorted(

@@ -3,15 +3,23 @@ offsets, FIN after commit, requeue on stop, TOUCH while held."""
 
 from __future__ import annotations
 
+import ssl
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
+import trustme
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import StringType, StructField, StructType
 
-from fakensq import NSQD
+from fakensq import NSQD, Cluster
 from trionsq.spark import NSQInputPartition
-from trionsq.spark._options import parse_source_options
+from trionsq.spark._options import parse_sink_options, parse_source_options
+from trionsq.spark.sink import NSQBatchWriter
 from trionsq.spark.source import NSQStreamReader
 
 from .conftest import consume, publish, wait_for
@@ -163,5 +171,84 @@ def test_the_reader_pickles_without_its_consumer(nsqd: NSQD) -> None:
         batch = next(copy.read(pickle.loads(pickle.dumps(partition))))
         assert batch.to_pydict()["body"] == [b"p"]
         assert "messages=1" in repr(partition)
+    finally:
+        reader.stop()
+
+
+def test_tls_auth_and_compression_options_reach_nsqd(
+    nsqd_factory: Callable[..., NSQD], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    secrets: list[str] = []
+
+    def auth(query: dict[str, str]) -> dict[str, Any]:
+        secrets.append(query["secret"])
+        return {
+            "ttl": 3600,
+            "identity": "spark",
+            "authorizations": [
+                {"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}
+            ],
+        }
+
+    node = nsqd_factory(ssl_context=server, auth_handler=auth)
+    secure = {"tls": "true", "tls_ca_file": str(ca_file), "auth_secret": "open-sesame"}
+    writer = NSQBatchWriter(
+        parse_sink_options(
+            {"topic": "events", "nsqd_tcp_addresses": node.tcp_address, "snappy": "true", **secure}
+        ),
+        StructType([StructField("value", StringType())]),
+    )
+    batch = pa.RecordBatch.from_pydict({"value": ["one", "two"]})
+    assert writer.write(iter([batch])).messages == 2
+    reader = reader_for(node, deflate="true", **secure)
+    try:
+        delivered(reader, node, 2)
+        assert reader.latestOffset({"seq": 0}, ReadAllAvailable()) == {"seq": 2}
+        assert sorted(rows(reader, 0, 2)) == [b"one", b"two"]
+    finally:
+        reader.stop()
+    assert secrets and set(secrets) == {"open-sesame"}
+
+
+def test_nsqds_are_found_through_lookupd(nsq_cluster: Cluster) -> None:
+    [address] = nsq_cluster.nsqd_tcp_addresses
+    [lookupd] = nsq_cluster.lookupd_http_addresses
+    publish(address, "found", [b"via lookupd"])
+    wait_for(
+        lambda: httpx.get(f"http://{lookupd}/lookup?topic=found").status_code == 200,
+        what="the topic's registration",
+    )
+    options = {
+        "topic": "found",
+        "channel": "spark",
+        "lookupd_http_addresses": lookupd,
+        "max_batch_wait": "5",
+    }
+    reader = NSQStreamReader(parse_source_options(options))
+    try:
+        assert reader.latestOffset({"seq": 0}, ReadMaxRows(1)) == {"seq": 1}
+        [partition] = reader.partitions({"seq": 0}, {"seq": 1})
+        assert next(reader.read(partition)).to_pydict()["nsqd_address"] == [address]
+    finally:
+        reader.stop()
+
+
+@pytest.mark.nsqd(max_rdy_count=5)
+def test_batches_are_capped_by_the_rdy_budget(nsqd: NSQD, caplog: pytest.LogCaptureFixture) -> None:
+    publish(nsqd.tcp_address, "events", [b"r%d" % i for i in range(8)])
+    # nsqd grants 5 in flight: a batch of 8 could never fill, so it must not wait for it.
+    reader = reader_for(nsqd, max_in_flight="8", max_batch_wait="30")
+    try:
+        delivered(reader, nsqd, 5)
+        began = time.monotonic()
+        assert reader.latestOffset({"seq": 0}, ReadMaxRows(8)) == {"seq": 5}
+        assert time.monotonic() - began < 10
+        assert "exceeds the RDY budget" in caplog.text
+        assert reader.latestOffset({"seq": 5}, ReadMaxRows(8)) == {"seq": 8}
     finally:
         reader.stop()

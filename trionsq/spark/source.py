@@ -273,7 +273,9 @@ class _DriverConsumer:
                     continue
                 self._pending.append(held)
                 self._last_arrival = now
-                if len(self._pending) >= self._wanted:
+                # Wake a waiting take() when its batch is full, or at the first arrival
+                # (from then on it times the pause in deliveries itself).
+                if len(self._pending) >= self._wanted or len(self._pending) == 1:
                     cond.notify_all()
 
     async def _touch_loop(self) -> None:
