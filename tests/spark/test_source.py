@@ -35,7 +35,9 @@ def test_archive_example_puts_every_message_in_parquet(
     )
     query.awaitTermination(60)
     assert not query.isActive
-    assert [p["numInputRows"] for p in query.recentProgress] == [100, 100, 50]
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    # At most max_messages_per_trigger each (a batch closes early if deliveries pause).
+    assert sum(batches) == 250 and max(batches) == 100 and len(batches) >= 3
     rows = spark.read.parquet(str(tmp_path / "out")).collect()
     assert sorted(r.body for r in rows) == sorted(bodies)
     assert {(r.topic, r.nsqd_address, r.attempts) for r in rows} == {
