@@ -318,6 +318,16 @@ class CommandParser:
                 raise BadProtocolError()
             self._need_magic = False
         if self._pending is None:
+            # Fast path for the commonest command of a busy consumer, exactly
+            # "FIN <16-byte id>\n"; the same checks as the general path below.
+            buf, pos = self._buffer, self._pos
+            if buf.startswith(b"FIN ", pos) and len(buf) - pos >= 21 and buf[pos + 20] == 10:
+                msg_id = bytes(buf[pos + 4 : pos + 20])
+                if b" " not in msg_id and b"\n" not in msg_id and msg_id[-1] != 13:
+                    self._pos = pos + 21
+                    if self.precheck is not None:
+                        self.precheck(b"FIN")
+                    return Fin(msg_id)
             params = self._read_line()
             if params is None:
                 return None
