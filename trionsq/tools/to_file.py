@@ -24,6 +24,7 @@ import gzip
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -353,57 +354,75 @@ async def _archive(
 
     try:
         async with Consumer(topic, channel, **options) as consumer:
-            next_tick = trio.current_time() + sync_interval
-            stopped = trio.CancelScope()
-
-            async def on_stop() -> None:
-                await stop.wait()
-                stopped.cancel()
-
-            async with trio.open_nursery() as watcher:
-                watcher.start_soon(on_stop)
-                with stopped:
-                    while True:
-                        deadline = next_tick
-                        if pending:
-                            deadline = min(deadline, trio.current_time() + IDLE_SYNC)
-                        message: Message | None = None
-                        with trio.move_on_at(deadline):
-                            try:
-                                message = await consumer.__anext__()
-                            except StopAsyncIteration:
-                                break
-                        if message is None:
-                            # Idle, or the sync timer: write out what is held.
-                            if trio.current_time() >= next_tick:
-                                next_tick = trio.current_time() + sync_interval
-                                await sync_and_finish()
-                                logger.rotate_if_needed()
-                            await sync_and_finish()
-                            continue
-                        if pending and logger.needs_rotation():
-                            await sync_and_finish()
-                        try:
-                            logger.write(message.body)
-                        except OSError as exc:
-                            await message.requeue(0, backoff=False)
-                            raise ToolError(f"{topic}: cannot write: {exc}") from None
-                        pending.append(message)
-                        progress.add("written")
-                        if len(pending) >= batch or consumer.is_starved():
-                            await sync_and_finish()
-                watcher.cancel_scope.cancel()
-            # Stopping: what was written is synced and finished before the CLS.
-            await sync_and_finish()
-    except BaseException:
-        # Written but not durable: back to nsqd (a duplicate, never a loss).
-        with trio.CancelScope(shield=True):
-            for message in pending:
-                await message.requeue(0, backoff=False)
-        raise
+            try:
+                await _pump(
+                    consumer, logger, pending, batch, sync_interval, stop, sync_and_finish, progress
+                )
+                # Stopping: what was written is synced and finished before the CLS.
+                await sync_and_finish()
+            except BaseException:
+                # Written but not durable: back to nsqd (a duplicate, never a loss),
+                # while the connections are still up.
+                with trio.CancelScope(shield=True):
+                    for message in pending:
+                        await message.requeue(0, backoff=False)
+                raise
     finally:
         logger.close()
         progress.add("files", logger.files_written)
+
+
+async def _pump(
+    consumer: Consumer,
+    logger: FileLogger,
+    pending: list[Message],
+    batch: int,
+    sync_interval: float,
+    stop: trio.Event,
+    sync_and_finish: Callable[[], Awaitable[None]],
+    progress: Progress,
+) -> None:
+    """Write messages as they come; sync and finish in batches, when idle, on ticks."""
+    next_tick = trio.current_time() + sync_interval
+    stopped = trio.CancelScope()
+
+    async def on_stop() -> None:
+        await stop.wait()
+        stopped.cancel()
+
+    async with trio.open_nursery() as watcher:
+        watcher.start_soon(on_stop)
+        with stopped:
+            while True:
+                deadline = next_tick
+                if pending:
+                    deadline = min(deadline, trio.current_time() + IDLE_SYNC)
+                message: Message | None = None
+                with trio.move_on_at(deadline):
+                    try:
+                        message = await consumer.__anext__()
+                    except StopAsyncIteration:
+                        break
+                if message is None:
+                    # Idle, or the sync timer: write out what is held.
+                    if trio.current_time() >= next_tick:
+                        next_tick = trio.current_time() + sync_interval
+                        await sync_and_finish()
+                        logger.rotate_if_needed()
+                    await sync_and_finish()
+                    continue
+                if pending and logger.needs_rotation():
+                    await sync_and_finish()
+                try:
+                    logger.write(message.body)
+                except OSError as exc:
+                    await message.requeue(0, backoff=False)
+                    raise ToolError(f"{logger.topic}: cannot write: {exc}") from None
+                pending.append(message)
+                progress.add("written")
+                if len(pending) >= batch or consumer.is_starved():
+                    await sync_and_finish()
+        watcher.cancel_scope.cancel()
 
 
 async def run(args: argparse.Namespace, prepared: dict[str, Any]) -> int:
