@@ -139,25 +139,31 @@ def _parse_tls_min_version(text: str) -> str:
     return lowered
 
 
-def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
-    """nsqd v1.3's flags, each mapped onto its :class:`NSQDOptions` field."""
-    o = defaults or NSQDOptions()
-    fs = FlagSet("nsqd")
+def _daemon_flagset(name: str, log_level: str) -> FlagSet:
+    """The flags nsqd and nsqlookupd share: version, config, logging."""
+    fs = FlagSet(name)
     fs.add_bool("version", False, "print version string")
     fs.add_string("config", "", "path to config file")
     fs.add(
         Flag(
             "log-level",
             "custom",
-            o.log_level,
+            log_level,
             "set log verbosity: debug, info, warn, error, or fatal",
             "log_level",
             parse=_parse_log_level,
-            default_text=_LEVEL_NAMES[_LEVELS[o.log_level]],
+            default_text=_LEVEL_NAMES[_LEVELS[log_level]],
         )
     )
-    fs.add_string("log-prefix", "[nsqd] ", "log message prefix", "log_prefix")
+    fs.add_string("log-prefix", f"[{name}] ", "log message prefix", "log_prefix")
     fs.add_bool("verbose", False, "[deprecated] has no effect, use --log-level")  # ignored
+    return fs
+
+
+def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
+    """nsqd v1.3's flags, each mapped onto its :class:`NSQDOptions` field."""
+    o = defaults or NSQDOptions()
+    fs = _daemon_flagset("nsqd", o.log_level)
     fs.add_int(
         "node-id",
         o.node_id,
@@ -429,22 +435,7 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
 def nsqlookupd_flagset(defaults: LookupdOptions | None = None) -> FlagSet:
     """nsqlookupd v1.3's flags, mapped onto :class:`LookupdOptions` fields."""
     o = defaults or LookupdOptions()
-    fs = FlagSet("nsqlookupd")
-    fs.add_bool("version", False, "print version string")
-    fs.add_string("config", "", "path to config file")
-    fs.add(
-        Flag(
-            "log-level",
-            "custom",
-            o.log_level,
-            "set log verbosity: debug, info, warn, error, or fatal",
-            "log_level",
-            parse=_parse_log_level,
-            default_text=_LEVEL_NAMES[_LEVELS[o.log_level]],
-        )
-    )
-    fs.add_string("log-prefix", "[nsqlookupd] ", "log message prefix", "log_prefix")
-    fs.add_bool("verbose", False, "[deprecated] has no effect, use --log-level")  # ignored
+    fs = _daemon_flagset("nsqlookupd", o.log_level)
     fs.add_string(
         "tcp-address", o.tcp_address, "<addr>:<port> to listen on for TCP clients", "tcp_address"
     )
