@@ -26,6 +26,7 @@ import trio
 from .auth import AuthHandler
 from .channel import Channel
 from .client import ClientConnection
+from .hooks import NodeHooks
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory
 from .options import NSQDOptions
@@ -109,6 +110,8 @@ class NSQD:
         self._nursery_cm: Any = None
         self._healthy: str | None = None
         self.hostname = socket.gethostname()
+        #: Fault injection and tracing (:mod:`fakensq.hooks`); None: none.
+        self.hooks: NodeHooks | None = None
 
     # --- lifecycle ---
 
@@ -195,6 +198,8 @@ class NSQD:
         self, stream: trio.abc.Stream, remote_address: str | None = None
     ) -> None:
         """Serve the TCP protocol on an already connected stream, until it ends."""
+        if self.hooks is not None:
+            stream = self.hooks.wrap_stream(stream, remote_address)
         self._client_ids += 1
         client = ClientConnection(self, stream, self._client_ids, remote_address)
         await client.run()

@@ -137,6 +137,8 @@ def build_stats(
     if include_mem:
         doc["memory"] = _memory_stats()
     doc["producers"] = producers
+    if nsqd.hooks is not None:
+        doc["faults"] = nsqd.hooks.report()  # fakensq only: the injected faults
     return doc
 
 

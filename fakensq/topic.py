@@ -61,6 +61,9 @@ class Topic:
 
     def put_many(self, msgs: Sequence[Message]) -> None:
         """Publish: count, then fan out (or keep, with no channel or paused)."""
+        hooks = self.nsqd.hooks
+        if hooks is not None:
+            hooks.before_put(self.name, len(msgs))  # a fault may refuse the publish
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.paused or not self.channels:
