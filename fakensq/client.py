@@ -186,7 +186,15 @@ class ClientConnection:
                 if command is None:
                     break
                 try:
-                    await self._exec(command)
+                    if type(command) is cmds.Fin:
+                        # The hot path, kept out of a coroutine call; new
+                        # messages are handed out once the whole read is done.
+                        channel = self.channel
+                        assert channel is not None  # prechecked: subscribed or closing
+                        channel.finish(self, command.id, dispatch=False)
+                        self._needs_dispatch = True
+                    else:
+                        await self._exec(command)
                 except NSQErrorResponse as exc:
                     await self._send_error(exc)
                     if exc.fatal:
@@ -241,9 +249,7 @@ class ClientConnection:
 
     async def _exec(self, command: cmds.Command) -> None:
         if isinstance(command, cmds.Fin):
-            # New messages are handed out once the whole read is processed.
-            self._subscribed_channel().finish(self, command.id, dispatch=False)
-            self._needs_dispatch = True
+            self._subscribed_channel().finish(self, command.id)
         elif isinstance(command, cmds.Rdy):
             if self.state == STATE_CLOSING:
                 return  # nsqd ignores RDY after CLS, before parsing the count
