@@ -440,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     ledger = trio.run(run, settings)
     print(report(ledger, settings))
     if ledger.missing:
-        print(f"\nMISSING {len(ledger.missing)} message(s): published, never processed nor given up")
+        print(
+            f"\nMISSING {len(ledger.missing)} message(s): published, never processed nor given up"
+        )
         return 1
     print("\nevery published message was processed at least once (or given up after retries)")
     return 0
