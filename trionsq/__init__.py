@@ -11,7 +11,7 @@ from .connection import (
 from .consumer import ConnectionStats, Consumer, ConsumerStats
 from .http import http_multi_publish, http_publish
 from .message import Message
-from .producer import Producer
+from .producer import Producer, ProducerStats
 from .protocol.errors import *  # noqa: F403
 from .protocol.errors import __all__ as _errors_all
 from .transport import Connector, tcp_connector
@@ -34,6 +34,7 @@ __all__ = [
     "NSQConnectionError",
     "NegotiationError",
     "Producer",
+    "ProducerStats",
     "http_multi_publish",
     "http_publish",
     "tcp_connector",

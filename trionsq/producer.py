@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -18,13 +19,14 @@ from .protocol.errors import (
     BadBodyError,
     BadMessageError,
     BadTopicError,
+    NSQError,
     NSQErrorResponse,
     ProtocolError,
 )
 from .protocol.frames import OK
 from .protocol.names import go_quote, is_valid_topic_name
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "ProducerStats"]
 
 log = logging.getLogger("trionsq.producer")
 
@@ -44,6 +46,24 @@ def _check_body(verb: str, body: bytes) -> bytes:
     if not data:
         raise BadMessageError(f"{verb} invalid message body size 0")
     return data
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStats:
+    """A snapshot of a producer's counters (see :attr:`Producer.stats`).
+
+    ``published`` counts messages nsqd acknowledged (an MPUB of n counts n),
+    ``batches`` the acknowledged MPUBs among them, ``errors`` the publishes
+    that raised after their arguments were accepted (no nsqd reachable, a
+    refusal, a lost connection).  ``in_flight`` is how many publishes hold a
+    place in the window right now, out of ``window`` (``publish_window``).
+    """
+
+    published: int = 0
+    batches: int = 0
+    errors: int = 0
+    in_flight: int = 0
+    window: int = 0
 
 
 class Producer:
@@ -83,7 +103,15 @@ class Producer:
         self._conn: Connection | None = None
         self._index = 0
         self._connect_lock = trio.Lock()
-        self._window = trio.Semaphore(config.publish_window)
+        # The publish window: a count of places taken and the publishes queued
+        # for one (FIFO, a freed place is handed to the first of them).  Unlike
+        # trio.Semaphore, taking a free place does not yield: a publish waits
+        # for its response anyway, and a yield more each costs scheduler passes.
+        self._in_flight = 0
+        self._window_waiters = trio.lowlevel.ParkingLot()
+        self._published = 0
+        self._batches = 0
+        self._errors = 0
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -115,6 +143,16 @@ class Producer:
         return result
 
     @property
+    def stats(self) -> ProducerStats:
+        return ProducerStats(
+            published=self._published,
+            batches=self._batches,
+            errors=self._errors,
+            in_flight=self._in_flight,
+            window=self.config.publish_window,
+        )
+
+    @property
     def address(self) -> str | None:
         """The nsqd currently connected to, if any."""
         conn = self._conn
@@ -132,6 +170,9 @@ class Producer:
     async def _connection(self) -> Connection:
         if self._nursery is None or self._closed:
             raise RuntimeError("use the Producer inside 'async with'")
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn  # the common case: no lock, no yield
         async with self._connect_lock:
             conn = self._conn
             if conn is not None and not conn.closed:
@@ -157,12 +198,28 @@ class Producer:
                 return conn
             raise NSQConnectionError("no nsqd reachable (" + "; ".join(failures) + ")")
 
-    async def _publish(self, data: bytes) -> None:
-        async with self._window:
+    async def _publish(self, data: bytes, messages: int = 1, batch: bool = False) -> None:
+        if self._in_flight < self.config.publish_window and not self._window_waiters:
+            self._in_flight += 1
+        else:
+            await self._window_waiters.park()  # woken with a place handed over
+        try:
             conn = await self._connection()
             response = await conn.request(data)
+        except (NSQError, OSError):
+            self._errors += 1
+            raise
+        finally:
+            if self._window_waiters:
+                self._window_waiters.unpark()  # the place goes to the next in line
+            else:
+                self._in_flight -= 1
         if response != OK:
+            self._errors += 1
             raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
+        self._published += messages
+        if batch:
+            self._batches += 1
 
     async def publish(self, topic: str, body: bytes) -> None:
         """PUB one message."""
@@ -175,7 +232,7 @@ class Producer:
         data = [_check_body("MPUB", body) for body in bodies]
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
-        await self._publish(commands.mpub(topic, data))
+        await self._publish(commands.mpub(topic, data), len(data), batch=True)
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """DPUB: the message becomes visible after ``delay`` seconds."""

@@ -226,3 +226,47 @@ async def test_fatal_error_in_a_pipeline(
         "bad": trionsq.PubFailedError,
         "after": trionsq.ConnectionClosedError,
     }
+
+
+async def test_stats_count_messages_batches_errors_and_the_window(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.pub_errors["bad"] = trionsq.PubFailedError("nope")
+    node.pub_delay = 1.0
+    async with producer(node, publish_window=3) as p:
+        assert p.stats == trionsq.ProducerStats(window=3)
+        await p.publish("t", b"one")
+        await p.multi_publish("t", [b"two", b"three"])
+        await p.deferred_publish("t", b"four", 1.0)
+        with pytest.raises(trionsq.PubFailedError):
+            await p.publish("bad", b"x")
+        with pytest.raises(TypeError):
+            await p.publish("t", "not bytes")  # type: ignore[arg-type]  # refused locally
+        async with trio.open_nursery() as publishers:
+            for i in range(5):
+                publishers.start_soon(p.publish, "t", b"%d" % i)
+            await trio.sleep(0.5)
+            assert p.stats.in_flight == 3  # the window is full, two wait for a place
+        assert p.stats == trionsq.ProducerStats(
+            published=9, batches=1, errors=1, in_flight=0, window=3
+        )
+
+
+async def test_window_hands_places_over_in_order(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Publishes waiting for a place in the window get one first come, first
+    served, and a cancelled waiter gives up neither its place nor anyone's."""
+    node = MiniNSQD(nursery)
+    node.pub_delay = 1.0
+    async with producer(node, publish_window=1) as p:
+        async with trio.open_nursery() as publishers:
+            for i in range(4):
+                publishers.start_soon(p.publish, "t", b"%d" % i)
+                await trio.sleep(0.01)  # fixes the order of arrival
+            with trio.move_on_after(0.5):
+                await p.publish("t", b"cancelled")  # waits for a place, gives up
+        assert p.stats.in_flight == 0
+        await p.publish("t", b"last")
+    assert [b for _, b in node.published] == [b"0", b"1", b"2", b"3", b"last"]
