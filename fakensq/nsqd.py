@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
+import httpx
 import trio
+
+from trionsq.protocol.names import is_ephemeral
 
 from .auth import AuthHandler
 from .channel import Channel
@@ -58,6 +61,36 @@ def split_address(address: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host or "0.0.0.0", int(port)
+
+
+async def query_lookupd_channels(
+    addresses: list[str], topic: str, *, connect_timeout: float, request_timeout: float
+) -> list[str]:
+    """nsqd's GetLookupdTopicChannels: ``/channels?topic=`` of every nsqlookupd,
+    merged and sorted; an error only when none answered."""
+    channels: set[str] = set()
+    errors: list[str] = []
+    timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
+
+    async def ask(client: httpx.AsyncClient, address: str) -> None:
+        try:
+            resp = await client.get(
+                f"http://{address}/channels",
+                params={"topic": topic},
+                headers={"Accept": "application/vnd.nsq; version=1.0"},
+            )
+            resp.raise_for_status()
+            found = resp.json().get("channels") or []
+            channels.update(str(c) for c in found)
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            errors.append(f"{address}: {exc}")
+
+    async with httpx.AsyncClient(timeout=timeout) as client, trio.open_nursery() as nursery:
+        for address in addresses:
+            nursery.start_soon(ask, client, address)
+    if errors and len(errors) == len(addresses):
+        raise OSError("Failed to query any nsqlookupd: " + "; ".join(errors))
+    return sorted(channels)
 
 
 def _join(host: str, port: int) -> str:
@@ -268,7 +301,49 @@ class NSQD:
             topic = Topic(name, self)
             self.topics[name] = topic
             self._notify("register", name, None)
+            # nsqd asks nsqlookupd which channels the topic has elsewhere and
+            # creates them first, so that every channel gets what is published.
+            addresses = self.lookupd_http_addresses()
+            if addresses and self._nursery is not None:
+                topic.started = False
+                self._nursery.start_soon(self._precreate_channels, topic, addresses)
         return topic
+
+    def lookupd_http_addresses(self) -> list[str]:
+        """The nsqlookupds' HTTP addresses, as their IDENTIFY answers gave them."""
+        from .lookup_peer import lookup_peers_of
+
+        peers = lookup_peers_of(self)
+        if peers is None:
+            return []
+        out: list[str] = []
+        for peer in peers.peers:
+            address = peer.info.get("broadcast_address")
+            if address:
+                out.append(_join(str(address), int(peer.info.get("http_port", 0))))
+        return out
+
+    async def _precreate_channels(self, topic: Topic, addresses: list[str]) -> None:
+        try:
+            names = await query_lookupd_channels(
+                addresses,
+                topic.name,
+                connect_timeout=self.options.http_client_connect_timeout,
+                request_timeout=self.options.http_client_request_timeout,
+            )
+        except Exception as exc:
+            log.warning(
+                "failed to query nsqlookupd for channels to pre-create for topic %s - %s",
+                topic.name,
+                exc,
+            )
+            names = []
+        if topic.exiting or self.topics.get(topic.name) is not topic:
+            return
+        for name in names:
+            if not is_ephemeral(name):  # no ephemeral channel without its consumer
+                topic.get_channel(name)
+        topic.start()
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)

@@ -34,6 +34,9 @@ class Topic:
         self.queue: MessageQueue = MemoryQueue()
         self.paused = False
         self.exiting = False
+        # Not started while nsqd asks nsqlookupd which channels to pre-create:
+        # messages wait in the topic until then, as before nsqd's topic.Start().
+        self.started = True
         self.message_count = 0
         self.message_bytes = 0
         self.e2e = LatencyStream(nsqd.options)
@@ -66,7 +69,7 @@ class Topic:
             hooks.before_put(self.name, len(msgs))  # a fault may refuse the publish
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
-        if self.paused or not self.channels:
+        if self.paused or not self.channels or not self.started:
             if self.ephemeral:
                 # no disk behind an ephemeral topic's memory queue either
                 room = max(0, self.nsqd.options.mem_queue_size - len(self.queue))
@@ -94,7 +97,7 @@ class Topic:
 
     def _drain(self) -> None:
         """Move waiting messages to the channels (a channel appeared, or unpause)."""
-        if self.paused or not self.channels or not self.queue:
+        if self.paused or not self.channels or not self.started or not self.queue:
             return
         waiting: list[Message] = []
         while (msg := self.queue.get()) is not None:
@@ -123,6 +126,11 @@ class Topic:
         if self.ephemeral and not self.channels and not self.exiting:
             self.nsqd.delete_topic(self.name)
         return True
+
+    def start(self) -> None:
+        """Start fanning out (after channels were pre-created from nsqlookupd)."""
+        self.started = True
+        self._drain()
 
     # --- admin ---
 
