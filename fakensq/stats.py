@@ -223,10 +223,18 @@ def _client_text(c: dict[str, Any]) -> str:
 
 
 def _e2e(result: dict[str, Any]) -> str:
-    parts = []
-    for p in result.get("percentiles") or []:
-        parts.append(f"{p['quantile'] * 100:.1f}%={_duration(p['value'] / 1e9)}")
-    return ", ".join(parts)
+    """quantile.Result's String(): each percentile's value, humanized."""
+    return ", ".join(_nanoseconds_to_human(p["value"]) for p in result.get("percentiles") or [])
+
+
+def _nanoseconds_to_human(v: float) -> str:
+    if v > 1e9:
+        return f"{v / 1e9:.1f}s"
+    if v > 1e6:
+        return f"{v / 1e6:.1f}ms"
+    if v > 1e3:
+        return f"{v / 1e3:.1f}us"
+    return f"{v:.1f}ns"
 
 
 def _rfc3339(ts: int) -> str:
