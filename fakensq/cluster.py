@@ -21,14 +21,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
-from .lookup_peer import LookupPeers, lookup_peers_of, run_lookup_peers
+from .faults import Faults, Tracer
+from .lookup_peer import LookupPeers, lookup_peers_of, run_lookup_peers, set_lookup_connector
 from .lookupd import NSQLookupd, join_host_port, split_host_port
 from .nsqd import NSQD
 from .options import NSQDOptions
+from .persist import load_state, save_state
+
+if TYPE_CHECKING:
+    from .simulation import SimNetwork
 
 __all__ = ["Cluster"]
 
@@ -44,6 +49,7 @@ class _Slot(Generic[N]):
 
     tcp_address: str
     http_address: str
+    name: str = ""
     node: N | None = None
     scope: trio.CancelScope | None = None
     done: trio.Event | None = None
@@ -61,6 +67,17 @@ class Cluster:
     nsqd gets a data path of its own under ``data_root`` (a temporary directory,
     removed on exit, when not given).  nsqds broadcast ``host`` to the lookupds,
     so that consumers discovering them connect to loopback.
+
+    With ``network`` (a :class:`fakensq.simulation.SimNetwork`) no socket is
+    opened: nodes are reached through the network at ``"nsqd-0:4150"``
+    (HTTP ``"nsqd-0:4151"``), ``"lookupd-0:4160"`` (HTTP ``"lookupd-0:4161"``)...
+    (see :class:`fakensq.simulation.SimCluster`).  ``trace`` (a list or a path)
+    records every frame and fault (:class:`fakensq.faults.Tracer`).  ``faults``
+    (:class:`fakensq.faults.Faults`) injects faults; nodes are named ``"nsqd-0"``,
+    ``"lookupd-0"``...  A clean stop (:meth:`stop_nsqd`) keeps an nsqd's messages in
+    its data path for the next start; :meth:`kill_nsqd` loses them.  With an
+    ``nsqd_options`` ``seed``, each nsqd (and each of its restarts) draws from its
+    own generator derived from it.
     """
 
     def __init__(
@@ -74,6 +91,8 @@ class Cluster:
         nsqd_ports: list[tuple[int, int]] | None = None,
         lookupd_ports: list[tuple[int, int]] | None = None,
         data_root: str | None = None,
+        network: SimNetwork | None = None,
+        trace: Tracer | list[dict[str, Any]] | str | None = None,
     ) -> None:
         if isinstance(nsqd_options, NSQDOptions):
             nsqd_options = dict(nsqd_options.__dict__)
@@ -86,12 +105,32 @@ class Cluster:
         lookupd_ports = lookupd_ports or [(0, 0)] * lookupd
         if len(nsqd_ports) != nsqd or len(lookupd_ports) != lookupd:
             raise ValueError("one (tcp, http) port pair per node")
+        self.network = network
+        if network is not None:
+            # Virtual hosts named after the nodes, on nsq's usual ports.
+            nsqd_ports = [(4150, 4151)] * nsqd
+            lookupd_ports = [(4160, 4161)] * lookupd
         self._nsqd_slots: list[_Slot[NSQD]] = [
-            _Slot(join_host_port(host, t), join_host_port(host, h)) for t, h in nsqd_ports
+            _Slot(
+                join_host_port(f"nsqd-{i}" if network else host, t),
+                join_host_port(f"nsqd-{i}" if network else host, h),
+                name=f"nsqd-{i}",
+            )
+            for i, (t, h) in enumerate(nsqd_ports)
         ]
         self._lookupd_slots: list[_Slot[NSQLookupd]] = [
-            _Slot(join_host_port(host, t), join_host_port(host, h)) for t, h in lookupd_ports
+            _Slot(
+                join_host_port(f"lookupd-{i}" if network else host, t),
+                join_host_port(f"lookupd-{i}" if network else host, h),
+                name=f"lookupd-{i}",
+            )
+            for i, (t, h) in enumerate(lookupd_ports)
         ]
+        self.tracer = trace if isinstance(trace, Tracer) or trace is None else Tracer(trace)
+        #: Fault injection (:class:`fakensq.faults.Faults`).
+        self.faults = Faults(self, self.tracer)
+        if network is not None:
+            network.faults = self.faults
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
 
@@ -179,6 +218,8 @@ class Cluster:
                 lookupd_slot.node = None
             if self._own_data_root is not None:
                 shutil.rmtree(self._own_data_root, ignore_errors=True)
+            if self.tracer is not None:
+                self.tracer.close()
 
     async def _run_node(
         self,
@@ -196,11 +237,20 @@ class Cluster:
                         # NSQD does not run its own lookup peers (yet): run them here.
                         await nursery.start(run_lookup_peers, node)
                     slot.node = node
-                    slot.tcp_address = node.tcp_address
-                    slot.http_address = node.http_address
+                    if self.network is None:
+                        slot.tcp_address = node.tcp_address
+                        slot.http_address = node.http_address
+                    else:
+                        self.network.serve_node(slot.name, node, slot, nursery)
+                    self.faults.trace("up", node=slot.name)
                     task_status.started()
                     await trio.sleep_forever()
         finally:
+            if self.network is not None:
+                self.network.unlisten(slot.tcp_address)
+                self.network.unlisten(slot.http_address)
+            if isinstance(slot.node, NSQD):
+                self.faults.detach_nsqd(slot.name)
             slot.node = None
             done.set()
 
@@ -240,7 +290,20 @@ class Cluster:
         slot = self._lookupd_slots[i]
 
         def factory(tcp: str, http: str) -> NSQLookupd:
-            return NSQLookupd(**{**self._lookupd_options, "tcp_address": tcp, "http_address": http})
+            if self.network is None:
+                options = {**self._lookupd_options, "tcp_address": tcp, "http_address": http}
+                return NSQLookupd(**options)
+            # Served through the network, no sockets; named after its slot.
+            lookupd = NSQLookupd(
+                **{
+                    **self._lookupd_options,
+                    "tcp_address": "",
+                    "http_address": "",
+                    "broadcast_address": split_host_port(tcp)[0],
+                }
+            )
+            lookupd.advertise(tcp, http)
+            return lookupd
 
         await self._start(slot, factory)
         if wait:
@@ -251,6 +314,10 @@ class Cluster:
                     await done.wait()
             await self.wait_registered()
         return self.lookupd(i)
+
+    async def kill_lookupd(self, i: int) -> None:
+        """Kill nsqlookupd ``i`` (the same as stopping it: a lookupd keeps nothing)."""
+        await self.stop_lookupd(i)
 
     async def stop_lookupd(self, i: int) -> None:
         """Stop nsqlookupd ``i``; its registrations are lost, as with a real one."""
@@ -265,6 +332,8 @@ class Cluster:
             slot.data_path = str(Path(self._data_root) / f"nsqd-{i}")
         _prepare_data_path(slot.data_path, keep_data)
 
+        slot.generation += 1
+
         def factory(tcp: str, http: str) -> NSQD:
             options: dict[str, Any] = {"broadcast_address": self.host, "data_path": slot.data_path}
             options.update(self._nsqd_options)
@@ -273,16 +342,81 @@ class Cluster:
                 http_address=http,
                 lookupd_tcp_addresses=self.lookupd_tcp_addresses,
             )
-            return NSQD(**options)
+            if options.get("seed") is not None:
+                # Each node and each restart its own stream (a restarted node must
+                # not hand out the message ids of the messages it kept).
+                options["seed"] = hash((options["seed"], i, slot.generation)) & (2**63 - 1)
+            if self.network is not None:
+                host, tcp_port = split_host_port(tcp)
+                options.update(
+                    tcp_address="",
+                    http_address="",
+                    broadcast_address=host,
+                    broadcast_tcp_port=tcp_port,
+                    broadcast_http_port=split_host_port(http)[1],
+                    node_id=i,
+                )
+            nsqd = NSQD(**options)
+            if self.network is not None:
+                set_lookup_connector(nsqd, self.network.connector(slot.name))
+                nsqd.http_transport = self.network.http_transport(slot.name)
+            self.faults.attach_nsqd(slot.name, nsqd)
+            return nsqd
 
         await self._start(slot, factory)
+        load_state(self.nsqd(i), slot.data_path)
         if wait:
             await self.wait_registered()
         return self.nsqd(i)
 
     async def stop_nsqd(self, i: int) -> None:
-        """Stop nsqd ``i`` (its lookupd connections close, so it is unregistered)."""
+        """Stop nsqd ``i`` cleanly: its messages (queued, in flight, deferred) are
+        kept in its data path for its next start, as a real nsqd flushes them to
+        disk; its lookupd connections close, so it is unregistered."""
+        slot = self._nsqd_slots[i]
+        if slot.node is not None:
+            save_state(slot.node, slot.data_path)
+        await self._stop(slot)
+
+    async def kill_nsqd(self, i: int) -> None:
+        """Kill nsqd ``i``: no clean shutdown, what it held in memory is lost (its
+        data path keeps what an earlier clean stop left there)."""
         await self._stop(self._nsqd_slots[i])
+
+    # -- nodes by name (fakensq.faults) ---------------------------------------
+
+    def _slot_named(self, name: str) -> tuple[str, int]:
+        kind, _, index = name.rpartition("-")
+        if kind not in ("nsqd", "lookupd") or not index.isdigit():
+            raise ValueError(f"no node {name!r}: names are 'nsqd-N' and 'lookupd-N'")
+        slots: list[Any] = self._nsqd_slots if kind == "nsqd" else self._lookupd_slots
+        if int(index) >= len(slots):
+            raise ValueError(f"no node {name!r}")
+        return kind, int(index)
+
+    async def stop_node(self, name: str, *, kill: bool = False) -> None:
+        """Stop (or kill) the node named ``"nsqd-N"`` or ``"lookupd-N"``."""
+        kind, i = self._slot_named(name)
+        if kind == "nsqd":
+            await (self.kill_nsqd(i) if kill else self.stop_nsqd(i))
+        else:
+            await self.stop_lookupd(i)  # a lookupd keeps nothing: kill is stop
+
+    async def start_node(self, name: str) -> None:
+        """Start the node named ``"nsqd-N"`` or ``"lookupd-N"`` (keeping its data)."""
+        kind, i = self._slot_named(name)
+        if kind == "nsqd":
+            await self.start_nsqd(i)
+        else:
+            await self.start_lookupd(i)
+
+    def node_name_at(self, address: str) -> str:
+        """The name of the node whose TCP or HTTP address is ``address``."""
+        slots: list[_Slot[Any]] = [*self._nsqd_slots, *self._lookupd_slots]
+        for slot in slots:
+            if address in (slot.tcp_address, slot.http_address):
+                return slot.name
+        return address
 
     async def wait_registered(self) -> None:
         """Wait until every running nsqd is a node of every running lookupd

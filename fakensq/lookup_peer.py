@@ -27,7 +27,7 @@ import logging
 import math
 import struct
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -44,6 +44,8 @@ __all__ = [
     "run_lookup_peers",
     "lookup_peers_of",
     "NSQDHooks",
+    "set_lookup_connector",
+    "lookup_connector_of",
 ]
 
 log = logging.getLogger("fakensq.nsqd.lookup")
@@ -84,6 +86,25 @@ class NSQDHooks(Protocol):
 
 _running: weakref.WeakKeyDictionary[Any, LookupPeers] = weakref.WeakKeyDictionary()
 
+#: ``connector(host, port) -> stream``: how an nsqd's peers dial its lookupds.
+LookupConnector = Callable[[str, int], Awaitable[trio.abc.Stream]]
+_connectors: weakref.WeakKeyDictionary[Any, LookupConnector] = weakref.WeakKeyDictionary()
+
+
+def set_lookup_connector(nsqd: NSQDHooks, connector: LookupConnector | None) -> None:
+    """Make ``nsqd``'s lookup peers dial through ``connector`` (an in-memory
+    network, a fault-injecting wrapper) instead of TCP; None restores TCP.
+    Takes effect at the next connection."""
+    if connector is None:
+        _connectors.pop(nsqd, None)
+    else:
+        _connectors[nsqd] = connector
+
+
+def lookup_connector_of(nsqd: NSQDHooks) -> LookupConnector | None:
+    """The connector set by :func:`set_lookup_connector`, if any."""
+    return _connectors.get(nsqd)
+
 
 def lookup_peers_of(nsqd: NSQDHooks) -> LookupPeers | None:
     """The running :class:`LookupPeers` of ``nsqd``, if any."""
@@ -120,7 +141,7 @@ class LookupPeer:
     def __init__(self, address: str, peers: LookupPeers) -> None:
         self.address = address
         self._peers = peers
-        self._stream: trio.SocketStream | None = None
+        self._stream: trio.abc.Stream | None = None
         self._buf = bytearray()
         #: The lookupd's IDENTIFY answer (tcp_port, http_port, version, ...).
         self.info: dict[str, Any] = {}
@@ -146,7 +167,11 @@ class LookupPeer:
         host, port = split_host_port(self.address)
         try:
             with trio.fail_after(_IO_TIMEOUT):
-                stream = await trio.open_tcp_stream(host, port)
+                connector = _connectors.get(self._peers.nsqd)
+                if connector is None:
+                    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+                else:
+                    stream = await connector(host, port)
         except (OSError, trio.TooSlowError) as exc:
             raise LookupPeerError(f"dial tcp {self.address}: {exc}") from None
         self._stream = stream

@@ -375,6 +375,9 @@ class NSQLookupd:
         self._nursery: trio.Nursery | None = None
         self._connections: set[trio.abc.Stream] = set()
         self._http = HTTPServer(self._handle_http, server_name=None)
+        #: ``hooks(stream, remote) -> stream``: wraps every TCP connection served
+        #: (fault injection, :mod:`fakensq.faults`); None: served as is.
+        self.hooks: Callable[[trio.abc.Stream, str | None], trio.abc.Stream] | None = None
         self._routes: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {
             "/ping": {"GET": self._ping},
             "/info": {"GET": self._info},
@@ -399,23 +402,30 @@ class NSQLookupd:
 
         ``task_status.started(self)`` once both listeners are bound.
         """
-        tcp_host, tcp_port = split_host_port(self.options.tcp_address)
-        http_host, http_port = split_host_port(self.options.http_address)
         self._wall_offset = time.time() - trio.current_time()
-        listeners = await trio.open_tcp_listeners(tcp_port, host=tcp_host or None)
+        listeners: list[trio.SocketListener] = []
         try:
-            sockname = listeners[0].socket.getsockname()
-            self._tcp_port = sockname[1]
-            self.tcp_address = join_host_port(sockname[0], sockname[1])
-            self._logf(logging.INFO, f"TCP: listening on {self.tcp_address}")
+            # An empty address means no listener: streams are then served through
+            # handle_tcp / handle_http (an in-memory network, fakensq.simulation).
+            if self.options.tcp_address:
+                tcp_host, tcp_port = split_host_port(self.options.tcp_address)
+                listeners = await trio.open_tcp_listeners(tcp_port, host=tcp_host or None)
+                sockname = listeners[0].socket.getsockname()
+                self._tcp_port = sockname[1]
+                self.tcp_address = join_host_port(sockname[0], sockname[1])
+                self._logf(logging.INFO, f"TCP: listening on {self.tcp_address}")
             async with trio.open_nursery() as nursery:
-                host, port = await nursery.start(self._http.serve, http_host or None, http_port)
-                self._http_port = port
-                self.http_address = join_host_port(host, port)
-                self._logf(logging.INFO, f"HTTP: listening on {self.http_address}")
+                if self.options.http_address:
+                    http_host, http_port = split_host_port(self.options.http_address)
+                    host, port = await nursery.start(self._http.serve, http_host or None, http_port)
+                    self._http_port = port
+                    self.http_address = join_host_port(host, port)
+                    self._logf(logging.INFO, f"HTTP: listening on {self.http_address}")
                 for listener in listeners:
                     nursery.start_soon(self._accept_loop, listener, nursery)
                 task_status.started(self)
+                if not listeners:
+                    await trio.sleep_forever()  # stay up for handle_tcp's streams
         finally:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
@@ -446,6 +456,13 @@ class NSQLookupd:
         await self._nursery_cm.__aexit__(None, None, None)
         self._nursery = None
         self._logf(logging.INFO, "TCP: closing " + self.tcp_address)
+
+    def advertise(self, tcp_address: str, http_address: str) -> None:
+        """Without listeners (served through an in-memory network), the addresses
+        to report as its own (IDENTIFY's answer, ``/info``)."""
+        self.tcp_address, self.http_address = tcp_address, http_address
+        self._tcp_port = split_host_port(tcp_address)[1]
+        self._http_port = split_host_port(http_address)[1]
 
     @property
     def tcp_port(self) -> int:
@@ -521,15 +538,29 @@ class NSQLookupd:
                 self._logf(logging.ERROR, f"accept failed - {exc}")
                 await trio.sleep(0.01)
                 continue
-            nursery.start_soon(self._handle_tcp, stream)
+            nursery.start_soon(self.handle_tcp, stream)
 
-    async def _handle_tcp(self, stream: trio.SocketStream) -> None:
+    async def handle_http(self, stream: trio.abc.Stream) -> None:
+        """Serve the HTTP API on an already connected stream, until it ends."""
+        await self._http.handle_stream(stream)
+
+    async def handle_tcp(self, stream: trio.abc.Stream, remote: str | None = None) -> None:
+        """Serve the TCP protocol on an already connected stream, until it ends.
+
+        ``remote`` (``"host:port"``) identifies the peer; by default the socket's.
+        """
+        if self.hooks is not None:
+            stream = self.hooks(stream, remote)
+        await self._handle_tcp(stream, remote)
+
+    async def _handle_tcp(self, stream: trio.abc.Stream, remote: str | None = None) -> None:
         self._connections.add(stream)
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            remote = join_host_port(host, port)
-        except OSError:
-            remote = "unknown:0"
+        if remote is None:
+            try:
+                host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
+                remote = join_host_port(host, port)
+            except (OSError, AttributeError):
+                remote = "unknown:0"
         self._logf(logging.INFO, f"TCP: new client({remote})")
         peer: PeerInfo | None = None
         try:

@@ -31,7 +31,7 @@ from .channel import Channel
 from .client import ClientConnection
 from .hooks import NodeHooks
 from .lookup_peer import run_lookup_peers
-from .message import GUIDFactory
+from .message import GUIDFactory, MemoryQueue, MessageQueue
 from .options import NSQDOptions
 from .stats import build_stats
 from .topic import Topic
@@ -64,7 +64,12 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 async def query_lookupd_channels(
-    addresses: list[str], topic: str, *, connect_timeout: float, request_timeout: float
+    addresses: list[str],
+    topic: str,
+    *,
+    connect_timeout: float,
+    request_timeout: float,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[str]:
     """nsqd's GetLookupdTopicChannels: ``/channels?topic=`` of every nsqlookupd,
     merged and sorted; an error only when none answered."""
@@ -85,7 +90,10 @@ async def query_lookupd_channels(
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             errors.append(f"{address}: {exc}")
 
-    async with httpx.AsyncClient(timeout=timeout) as client, trio.open_nursery() as nursery:
+    async with (
+        httpx.AsyncClient(timeout=timeout, transport=transport) as client,
+        trio.open_nursery() as nursery,
+    ):
         for address in addresses:
             nursery.start_soon(ask, client, address)
     if errors and len(errors) == len(addresses):
@@ -145,6 +153,9 @@ class NSQD:
         self.hostname = socket.gethostname()
         #: Fault injection and tracing (:mod:`fakensq.hooks`); None: none.
         self.hooks: NodeHooks | None = None
+        #: The httpx transport for nsqd's own HTTP requests to nsqlookupd (None:
+        #: the network; fakensq.simulation gives an in-memory one).
+        self.http_transport: httpx.AsyncBaseTransport | None = None
 
     # --- lifecycle ---
 
@@ -330,6 +341,7 @@ class NSQD:
                 topic.name,
                 connect_timeout=self.options.http_client_connect_timeout,
                 request_timeout=self.options.http_client_request_timeout,
+                transport=self.http_transport,
             )
         except Exception as exc:
             log.warning(
@@ -344,6 +356,11 @@ class NSQD:
             if not is_ephemeral(name):  # no ephemeral channel without its consumer
                 topic.get_channel(name)
         topic.start()
+
+    def new_queue(self, topic: str, channel: str | None) -> MessageQueue:
+        """The queue a new topic (``channel`` None) or channel keeps its messages
+        in: memory only for now; the seam for a disk-backed queue."""
+        return MemoryQueue()
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
