@@ -22,7 +22,7 @@ import trio
 from trionsq.protocol.errors import FinFailedError, ReqFailedError, TouchFailedError
 from trionsq.protocol.names import is_ephemeral
 
-from .message import MemoryQueue, Message, MessageQueue
+from .message import Message, MessageQueue
 from .stats import LatencyStream
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Channel:
         self.name = name
         self.nsqd = nsqd
         self.ephemeral = is_ephemeral(name)
-        self.queue: MessageQueue = MemoryQueue()
+        self.queue: MessageQueue = nsqd.new_queue(topic.name, name)
         self.clients: dict[int, ClientConnection] = {}
         self.in_flight: dict[bytes, Message] = {}
         self.deferred: dict[bytes, Message] = {}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from trionsq.protocol.names import is_ephemeral
 
 from .channel import Channel
-from .message import MemoryQueue, Message, MessageQueue
+from .message import Message, MessageQueue
 from .stats import LatencyStream
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class Topic:
         self.nsqd = nsqd
         self.ephemeral = is_ephemeral(name)
         self.channels: dict[str, Channel] = {}
-        self.queue: MessageQueue = MemoryQueue()
+        self.queue: MessageQueue = nsqd.new_queue(name, None)
         self.paused = False
         self.exiting = False
         # Not started while nsqd asks nsqlookupd which channels to pre-create:
