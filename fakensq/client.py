@@ -162,9 +162,13 @@ class ClientConnection:
             self.state = STATE_DISCONNECTED
             self.nsqd.clients.pop(self.id, None)
             channel, self.channel = self.channel, None
-            if channel is not None:
-                channel.remove_client(self)
-            await trio.aclose_forcefully(self.stream)
+            try:
+                if channel is not None:
+                    channel.remove_client(self)
+            except Exception:
+                log.exception("client %s: error while leaving its channel", self.remote_address)
+            finally:
+                await trio.aclose_forcefully(self.stream)
 
     def close(self) -> None:
         """Drop the connection (the channel or topic was deleted, or the node stops)."""
