@@ -692,6 +692,11 @@ def cluster_flagset() -> FlagSet:
     )
     fs.add_string("data-path", "", "directory for the nsqds' data (default: a temporary one)")
     fs.add_string(
+        "admin-http-address",
+        "",
+        "<addr>:<port> to serve the admin web UI on, with fault controls (default: none)",
+    )
+    fs.add_string(
         "log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal", "log_level"
     )
     return fs
@@ -724,8 +729,16 @@ def cluster_main(argv: Sequence[str]) -> int:
                 lookupd_ports=lookupd_ports,
                 data_root=values.get("data-path") or None,
             ) as cluster:
-                _print_cluster(cluster)
-                await _wait_for_signal(signals)
+                admin_address = values.get("admin-http-address", "")
+                if not admin_address:
+                    _print_cluster(cluster)
+                    await _wait_for_signal(signals)
+                    return
+                from .admin import Admin
+
+                async with Admin(cluster=cluster, http_address=admin_address) as admin:
+                    _print_cluster(cluster, admin_url=admin.url)
+                    await _wait_for_signal(signals)
 
     try:
         trio.run(run)
@@ -734,7 +747,7 @@ def cluster_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _print_cluster(cluster: Any) -> None:
+def _print_cluster(cluster: Any, admin_url: str = "") -> None:
     out = sys.stdout
     for i, (tcp, http) in enumerate(
         zip(cluster.nsqd_tcp_addresses, cluster.nsqd_http_addresses, strict=True)
@@ -748,6 +761,8 @@ def _print_cluster(cluster: Any) -> None:
     print("NSQD_HTTP_ADDRESSES=" + ",".join(cluster.nsqd_http_addresses), file=out)
     print("NSQLOOKUPD_TCP_ADDRESSES=" + ",".join(cluster.lookupd_tcp_addresses), file=out)
     print("NSQLOOKUPD_HTTP_ADDRESSES=" + ",".join(cluster.lookupd_http_addresses), file=out)
+    if admin_url:
+        print(f"ADMIN_URL={admin_url}", file=out)
     print("ready (Ctrl-C to stop)", file=out, flush=True)
 
 
@@ -758,6 +773,7 @@ commands:
   nsqd [flags]         run an nsqd (nsqd v1.3's flags; -h lists them)
   nsqlookupd [flags]   run an nsqlookupd (nsqlookupd v1.3's flags)
   cluster [flags]      run nsqds wired to nsqlookupds and print their addresses
+  admin [flags]        serve a web view of a cluster (nsqadmin's flags)
   shims DIR            write executable nsqd and nsqlookupd stand-ins into DIR
 """
 
@@ -774,12 +790,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nsqlookupd": nsqlookupd_main,
         "cluster": cluster_main,
         "shims": _shims_main,
+        "admin": _admin_main,
     }
     run = commands.get(command)
     if run is None:
         sys.stderr.write(f"fakensq: unknown command {command!r}\n{_USAGE}")
         return 2
     return run(rest)
+
+
+def _admin_main(argv: Sequence[str]) -> int:
+    from .admin.cli import admin_main
+
+    return admin_main(argv)
 
 
 def _shims_main(argv: Sequence[str]) -> int:

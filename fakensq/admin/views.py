@@ -1,0 +1,529 @@
+"""Server-rendered HTML for the admin pages.
+
+Each page is a shell around live *sections* (``<section id=... data-live>``).  The
+sections are rendered here only; the page's script polls the admin server's JSON
+endpoint, which returns the same sections freshly rendered, and swaps them in.  So
+numbers have one renderer, and a page without JavaScript is still right when loaded.
+Cells carry ``data-k`` (the /stats field they show) so tests and users can find them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from .data import ChannelTotals, LookupdInfo, NodeInfo, Snapshot, TopicTotals
+
+__all__ = ["Event", "FaultCaps", "Page", "render_page"]
+
+
+@dataclass(frozen=True)
+class FaultCaps:
+    """Which fault controls work here (no button is shown for one that does not)."""
+
+    kill_restart: bool = False
+    partition: bool = False
+    stall_heartbeats: bool = False
+    timeout_in_flight: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.kill_restart or self.partition or self.stall_heartbeats
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timeline entry: a fault or action taken, or an effect observed."""
+
+    at: float
+    kind: str  # "fault", "action" or "effect"
+    text: str
+
+
+@dataclass
+class Page:
+    """A page's title and its live sections, by id, in order."""
+
+    title: str
+    sections: dict[str, str]
+    #: Static (not refreshed) HTML after the sections: forms.
+    footer: str = ""
+    crumbs: Sequence[tuple[str, str]] = ()
+
+
+def e(value: Any) -> str:
+    return escape(str(value), quote=True)
+
+
+def topic_url(topic: str) -> str:
+    return "/topics/" + quote(topic, safe="")
+
+
+def channel_url(topic: str, channel: str) -> str:
+    return topic_url(topic) + "/" + quote(channel, safe="")
+
+
+def _num(value: int | float) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return f"{value:,}"
+
+
+def _td(key: str, value: int | float) -> str:
+    # data-v is the exact number (cells show it with thousands separators).
+    return f'<td class="num" data-k="{key}" data-v="{value}">{_num(value)}</td>'
+
+
+def _button(
+    label: str, action: str, confirm: str, *, danger: bool = False, **data: str | int
+) -> str:
+    attrs = "".join(f' data-{k}="{e(v)}"' for k, v in data.items())
+    cls = "danger" if danger else ""
+    return (
+        f'<button type="button" class="{cls}" data-action="{e(action)}"'
+        f' data-confirm="{e(confirm)}"{attrs}>{e(label)}</button>'
+    )
+
+
+def _status(up: bool, text: str = "") -> str:
+    if up:
+        return '<span class="badge ok" data-k="status">up</span>'
+    title = f' title="{e(text)}"' if text else ""
+    return f'<span class="badge down" data-k="status"{title}>down</span>'
+
+
+def _ago(ts: float) -> str:
+    seconds = max(0, int(time.time() - ts))
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s ago"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m ago"
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+# -- nodes ----------------------------------------------------------------------
+
+
+def nodes_page(snap: Snapshot, caps: FaultCaps) -> Page:
+    return Page(
+        "Nodes",
+        {"nodes": nodes_table(snap.nodes, caps), "lookupds": lookupds_table(snap.lookupds, caps)},
+    )
+
+
+def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps) -> str:
+    rows = []
+    for n in nodes:
+        topics = ", ".join(
+            f'<a href="{topic_url(t["topic_name"])}">{e(t["topic_name"])}</a>' for t in n.topics
+        )
+        health = e(n.health) if n.up else e(n.error)
+        health_cls = "ok" if n.health == "OK" else "bad"
+        controls = ""
+        if caps.kill_restart and n.index is not None:
+            if n.up:
+                controls = _button(
+                    "Kill",
+                    "fault/kill-nsqd",
+                    f"Kill nsqd {n.index} ({n.address})?",
+                    danger=True,
+                    node=n.index,
+                )
+            else:
+                controls = _button(
+                    "Restart", "fault/restart-nsqd", f"Restart nsqd {n.index}?", node=n.index
+                )
+        rows.append(
+            f'<tr data-node="{e(n.address)}" class="{"" if n.up else "is-down"}">'
+            f"<td>{e(n.index) if n.index is not None else ''}</td>"
+            f'<td data-k="address">{e(n.address)}</td>'
+            f"<td>{_status(n.up, n.error)}</td>"
+            f'<td data-k="version">{e(n.version)}</td>'
+            f'<td data-k="health" class="{health_cls if n.up else "bad"}">{health}</td>'
+            f"{_td('topic_count', len(n.topics))}"
+            f'<td class="topics">{topics}</td>'
+            f'<td class="muted">{e(n.source)}</td>'
+            + (f'<td class="controls">{controls}</td>' if caps.kill_restart else "")
+            + "</tr>"
+        )
+    head = (
+        "<tr><th>#</th><th>nsqd (HTTP)</th><th>Status</th><th>Version</th><th>Health</th>"
+        "<th>Topics</th><th>Topic names</th><th>Found via</th>"
+        + ("<th>Fault</th>" if caps.kill_restart else "")
+        + "</tr>"
+    )
+    body = "".join(rows) or '<tr><td colspan="9" class="muted">no nsqd found</td></tr>'
+    return f"<h2>nsqd nodes</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def lookupds_table(lookupds: Sequence[LookupdInfo], caps: FaultCaps) -> str:
+    if not lookupds:
+        return '<h2>nsqlookupd</h2><p class="muted">No nsqlookupd configured.</p>'
+    rows = []
+    for lk in lookupds:
+        controls = ""
+        if caps.kill_restart and lk.index is not None:
+            if lk.up:
+                controls = _button(
+                    "Kill",
+                    "fault/kill-lookupd",
+                    f"Kill nsqlookupd {lk.index} ({lk.address})?",
+                    danger=True,
+                    node=lk.index,
+                )
+            else:
+                controls = _button(
+                    "Restart",
+                    "fault/restart-lookupd",
+                    f"Restart nsqlookupd {lk.index}?",
+                    node=lk.index,
+                )
+        registered = ", ".join(
+            e(f"{n.get('broadcast_address')}:{n.get('tcp_port')}") for n in lk.nodes
+        )
+        rows.append(
+            f'<tr data-lookupd="{e(lk.address)}" class="{"" if lk.up else "is-down"}">'
+            f"<td>{e(lk.index)}</td><td>{e(lk.address)}</td><td>{_status(lk.up, lk.error)}</td>"
+            f"{_td('node_count', len(lk.nodes))}<td>{registered}</td>"
+            f"{_td('topic_count', len(lk.topics))}"
+            + (f'<td class="controls">{controls}</td>' if caps.kill_restart else "")
+            + "</tr>"
+        )
+    head = (
+        "<tr><th>#</th><th>nsqlookupd (HTTP)</th><th>Status</th><th>Nodes</th>"
+        "<th>Registered nsqd (TCP)</th><th>Topics</th>"
+        + ("<th>Fault</th>" if caps.kill_restart else "")
+        + "</tr>"
+    )
+    return f"<h2>nsqlookupd</h2><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+# -- topics ---------------------------------------------------------------------
+
+
+def topics_page(snap: Snapshot) -> Page:
+    form = (
+        '<form class="create" data-action="topic/create" '
+        'data-confirm="Create topic {topic}?">'
+        "<h2>Create a topic</h2>"
+        '<input name="topic" placeholder="topic" required pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?">'
+        '<input name="channel" placeholder="channel (optional)">'
+        "<button>Create</button></form>"
+    )
+    return Page("Topics", {"topics": topics_table(snap.topics.values())}, footer=form)
+
+
+def topics_table(topics: Iterable[TopicTotals]) -> str:
+    rows = []
+    for t in topics:
+        flag = ' <span class="badge warn">paused</span>' if t.paused else ""
+        if t.lookupd_only:
+            flag += ' <span class="badge muted">lookupd only</span>'
+        rows.append(
+            f'<tr data-topic="{e(t.name)}"><td><a href="{topic_url(t.name)}">{e(t.name)}</a>'
+            f"{flag}</td>"
+            f"{_td('depth', t.depth)}{_td('message_count', t.message_count)}"
+            f"{_td('rate', round(t.rate, 1))}{_td('channel_count', len(t.channels))}"
+            f"{_td('node_count', len(t.per_node))}</tr>"
+        )
+    head = (
+        "<tr><th>Topic</th><th>Depth</th><th>Messages</th><th>Msgs/s</th><th>Channels</th>"
+        "<th>Nodes</th></tr>"
+    )
+    body = "".join(rows) or '<tr><td colspan="6" class="muted">no topics</td></tr>'
+    return f"<h2>Topics</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def topic_page(snap: Snapshot, name: str) -> Page:
+    t = snap.topics.get(name)
+    crumbs = [("Topics", "/topics"), (name, topic_url(name))]
+    if t is None:
+        return Page(
+            f"Topic {name}",
+            {"topic-summary": f'<p class="muted">Topic {e(name)} does not exist (any more).</p>'},
+            crumbs=crumbs,
+        )
+    form = (
+        f'<form class="create" data-action="channel/create" data-topic="{e(name)}" '
+        f'data-confirm="Create channel {{channel}} in topic {e(name)}?">'
+        "<h2>Create a channel</h2>"
+        '<input name="channel" placeholder="channel" required>'
+        "<button>Create</button></form>"
+    )
+    return Page(
+        f"Topic {name}",
+        {
+            "topic-summary": topic_summary(t, snap.producers(name)),
+            "topic-nodes": topic_nodes(t),
+            "channels": channels_table(t),
+        },
+        footer=form,
+        crumbs=crumbs,
+    )
+
+
+def topic_summary(t: TopicTotals, producers: Sequence[str]) -> str:
+    pause = (
+        _button("Unpause", "topic/unpause", f"Unpause topic {t.name}?", topic=t.name)
+        if t.paused
+        else _button("Pause", "topic/pause", f"Pause topic {t.name}?", topic=t.name)
+    )
+    actions = (
+        _button(
+            "Empty",
+            "topic/empty",
+            f"Empty topic {t.name} (drop its queued messages)?",
+            topic=t.name,
+        )
+        + pause
+        + _button(
+            "Delete",
+            "topic/delete",
+            f"Delete topic {t.name} and all its channels?",
+            danger=True,
+            topic=t.name,
+        )
+    )
+    state = '<span class="badge warn" data-k="paused">paused</span>' if t.paused else ""
+    return (
+        f'<div class="summary"><dl><dt>Depth</dt><dd data-k="depth">{_num(t.depth)}</dd>'
+        f'<dt>Messages</dt><dd data-k="message_count">{_num(t.message_count)}</dd>'
+        f'<dt>Msgs/s</dt><dd data-k="rate">{_num(round(t.rate, 1))}</dd>'
+        f'<dt>Producers</dt><dd data-k="producers">{e(", ".join(producers)) or "none"}</dd>'
+        f'</dl>{state}<div class="actions">{actions}</div></div>'
+    )
+
+
+def topic_nodes(t: TopicTotals) -> str:
+    rows = "".join(
+        f'<tr data-node="{e(addr)}"><td>{e(addr)}</td>{_td("depth", int(doc.get("depth", 0)))}'
+        f"{_td('backend_depth', int(doc.get('backend_depth', 0)))}"
+        f"{_td('message_count', int(doc.get('message_count', 0)))}"
+        f"{_td('channel_count', len(doc.get('channels') or []))}"
+        f"<td>{'paused' if doc.get('paused') else ''}</td></tr>"
+        for addr, doc in t.per_node
+    )
+    head = (
+        "<tr><th>nsqd</th><th>Depth</th><th>Disk depth</th><th>Messages</th><th>Channels</th>"
+        "<th>Paused</th></tr>"
+    )
+    body = rows or '<tr><td colspan="6" class="muted">no nsqd holds this topic</td></tr>'
+    return f"<h2>Per node</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+_CHANNEL_COLUMNS = (
+    ("depth", "Depth"),
+    ("in_flight_count", "In flight"),
+    ("deferred_count", "Deferred"),
+    ("requeue_count", "Requeued"),
+    ("timeout_count", "Timed out"),
+    ("message_count", "Messages"),
+    ("client_count", "Clients"),
+)
+
+
+def channels_table(t: TopicTotals) -> str:
+    rows = []
+    for c in t.channels.values():
+        flag = ' <span class="badge warn">paused</span>' if c.paused else ""
+        cells = "".join(_td(k, getattr(c, k)) for k, _ in _CHANNEL_COLUMNS)
+        rows.append(
+            f'<tr data-channel="{e(c.name)}"><td><a href="{channel_url(t.name, c.name)}">'
+            f"{e(c.name)}</a>{flag}</td>{cells}{_td('rate', round(c.rate, 1))}</tr>"
+        )
+    head = (
+        "<tr><th>Channel</th>"
+        + "".join(f"<th>{label}</th>" for _, label in _CHANNEL_COLUMNS)
+        + "<th>Msgs/s</th></tr>"
+    )
+    body = "".join(rows) or '<tr><td colspan="9" class="muted">no channels</td></tr>'
+    return f"<h2>Channels</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+# -- a channel ------------------------------------------------------------------
+
+
+def channel_page(snap: Snapshot, topic: str, name: str, caps: FaultCaps) -> Page:
+    crumbs = [("Topics", "/topics"), (topic, topic_url(topic)), (name, channel_url(topic, name))]
+    t = snap.topics.get(topic)
+    c = t.channels.get(name) if t is not None else None
+    if c is None:
+        return Page(
+            f"Channel {topic}/{name}",
+            {"channel-summary": f'<p class="muted">Channel {e(name)} does not exist.</p>'},
+            crumbs=crumbs,
+        )
+    return Page(
+        f"Channel {topic}/{name}",
+        {
+            "channel-summary": channel_summary(topic, c, caps),
+            "channel-nodes": channel_nodes(c),
+            "clients": clients_table(c),
+        },
+        crumbs=crumbs,
+    )
+
+
+def channel_summary(topic: str, c: ChannelTotals, caps: FaultCaps) -> str:
+    label = f"{topic}/{c.name}"
+    pause = (
+        _button(
+            "Unpause", "channel/unpause", f"Unpause channel {label}?", topic=topic, channel=c.name
+        )
+        if c.paused
+        else _button(
+            "Pause", "channel/pause", f"Pause channel {label}?", topic=topic, channel=c.name
+        )
+    )
+    actions = (
+        _button(
+            "Empty",
+            "channel/empty",
+            f"Empty channel {label} (drop its queued messages)?",
+            topic=topic,
+            channel=c.name,
+        )
+        + pause
+        + _button(
+            "Delete",
+            "channel/delete",
+            f"Delete channel {label}?",
+            danger=True,
+            topic=topic,
+            channel=c.name,
+        )
+    )
+    if caps.timeout_in_flight:
+        actions += _button(
+            "Time out in-flight",
+            "fault/timeout-in-flight",
+            f"Time out every in-flight message of {label} now?",
+            danger=True,
+            topic=topic,
+            channel=c.name,
+        )
+    cells = "".join(
+        f'<dt>{label_}</dt><dd data-k="{k}">{_num(getattr(c, k))}</dd>'
+        for k, label_ in _CHANNEL_COLUMNS
+    )
+    state = '<span class="badge warn" data-k="paused">paused</span>' if c.paused else ""
+    return f'<div class="summary"><dl>{cells}</dl>{state}<div class="actions">{actions}</div></div>'
+
+
+def channel_nodes(c: ChannelTotals) -> str:
+    rows = "".join(
+        f'<tr data-node="{e(addr)}"><td>{e(addr)}</td>'
+        + "".join(_td(k, int(doc.get(k, 0))) for k, _ in _CHANNEL_COLUMNS)
+        + f"<td>{'paused' if doc.get('paused') else ''}</td></tr>"
+        for addr, doc in c.per_node
+    )
+    head = (
+        "<tr><th>nsqd</th>"
+        + "".join(f"<th>{label}</th>" for _, label in _CHANNEL_COLUMNS)
+        + "<th>Paused</th></tr>"
+    )
+    return f"<h2>Per node</h2><table><thead>{head}</thead><tbody>{rows}</tbody></table>"
+
+
+def _flags(client: dict[str, Any]) -> str:
+    parts = []
+    if client.get("tls"):
+        parts.append(f"TLS {client.get('tls_version', '')}".strip())
+    if client.get("snappy"):
+        parts.append("snappy")
+    if client.get("deflate"):
+        parts.append("deflate")
+    return ", ".join(parts) or "none"
+
+
+def clients_table(c: ChannelTotals) -> str:
+    rows = []
+    for addr, doc in c.per_node:
+        for cl in doc.get("clients") or []:
+            since = float(cl.get("connect_ts", 0))
+            rows.append(
+                f'<tr data-client="{e(cl.get("remote_address", ""))}">'
+                f"<td>{e(addr)}</td>"
+                f'<td data-k="remote_address">{e(cl.get("remote_address", ""))}</td>'
+                f'<td data-k="hostname">{e(cl.get("hostname", ""))}</td>'
+                f'<td data-k="user_agent">{e(cl.get("user_agent", ""))}</td>'
+                f'<td data-k="features">{e(_flags(cl))}</td>'
+                f"{_td('ready_count', int(cl.get('ready_count', 0)))}"
+                f"{_td('in_flight_count', int(cl.get('in_flight_count', 0)))}"
+                f"{_td('finish_count', int(cl.get('finish_count', 0)))}"
+                f"{_td('requeue_count', int(cl.get('requeue_count', 0)))}"
+                f"{_td('message_count', int(cl.get('message_count', 0)))}"
+                f'<td data-k="connect_ts" title="{e(time.ctime(since))}">{_ago(since)}</td></tr>'
+            )
+    head = (
+        "<tr><th>nsqd</th><th>Address</th><th>Hostname</th><th>User agent</th>"
+        "<th>TLS / compression</th><th>Ready</th><th>In flight</th><th>Finished</th>"
+        "<th>Requeued</th><th>Messages</th><th>Connected</th></tr>"
+    )
+    body = "".join(rows) or '<tr><td colspan="11" class="muted">no clients</td></tr>'
+    return f"<h2>Clients</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+# -- faults and timeline --------------------------------------------------------
+
+
+def timeline_page(snap: Snapshot, caps: FaultCaps, events: Sequence[Event]) -> Page:
+    sections: dict[str, str] = {}
+    if caps.any:
+        sections["faults"] = fault_controls(snap, caps)
+    sections["timeline"] = timeline(events)
+    return Page("Faults and timeline" if caps.any else "Timeline", sections)
+
+
+def fault_controls(snap: Snapshot, caps: FaultCaps) -> str:
+    rows = [nodes_table(snap.nodes, caps), lookupds_table(snap.lookupds, caps)]
+    return "".join(rows).replace("<h2>nsqd nodes</h2>", "<h2>Fault controls</h2>", 1)
+
+
+def timeline(events: Sequence[Event]) -> str:
+    items = "".join(
+        f'<li class="ev-{e(ev.kind)}"><time>{_clock(ev.at)}</time>'
+        f'<span class="kind">{e(ev.kind)}</span> {e(ev.text)}</li>'
+        for ev in reversed(events)
+    )
+    body = items or '<li class="muted">nothing yet</li>'
+    return f'<h2>Timeline</h2><ol class="timeline">{body}</ol>'
+
+
+# -- the shell ------------------------------------------------------------------
+
+
+def render_page(page: Page, *, nav: Sequence[tuple[str, str]], current: str) -> str:
+    here = ' class="here"'
+    links = "".join(
+        f'<a href="{href}"{here if href == current else ""}>{e(label)}</a>' for label, href in nav
+    )
+    crumbs = " / ".join(f'<a href="{href}">{e(label)}</a>' for label, href in page.crumbs)
+    sections = "".join(
+        f'<section id="{e(sid)}" data-live>{html}</section>' for sid, html in page.sections.items()
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{e(page.title)} · fakensq admin</title>
+<link rel="stylesheet" href="/static/admin.css">
+<script src="/static/admin.js" defer></script>
+</head><body>
+<header><span class="brand">fakensq admin</span><nav>{links}</nav>
+<span id="live" class="muted" aria-live="polite">live</span></header>
+<main>
+<div class="crumbs">{crumbs}</div>
+<h1>{e(page.title)}</h1>
+<div id="flash" role="status" hidden></div>
+{sections}
+{page.footer}
+</main></body></html>
+"""
