@@ -197,3 +197,15 @@ async def test_http_pub_mpub_ping() -> None:
         topic = nsqd.topics["t"]
         assert topic.message_count == 5
         assert topic.depth() == 5
+
+
+async def test_run_in_callers_nursery_and_options_object(nursery: trio.Nursery) -> None:
+    opts = fakensq.NSQDOptions(tcp_address="127.0.0.1:0", http_address="", max_rdy_count=7)
+    nsqd = fakensq.NSQD(options=opts, msg_timeout=5.0)
+    await nursery.start(nsqd.run)
+    assert nsqd.options.max_rdy_count == 7 and nsqd.options.msg_timeout == 5.0
+    with trio.fail_after(5):
+        c = await RawClient.connect(nsqd.tcp_address)
+        doc = await c.identify()
+        assert doc["max_rdy_count"] == 7 and doc["msg_timeout"] == 5000
+        await c.aclose()
