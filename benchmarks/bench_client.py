@@ -11,25 +11,34 @@ drain it (SUB, FIN each message) is measured for the raw loop and for a
 ``trionsq.Consumer`` with a handler and with ``async for``.
 
 Publish: PUB awaited one at a time (trionsq and raw), pipelined PUB (many
-concurrent ``publish`` calls sharing one connection) and MPUB.
+concurrent ``publish`` calls sharing one connection; raw: windows of PUBs
+written at once, their OKs read together, the server's ceiling) and MPUB.
+
+Rates are given per wall-clock second and per CPU second of this process.
+Client, server and baseline share one process and talk over loopback, so the
+loop never waits on anything but itself: on a quiet machine the two agree, and
+on a shared one the CPU figure is the steadier, so ratios use it.
 
 Memory (``--memory``): a consumer drains a million messages while a publisher
-keeps the channel's backlog bounded; traced memory (tracemalloc, whole process)
-is sampled every 100k messages, so growth over the run shows leaks.
+keeps the channel's backlog bounded; RSS and Python's allocated blocks (and
+with ``--tracemalloc`` traced bytes and peaks, whole process) are sampled every
+100k messages, so growth over the run shows leaks.
 
-    python benchmarks/bench_client.py [--messages N] [--publishes N]
-    python benchmarks/bench_client.py --memory [--messages N]
+    python benchmarks/bench_client.py [--messages N] [--publishes N] [--runs N]
+    python benchmarks/bench_client.py --memory [--messages N] [--tracemalloc]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import trio
 
@@ -39,7 +48,7 @@ import rawclient
 
 import fakensq
 import trionsq
-from trionsq.protocol import commands
+from trionsq.protocol import commands, frames
 
 BODY = b"x" * 100
 BATCH = 1000
@@ -62,15 +71,33 @@ async def _prefill(address: str, topic: str, channel: str, messages: int) -> Non
     await rawclient.publish_mpub(address, topic, [BODY] * messages, BATCH)
 
 
-async def _timed_drain(messages: int, drain: Callable[[str], Awaitable[None]]) -> float:
-    """Messages per second for ``drain(address)`` emptying a pre-filled channel."""
+class Rate(NamedTuple):
+    """Messages per wall-clock second and per CPU second of this process."""
+
+    wall: float
+    cpu: float
+
+
+class _Stopwatch:
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+
+    def rate(self, messages: int) -> Rate:
+        wall = time.perf_counter() - self.wall
+        cpu = time.process_time() - self.cpu
+        return Rate(messages / wall, messages / max(cpu, 1e-9))
+
+
+async def _timed_drain(messages: int, drain: Callable[[str], Awaitable[None]]) -> Rate:
+    """The rate of ``drain(address)`` emptying a channel pre-filled with ``messages``."""
     async with _nsqd() as nsqd:
         await _prefill(nsqd.tcp_address, "bench", "c", messages)
         gc.collect()
-        start = time.perf_counter()
+        watch = _Stopwatch()
         await drain(nsqd.tcp_address)
-        elapsed = time.perf_counter() - start
-    return messages / elapsed
+        rate = watch.rate(messages)
+    return rate
 
 
 def raw_consume(messages: int) -> Callable[[str], Awaitable[None]]:
@@ -114,13 +141,46 @@ def iterator_consume(messages: int) -> Callable[[str], Awaitable[None]]:
     return drain
 
 
-async def _timed_publish(messages: int, publish: Callable[[str], Awaitable[None]]) -> float:
+async def _timed_publish(messages: int, publish: Callable[[str], Awaitable[None]]) -> Rate:
     async with _nsqd() as nsqd:
         gc.collect()
-        start = time.perf_counter()
+        watch = _Stopwatch()
         await publish(nsqd.tcp_address)
-        elapsed = time.perf_counter() - start
-    return messages / elapsed
+        rate = watch.rate(messages)
+    return rate
+
+
+async def _bare_pub_server(stream: trio.SocketStream) -> None:
+    """Answers IDENTIFY, then an OK for every PUB of BODY to "bench", all the
+    OKs of one read in one write: what pipelining can gain with no NSQ work."""
+    data = b""
+    header = len(commands.MAGIC_V2) + len(b"IDENTIFY\n") + 4
+    while len(data) < header:
+        data += await stream.receive_some(65536)
+    size = header + int.from_bytes(data[header - 4 : header], "big")
+    while len(data) < size:
+        data += await stream.receive_some(65536)
+    ok = frames.encode_response(b"OK")
+    await stream.send_all(ok)
+    pub_size = len(commands.pub("bench", BODY))
+    pending = len(data) - size
+    async for chunk in stream:
+        pending += len(chunk)
+        if pending >= pub_size:
+            await stream.send_all(ok * (pending // pub_size))
+            pending %= pub_size
+
+
+async def _timed_bare(messages: int, publish: Callable[[str], Awaitable[None]]) -> Rate:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, _bare_pub_server, 0)
+        port = listeners[0].socket.getsockname()[1]
+        gc.collect()
+        watch = _Stopwatch()
+        await publish(f"127.0.0.1:{port}")
+        rate = watch.rate(messages)
+        nursery.cancel_scope.cancel()
+    return rate
 
 
 def producer_sequential(messages: int) -> Callable[[str], Awaitable[None]]:
@@ -164,6 +224,18 @@ def raw_sequential(messages: int) -> Callable[[str], Awaitable[None]]:
     return publish
 
 
+def raw_pipelined(messages: int) -> Callable[[str], Awaitable[None]]:
+    async def publish(address: str) -> None:
+        stream, parser = await rawclient.connect(address)
+        async with stream:
+            for start in range(0, messages, PIPELINE):
+                count = min(PIPELINE, messages - start)
+                await stream.send_all(commands.pub("bench", BODY) * count)
+                await rawclient.expect_ok(stream, parser, count)
+
+    return publish
+
+
 def raw_mpub(messages: int) -> Callable[[str], Awaitable[None]]:
     async def publish(address: str) -> None:
         await rawclient.publish_mpub(address, "bench", [BODY] * messages, BATCH)
@@ -171,23 +243,34 @@ def raw_mpub(messages: int) -> Callable[[str], Awaitable[None]]:
     return publish
 
 
-Timed = Callable[[int, Callable[[str], Awaitable[None]]], Awaitable[float]]
+Timed = Callable[[int, Callable[[str], Awaitable[None]]], Awaitable[Rate]]
 Maker = Callable[[int], Callable[[str], Awaitable[None]]]
 
 
 async def best_of(
     runs: int, timed: Timed, cases: Mapping[str, tuple[int, Maker]]
-) -> dict[str, float]:
-    """The best rate of each case over ``runs`` rounds, each on a fresh nsqd.
+) -> dict[str, Rate]:
+    """The best rates of each case over ``runs`` rounds, each on a fresh nsqd.
 
     Rounds interleave the cases, so a burst of load on the machine hurts them
     alike rather than one of them.
     """
-    best = dict.fromkeys(cases, 0.0)
+    best = dict.fromkeys(cases, Rate(0.0, 0.0))
     for _ in range(runs):
         for name, (count, make) in cases.items():
-            best[name] = max(best[name], await timed(count, make(count)))
+            rate = await timed(count, make(count))
+            best[name] = Rate(max(best[name].wall, rate.wall), max(best[name].cpu, rate.cpu))
     return best
+
+
+def _row(name: str, rate: Rate, baseline: Rate | None = None, against: str = "") -> None:
+    ratio = f"   {rate.cpu / baseline.cpu:5.2f} x {against}" if baseline is not None else ""
+    print(f"  {name:<32} {rate.wall:>9,.0f} {rate.cpu:>9,.0f}{ratio}")
+
+
+def _header(title: str) -> None:
+    print(title)
+    print(f"  {'':<32} {'msg/s':>9} {'msg/cpu-s':>9}")
 
 
 async def consume_section(messages: int, runs: int) -> None:
@@ -200,11 +283,11 @@ async def consume_section(messages: int, runs: int) -> None:
         "iterator": (messages, iterator_consume),
     }
     rates = await best_of(runs, _timed_drain, cases)
-    raw, handler, iterator = rates["raw"], rates["handler"], rates["iterator"]
-    print(f"consume: drain {messages:,} pre-filled messages of {len(BODY)} bytes, FIN each")
-    print(f"  raw loop (RDY {IN_FLIGHT})       {raw:>10,.0f} msg/s")
-    print(f"  Consumer, handler         {handler:>10,.0f} msg/s   {handler / raw:6.2f} x raw")
-    print(f"  Consumer, async for       {iterator:>10,.0f} msg/s   {iterator / raw:6.2f} x raw")
+    raw = rates["raw"]
+    _header(f"consume: drain {messages:,} pre-filled messages of {len(BODY)} bytes, FIN each")
+    _row(f"raw loop (RDY {IN_FLIGHT})", raw)
+    _row(f"Consumer, handler ({IN_FLIGHT} in flight)", rates["handler"], raw, "raw")
+    _row(f"Consumer, async for ({IN_FLIGHT})", rates["iterator"], raw, "raw")
 
 
 async def publish_section(messages: int, runs: int) -> None:
@@ -212,6 +295,7 @@ async def publish_section(messages: int, runs: int) -> None:
         "raw PUB, sequential": raw_sequential,
         "Producer PUB, sequential": producer_sequential,
         f"Producer PUB, {PIPELINE} concurrent": producer_pipelined,
+        f"raw PUB, windows of {PIPELINE}": raw_pipelined,
         f"raw MPUB x{BATCH}": raw_mpub,
         f"Producer MPUB x{BATCH}": producer_mpub,
     }
@@ -226,39 +310,79 @@ async def publish_section(messages: int, runs: int) -> None:
             for name, make in cases.items()
         },
     )
-    print(f"publish: {messages:,} PUBs ({messages * 10:,} for MPUB) of {len(BODY)} bytes")
-    for name, rate in figures.items():
-        print(f"  {name:<30} {rate:>10,.0f} msg/s")
-    sequential = figures["Producer PUB, sequential"]
+    _header(f"publish: {messages:,} PUBs ({messages * 10:,} for MPUB) of {len(BODY)} bytes")
+    raw_seq = figures["raw PUB, sequential"]
+    seq = figures["Producer PUB, sequential"]
+    raw_pipe = figures[f"raw PUB, windows of {PIPELINE}"]
+    _row("raw PUB, sequential", raw_seq)
+    _row("Producer PUB, sequential", seq, raw_seq, "raw sequential")
+    _row(f"Producer PUB, {PIPELINE} concurrent", figures[f"Producer PUB, {PIPELINE} concurrent"])
+    _row(f"raw PUB, windows of {PIPELINE}", raw_pipe, raw_seq, "raw sequential")
+    _row(f"raw MPUB x{BATCH}", figures[f"raw MPUB x{BATCH}"])
+    _row(
+        f"Producer MPUB x{BATCH}",
+        figures[f"Producer MPUB x{BATCH}"],
+        figures[f"raw MPUB x{BATCH}"],
+        "raw",
+    )
     pipelined = figures[f"Producer PUB, {PIPELINE} concurrent"]
-    print(f"  pipelined / sequential PUB     {pipelined / sequential:>10.2f}")
-    print(f"  Producer / raw, sequential PUB {sequential / figures['raw PUB, sequential']:>10.2f}")
-    mpub = figures[f"Producer MPUB x{BATCH}"] / figures[f"raw MPUB x{BATCH}"]
-    print(f"  Producer / raw, MPUB           {mpub:>10.2f}")
+    print(f"  pipelined / sequential PUB (Producer)  {pipelined.cpu / seq.cpu:5.2f}")
+    print(f"  pipelined Producer / raw windows       {pipelined.cpu / raw_pipe.cpu:5.2f}")
+
+    # fakensq answers every PUB with a write of its own, so the server bounds
+    # pipelining above; a bare server that answers a read's PUBs at once shows
+    # what the Producer itself can do.
+    bare = await best_of(
+        runs,
+        _timed_bare,
+        {
+            "sequential": (messages, producer_sequential),
+            "pipelined": (messages, producer_pipelined),
+        },
+    )
+    _header(f"publish: {messages:,} PUBs to a bare server (OK for each, no NSQ work)")
+    _row("Producer PUB, sequential", bare["sequential"])
+    _row(
+        f"Producer PUB, {PIPELINE} concurrent", bare["pipelined"], bare["sequential"], "sequential"
+    )
 
 
 def _rss() -> int:
     """Resident set size in bytes (Linux), 0 where unknown."""
     try:
         with open("/proc/self/statm") as statm:
-            import os
-
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
 
 
-async def memory_section(messages: int, checkpoint: int, backlog: int) -> None:
+class _Sample(NamedTuple):
+    received: int
+    rss: int
+    blocks: int  # sys.getallocatedblocks(): objects alive in Python's allocator
+    traced: int  # tracemalloc's current and peak since the last sample (or 0)
+    peak: int
+
+
+async def memory_section(messages: int, checkpoint: int, backlog: int, traced: bool) -> None:
     """Drain ``messages`` through a handler Consumer; sample memory at checkpoints.
 
     A raw publisher MPUBs alongside, never more than ``backlog`` messages ahead
     of the consumer, so the server's queue (in the same process) stays bounded
-    and any growth is the client's (or a leak in either).
+    and any growth is the client's (or a leak in either).  RSS and the count of
+    allocated blocks cost nothing to sample; tracemalloc (``traced``) adds
+    byte-exact figures and peaks but slows everything several times over.
     """
-    samples: list[tuple[int, int, int, int]] = []  # received, current, peak, rss
+    samples: list[_Sample] = []
     done = trio.Event()
     received = 0
     progressed = trio.Event()
+
+    def sample() -> None:
+        current, peak = tracemalloc.get_traced_memory() if traced else (0, 0)
+        if traced:
+            tracemalloc.reset_peak()
+        samples.append(_Sample(received, _rss(), sys.getallocatedblocks(), current, peak))
 
     async def handler(message: trionsq.Message) -> None:
         nonlocal received, progressed
@@ -267,9 +391,7 @@ async def memory_section(messages: int, checkpoint: int, backlog: int) -> None:
             progressed.set()
             progressed = trio.Event()
         if received % checkpoint == 0:
-            current, peak = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            samples.append((received, current, peak, _rss()))
+            sample()
         if received == messages:
             done.set()
 
@@ -287,37 +409,47 @@ async def memory_section(messages: int, checkpoint: int, backlog: int) -> None:
 
     async with _nsqd() as nsqd:
         await _prefill(nsqd.tcp_address, "bench", "c", 0)
-        tracemalloc.start()
-        start = time.perf_counter()
+        if traced:
+            tracemalloc.start()
+        watch = _Stopwatch()
         async with trionsq.Consumer(
             "bench",
             "c",
             handler=handler,
             nsqd_tcp_addresses=[nsqd.tcp_address],
             max_in_flight=IN_FLIGHT,
-        ):
+        ) as consumer:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publisher, nsqd.tcp_address)
                 await done.wait()
-        elapsed = time.perf_counter() - start
-        tracemalloc.stop()
+            workers = consumer._workers
+        rate = watch.rate(messages)
+        if traced:
+            tracemalloc.stop()
     mib = 1024 * 1024
-    print(f"memory: a handler Consumer drains {messages:,} messages ({elapsed:.1f}s, traced)")
-    print("  received      traced now   peak since last   RSS")
-    for count, current, peak, rss in samples:
-        sizes = f"{current / mib:>9.2f} MiB  {peak / mib:>9.2f} MiB  {rss / mib:>8.1f} MiB"
-        print(f"  {count:>9,}  {sizes}")
+    print(
+        f"memory: a handler Consumer drains {messages:,} messages"
+        f" ({rate.wall:,.0f} msg/s, {rate.cpu:,.0f} msg/cpu-s{', traced' if traced else ''}),"
+        f" backlog at most {backlog:,}, {workers} handler workers at the end"
+    )
+    print(f"  {'received':>9}  {'RSS':>9}  {'blocks':>10}" + ("  traced now  peak since" * traced))
+    for s in samples:
+        line = f"  {s.received:>9,}  {s.rss / mib:>5.1f} MiB  {s.blocks:>10,}"
+        if traced:
+            line += f"  {s.traced / mib:>6.2f} MiB  {s.peak / mib:>6.2f} MiB"
+        print(line)
     if len(samples) >= 2:
         first, last = samples[0], samples[-1]
-        growth = (last[1] - first[1]) / mib
-        print(f"  traced growth from {first[0]:,} to {last[0]:,}: {growth:+.2f} MiB")
-        print(f"  RSS growth over the same span: {(last[3] - first[3]) / mib:+.1f} MiB")
+        span = f"from {first.received:,} to {last.received:,} messages"
+        print(f"  growth {span}: RSS {(last.rss - first.rss) / mib:+.1f} MiB,", end="")
+        print(f" blocks {last.blocks - first.blocks:+,}", end="")
+        print(f", traced {(last.traced - first.traced) / mib:+.2f} MiB" if traced else "")
 
 
 async def main(args: argparse.Namespace) -> None:
     if args.memory:
         messages = args.messages or 1_000_000
-        await memory_section(messages, args.checkpoint, backlog=5 * IN_FLIGHT)
+        await memory_section(messages, args.checkpoint, 5 * IN_FLIGHT, args.tracemalloc)
         return
     await consume_section(args.messages or 100_000, args.runs)
     await publish_section(args.publishes, args.runs)
@@ -336,4 +468,7 @@ if __name__ == "__main__":
         "--memory", action="store_true", help="run only the memory section (a few minutes)"
     )
     parser.add_argument("--checkpoint", type=int, default=100_000)
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="memory: also trace allocations (slow)"
+    )
     trio.run(main, parser.parse_args())
