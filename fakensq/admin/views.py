@@ -239,7 +239,7 @@ def topics_table(topics: Iterable[TopicTotals]) -> str:
         "<th>Nodes</th></tr>"
     )
     body = "".join(rows) or '<tr><td colspan="6" class="muted">no topics</td></tr>'
-    return f"<h2>Topics</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
 
 
 def topic_page(snap: Snapshot, name: str) -> Page:
