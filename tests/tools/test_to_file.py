@@ -80,6 +80,7 @@ def test_rotation_by_size_with_gzip(nsqd: NSQD, tmp_path: Path) -> None:
     assert status == 0, err
     files = sorted(tmp_path.iterdir())
     assert len(files) >= 4  # 20,400 bytes in files of ~5,000
+    assert f"files={len(files)}" in err  # counted as each is closed
     assert [f.name for f in files[:2]] == [
         f"logs-{HOST}-000000.log.gz",
         f"logs-{HOST}-000001.log.gz",

@@ -205,6 +205,8 @@ class FileLogger:
         self.files_written = 0
         self._raw: IO[bytes] | None = None
         self._gzip: gzip.GzipFile | None = None
+        #: called with each file's final path once it is closed (and moved)
+        self.on_closed: Callable[[Path], None] | None = None
 
     def current_filename(self) -> str:
         return self.template.replace("<DATETIME>", time.strftime(self.opts.datetime_format))
@@ -301,6 +303,7 @@ class FileLogger:
             return
         self.files_written += 1
         work, output = Path(self.opts.work_dir), Path(self.opts.output_dir)
+        final = path
         if work != output:
             relative = path.relative_to(work)
             rev = self.rev
@@ -313,7 +316,10 @@ class FileLogger:
                     target = output / self.filename.replace("<REV>", f"-{rev:06d}")
                     continue
                 path.unlink()
+                final = target
                 break
+        if self.on_closed is not None:
+            self.on_closed(final)
 
     def rotate_if_needed(self) -> None:
         """On a timer tick: rotate by time even when no message comes."""
@@ -334,6 +340,7 @@ async def _archive(
     progress: Progress,
 ) -> None:
     logger = FileLogger(files, topic)
+    logger.on_closed = lambda path: progress.add("files")
     pending: list[Message] = []
     batch = options["max_in_flight"]
 
@@ -369,7 +376,6 @@ async def _archive(
                 raise
     finally:
         logger.close()
-        progress.add("files", logger.files_written)
 
 
 async def _pump(
