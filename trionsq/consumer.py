@@ -198,9 +198,11 @@ class Consumer:
         # sessions not known to be written yet, the raises held back, and the
         # task that flushes the former and then sends the latter.
         self._rdy_lowered: list[_Session] = []
-        self._rdy_held: set[_Session] = set()
+        # Dicts as ordered sets: iterating a set of objects follows their memory
+        # addresses, and seeded simulations must repeat exactly.
+        self._rdy_held: dict[_Session, None] = {}
         self._rdy_barrier_wakeup = trio.Event()
-        self._sessions: set[_Session] = set()
+        self._sessions: dict[_Session, None] = {}
         self._discovered: dict[str, trio.CancelScope] = {}
         # Messages received and not yet handed out (to a handler worker or to
         # ``async for``), in arrival order, and the tasks waiting for one.
@@ -410,14 +412,14 @@ class Consumer:
                 if self._closing:
                     await conn.aclose()
                     return
-                self._sessions.add(session)
+                self._sessions[session] = None
                 self._rdy.add(session, conn.max_rdy_count, trio.current_time())
                 self._connected.set()
                 log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
                 self._update_rdy()
                 await conn.wait_closed()
         finally:
-            self._sessions.discard(session)
+            self._sessions.pop(session, None)
             self._rdy.remove(session)
             with trio.CancelScope(shield=True):
                 await conn.aclose()
@@ -457,10 +459,11 @@ class Consumer:
     # in a task per message: spawning a task costs more than handing a message
     # to a parked worker.  The pool grows on demand, never beyond max_in_flight
     # (which bounds what nsqd hands out), and workers are woken sparingly: at
-    # most one wake-up is outstanding for new messages, and a worker that finds
-    # more queued than it takes wakes two more.  A quick handler thus drains a
-    # whole read with a few workers (no task switch per message), while a
-    # handler that waits has the pool fan out in a few scheduler passes.
+    # most one wake-up is outstanding for new messages, and a worker just woken
+    # that finds more queued than workers on their way wakes two more.  A quick
+    # handler thus drains a whole read with a few workers (no task switch per
+    # message), while a handler that waits has the pool fan out exponentially,
+    # in a few scheduler passes.
 
     def _wake_workers(self, count: int) -> None:
         assert self._handlers is not None
@@ -478,18 +481,23 @@ class Consumer:
         """Run the handler on queued messages, one at a time, until closing; a
         worker over a lowered ``max_in_flight`` leaves once its message is settled."""
         woken = True  # counted in _waking until it runs
+        fresh = False
         try:
             while self._workers <= max(1, self._rdy.max_in_flight):
                 if woken:
                     woken = False
+                    fresh = True
                     self._waking -= 1
                     # A worker woken as the consumer is cancelled must not start
                     # a handler it cannot finish.
                     await trio.lowlevel.checkpoint_if_cancelled()
                 if self._queue:
                     message = self._queue.popleft()
-                    if self._queue and not self._waking:
-                        self._wake_workers(2)
+                    if fresh:
+                        fresh = False
+                        spare = len(self._queue) - self._waking
+                        if spare > 0:
+                            self._wake_workers(min(2, spare))
                     await self._handle(message)
                 elif self._queue_closed:
                     return
@@ -590,7 +598,7 @@ class Consumer:
             rdy = self._rdy.conns[session].rdy
             if rdy > session.wire_rdy and self._rdy_lowered:
                 # nsqd must see the lowering before the raise it paid for.
-                self._rdy_held.add(session)
+                self._rdy_held[session] = None
                 continue
             if rdy < session.wire_rdy:
                 self._rdy_lowered.append(session)
@@ -606,7 +614,7 @@ class Consumer:
             while self._rdy_lowered:
                 await self._rdy_lowered[0].conn.flush()  # returns early if it closes
                 del self._rdy_lowered[0]
-            held, self._rdy_held = self._rdy_held, set()
+            held, self._rdy_held = self._rdy_held, {}
             for session in held:
                 session.flush_rdy()
 
