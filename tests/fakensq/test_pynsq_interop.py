@@ -6,12 +6,11 @@ import asyncio
 import functools
 from typing import Any
 
+import nsq  # pynsq, installed by the test extra
 import pytest
 import trio
 
 import fakensq
-
-nsq = pytest.importorskip("nsq")
 
 
 def _pynsq_roundtrip(
