@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -113,8 +113,9 @@ class Admin:
 
     @property
     def caps(self) -> FaultCaps:
-        """The fault controls that work: kill/restart with a Cluster."""
-        return FaultCaps(kill_restart=self.cluster is not None)
+        """The fault controls that work: all of them with a Cluster, none without."""
+        on = self.cluster is not None
+        return FaultCaps(on, on, on, on)
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started`` gets the URL."""
@@ -219,7 +220,7 @@ class Admin:
         if parts == ["nodes"]:
             return lambda s: views.nodes_page(s, caps)
         if parts == ["timeline"]:
-            return lambda s: views.timeline_page(s, caps, list(self.events))
+            return lambda s: views.timeline_page(s, caps, list(self.events), self.active_faults())
         if parts == ["topics"]:
             return views.topics_page
         if len(parts) == 2 and parts[0] == "topics":
@@ -328,37 +329,88 @@ class Admin:
         return results
 
     async def _fault(self, verb: str, args: dict[str, Any]) -> tuple[bool, str]:
+        """A fault through ``cluster.faults`` (:mod:`fakensq.faults`); nodes are named
+        ``nsqd-N``/``lookupd-N`` there, the page sends the index or the HTTP address."""
         cluster = self.cluster
         if cluster is None:
             raise ActionError("fault controls need an in-process fakensq Cluster")
+        faults = cluster.faults
+        if verb == "heal":
+            wanted = str(args.get("fault", ""))
+            healed = [f for f in list(faults.active) if wanted in ("all", str(f.id))]
+            if not healed:
+                raise ActionError(f"no active fault {wanted!r}")
+            for fault in healed:
+                fault.heal()
+            return True, "healed " + ", ".join(_describe_fault(f.describe()) for f in healed)
+        if verb == "timeout-in-flight":
+            topic, channel = str(args.get("topic", "")), str(args.get("channel", ""))
+            if not topic or not channel:
+                raise ActionError("no topic or channel given")
+            count = faults.time_out_in_flight(topic=topic, channel=channel)
+            return True, f"timed out {count} in-flight message(s) of {topic}/{channel}"
+        if verb in ("partition-client", "drop-client"):
+            client = str(args.get("client", ""))
+            node = cluster.node_name_at(str(args.get("nodeAddress", "")))
+            if not client or not node.startswith("nsqd-"):
+                raise ActionError("no client or nsqd given")
+            if verb == "drop-client":
+                count = await faults.drop(node=node, client=client)
+                return True, f"dropped {count} connection(s) of client {client} on {node}"
+            faults.partition(node, client)
+            return True, f"partitioned client {client} from {node}"
+
+        kind, _, target = verb.rpartition("-")
+        addresses = {"nsqd": cluster.nsqd_http_addresses, "lookupd": cluster.lookupd_http_addresses}
+        if target not in addresses:
+            raise ActionError(f"unknown fault {verb!r}")
         try:
             index = int(args.get("node", -1))
         except (TypeError, ValueError):
             raise ActionError("node must be a number") from None
-        ops: dict[str, tuple[Callable[[int], Awaitable[Any]], list[str], str]] = {
-            "kill-nsqd": (cluster.stop_nsqd, cluster.nsqd_http_addresses, "killed nsqd"),
-            "restart-nsqd": (cluster.start_nsqd, cluster.nsqd_http_addresses, "restarted nsqd"),
-            "kill-lookupd": (
-                cluster.stop_lookupd,
-                cluster.lookupd_http_addresses,
-                "killed nsqlookupd",
-            ),
-            "restart-lookupd": (
-                cluster.start_lookupd,
-                cluster.lookupd_http_addresses,
-                "restarted nsqlookupd",
-            ),
-        }
-        if verb not in ops:
-            raise ActionError(f"unknown fault {verb!r}")
-        op, addresses, what = ops[verb]
-        if not 0 <= index < len(addresses):
+        if not 0 <= index < len(addresses[target]):
             raise ActionError(f"no node {index}")
+        name = f"{target}-{index}"
+        where = f"{name} ({addresses[target][index]})"
         try:
-            await op(index)
-        except (RuntimeError, OSError, trio.TooSlowError) as exc:
-            return False, f"{what} {index} failed: {exc}"
-        return True, f"{what} {index} ({addresses[index]})"
+            if kind == "kill":
+                await faults.kill(name)
+                return True, f"killed {where}"
+            if kind == "stop":
+                await faults.stop(name)
+                return True, f"stopped {where}"
+            if kind == "restart":
+                await faults.start(name)
+                return True, f"started {where}"
+        except (RuntimeError, OSError, ValueError, trio.TooSlowError) as exc:
+            return False, f"{kind} {where} failed: {exc or type(exc).__name__}"
+        if target != "nsqd":
+            raise ActionError(f"unknown fault {verb!r}")
+        if kind == "partition":
+            lookupds = [f"lookupd-{j}" for j in range(len(cluster.lookupd_http_addresses))]
+            for lookupd in lookupds:
+                faults.partition(name, lookupd)
+            return True, f"partitioned {where} from {', '.join(lookupds) or 'no lookupd'}"
+        if kind == "swallow_heartbeats":
+            faults.swallow_heartbeats(node=name)
+            return True, f"{where}: heartbeats to its clients swallowed"
+        if kind == "stall":
+            faults.stall(node=name)
+            return True, f"stalled every connection of {where}"
+        raise ActionError(f"unknown fault {verb!r}")
+
+    def active_faults(self) -> list[dict[str, Any]]:
+        """The faults in force (``cluster.faults.active``), described."""
+        if self.cluster is None:
+            return []
+        return [f.describe() for f in self.cluster.faults.active]
+
+
+def _describe_fault(doc: dict[str, Any]) -> str:
+    where = " ".join(
+        f"{k}={doc[k]}" for k in ("node", "peer", "topic", "channel", "direction") if k in doc
+    )
+    return f"#{doc['id']} {doc['kind']} {where}".strip()
 
 
 def _changes(old: Snapshot, new: Snapshot) -> list[str]:

@@ -81,7 +81,8 @@ def _td(key: str, value: int | float) -> str:
 def _button(
     label: str, action: str, confirm: str, *, danger: bool = False, **data: str | int
 ) -> str:
-    attrs = "".join(f' data-{k}="{e(v)}"' for k, v in data.items())
+    # node_address -> data-node-address, which the script reads as dataset.nodeAddress.
+    attrs = "".join(f' data-{k.replace("_", "-")}="{e(v)}"' for k, v in data.items())
     cls = "danger" if danger else ""
     return (
         f'<button type="button" class="{cls}" data-action="{e(action)}"'
@@ -119,7 +120,44 @@ def nodes_page(snap: Snapshot, caps: FaultCaps) -> Page:
     )
 
 
-def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps) -> str:
+def _node_controls(n: NodeInfo, caps: FaultCaps, full: bool) -> str:
+    """Fault buttons of an nsqd row: the Nodes page has kill/start, the Faults page all."""
+    if n.index is None or not caps.kill_restart:
+        return ""
+    i, name = n.index, f"nsqd-{n.index}"
+    if not n.up:
+        return _button("Start", "fault/restart-nsqd", f"Start {name} again?", node=i)
+    out = _button(
+        "Kill",
+        "fault/kill-nsqd",
+        f"Kill {name} ({n.address})? Its in-memory messages are lost.",
+        danger=True,
+        node=i,
+    )
+    if not full:
+        return out
+    out += _button(
+        "Stop", "fault/stop-nsqd", f"Stop {name} cleanly (it keeps its messages)?", node=i
+    )
+    if caps.partition:
+        out += _button(
+            "Partition from lookupds",
+            "fault/partition-nsqd",
+            f"Cut {name} off from every nsqlookupd?",
+            node=i,
+        )
+    if caps.stall_heartbeats:
+        out += _button(
+            "Swallow heartbeats",
+            "fault/swallow_heartbeats-nsqd",
+            f"Stop {name}'s heartbeats reaching its clients?",
+            node=i,
+        )
+        out += _button("Stall", "fault/stall-nsqd", f"Stall every connection of {name}?", node=i)
+    return out
+
+
+def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps, *, full: bool = False) -> str:
     rows = []
     for n in nodes:
         topics = ", ".join(
@@ -127,20 +165,10 @@ def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps) -> str:
         )
         health = e(n.health) if n.up else e(n.error)
         health_cls = "ok" if n.health == "OK" else "bad"
-        controls = ""
-        if caps.kill_restart and n.index is not None:
-            if n.up:
-                controls = _button(
-                    "Kill",
-                    "fault/kill-nsqd",
-                    f"Kill nsqd {n.index} ({n.address})?",
-                    danger=True,
-                    node=n.index,
-                )
-            else:
-                controls = _button(
-                    "Restart", "fault/restart-nsqd", f"Restart nsqd {n.index}?", node=n.index
-                )
+        controls = _node_controls(n, caps, full)
+        # fakensq's /stats lists the faults in force on the node (real nsqd has none).
+        for fault in (n.stats or {}).get("faults") or []:
+            health += f' <span class="badge warn">{e(fault.get("kind", "fault"))}</span>'
         rows.append(
             f'<tr data-node="{e(n.address)}" class="{"" if n.up else "is-down"}">'
             f"<td>{e(n.index) if n.index is not None else ''}</td>"
@@ -175,15 +203,15 @@ def lookupds_table(lookupds: Sequence[LookupdInfo], caps: FaultCaps) -> str:
                 controls = _button(
                     "Kill",
                     "fault/kill-lookupd",
-                    f"Kill nsqlookupd {lk.index} ({lk.address})?",
+                    f"Kill lookupd-{lk.index} ({lk.address})?",
                     danger=True,
                     node=lk.index,
                 )
             else:
                 controls = _button(
-                    "Restart",
+                    "Start",
                     "fault/restart-lookupd",
-                    f"Restart nsqlookupd {lk.index}?",
+                    f"Start lookupd-{lk.index} again?",
                     node=lk.index,
                 )
         registered = ", ".join(
@@ -366,7 +394,7 @@ def channel_page(snap: Snapshot, topic: str, name: str, caps: FaultCaps) -> Page
         {
             "channel-summary": channel_summary(topic, c, caps),
             "channel-nodes": channel_nodes(c),
-            "clients": clients_table(c),
+            "clients": clients_table(c, caps),
         },
         crumbs=crumbs,
     )
@@ -444,7 +472,7 @@ def _flags(client: dict[str, Any]) -> str:
     return ", ".join(parts) or "none"
 
 
-def clients_table(c: ChannelTotals) -> str:
+def clients_table(c: ChannelTotals, caps: FaultCaps = FaultCaps()) -> str:
     rows = []
     for addr, doc in c.per_node:
         for cl in doc.get("clients") or []:
@@ -461,31 +489,80 @@ def clients_table(c: ChannelTotals) -> str:
                 f"{_td('finish_count', int(cl.get('finish_count', 0)))}"
                 f"{_td('requeue_count', int(cl.get('requeue_count', 0)))}"
                 f"{_td('message_count', int(cl.get('message_count', 0)))}"
-                f'<td data-k="connect_ts" title="{e(time.ctime(since))}">{_ago(since)}</td></tr>'
+                f'<td data-k="connect_ts" title="{e(time.ctime(since))}">{_ago(since)}</td>'
+                + (f"<td>{_client_controls(addr, cl)}</td>" if caps.partition else "")
+                + "</tr>"
             )
     head = (
         "<tr><th>nsqd</th><th>Address</th><th>Hostname</th><th>User agent</th>"
         "<th>TLS / compression</th><th>Ready</th><th>In flight</th><th>Finished</th>"
-        "<th>Requeued</th><th>Messages</th><th>Connected</th></tr>"
+        "<th>Requeued</th><th>Messages</th><th>Connected</th>"
+        + ("<th>Fault</th>" if caps.partition else "")
+        + "</tr>"
     )
     body = "".join(rows) or '<tr><td colspan="11" class="muted">no clients</td></tr>'
     return f"<h2>Clients</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
 
 
+def _client_controls(node_address: str, client: dict[str, Any]) -> str:
+    remote = str(client.get("remote_address", ""))
+    return _button(
+        "Partition",
+        "fault/partition-client",
+        f"Cut client {remote} off from its nsqd ({node_address})?",
+        danger=True,
+        client=remote,
+        node_address=node_address,
+    ) + _button(
+        "Drop",
+        "fault/drop-client",
+        f"Drop client {remote}'s connection?",
+        client=remote,
+        node_address=node_address,
+    )
+
+
 # -- faults and timeline --------------------------------------------------------
 
 
-def timeline_page(snap: Snapshot, caps: FaultCaps, events: Sequence[Event]) -> Page:
+def timeline_page(
+    snap: Snapshot,
+    caps: FaultCaps,
+    events: Sequence[Event],
+    active: Sequence[dict[str, Any]] = (),
+) -> Page:
     sections: dict[str, str] = {}
     if caps.any:
         sections["faults"] = fault_controls(snap, caps)
+        sections["active-faults"] = active_faults(active)
     sections["timeline"] = timeline(events)
     return Page("Faults and timeline" if caps.any else "Timeline", sections)
 
 
 def fault_controls(snap: Snapshot, caps: FaultCaps) -> str:
-    rows = [nodes_table(snap.nodes, caps), lookupds_table(snap.lookupds, caps)]
+    rows = [nodes_table(snap.nodes, caps, full=True), lookupds_table(snap.lookupds, caps)]
     return "".join(rows).replace("<h2>nsqd nodes</h2>", "<h2>Fault controls</h2>", 1)
+
+
+def active_faults(active: Sequence[dict[str, Any]]) -> str:
+    """The faults in force, each with a Heal button."""
+    rows = []
+    for f in active:
+        where = ", ".join(
+            f"{k} {f[k]}" for k in ("node", "peer", "topic", "channel", "direction") if k in f
+        )
+        heal = _button("Heal", "fault/heal", f"Heal fault #{f['id']} ({f['kind']})?", fault=f["id"])
+        rows.append(
+            f'<tr data-fault="{e(f["id"])}"><td>#{e(f["id"])}</td><td>{e(f["kind"])}</td>'
+            f"<td>{e(where)}</td><td>{heal}</td></tr>"
+        )
+    if not rows:
+        return '<h2>Active faults</h2><p class="muted">none</p>'
+    heal_all = _button("Heal all", "fault/heal", "Heal every active fault?", fault="all")
+    return (
+        f"<h2>Active faults</h2><table><thead><tr><th>#</th><th>Kind</th><th>Where</th>"
+        f"<th>{heal_all}</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def timeline(events: Sequence[Event]) -> str:

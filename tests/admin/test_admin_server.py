@@ -15,6 +15,8 @@ from fakensq import NSQD, Cluster, NSQLookupd
 from fakensq.admin import Admin
 from fakensq.admin.cli import admin_main
 
+from .conftest import AdminEnv, RawConsumer
+
 
 async def test_reads_plain_daemons_without_fault_controls() -> None:
     async with (
@@ -149,3 +151,34 @@ async def test_admin_command_runs_until_signalled() -> None:
             assert lookupd.http_address in page.text
             proc.terminate()
             assert await proc.wait() == 0
+
+
+def test_client_faults(admin_env: AdminEnv) -> None:
+    env = admin_env
+    env.post(env.nsqd_http[0], "/topic/create?topic=t")
+    consumer = RawConsumer(env.nsqd_tcp[0], "t", "c", rdy=1)
+    try:
+        client = env.stats(0)["topics"][0]["channels"][0]["clients"][0]["remote_address"]
+        page = env.http.get(f"{env.url}/topics/t/c").text
+        assert f'data-client="{client}"' in page and 'data-action="fault/drop-client"' in page
+
+        def act(**body: Any) -> dict[str, Any]:
+            result: dict[str, Any] = env.http.post(f"{env.url}/api/action", json=body).json()
+            return result
+
+        args = {"client": client, "nodeAddress": env.nsqd_http[0]}
+        assert act(action="fault/partition-client", **args) == {
+            "ok": True,
+            "message": f"partitioned client {client} from nsqd-0",
+        }
+        assert [f["kind"] for f in env.stats(0)["faults"]] == ["partition"]
+        assert act(action="fault/heal", fault="all")["ok"]
+        assert act(action="fault/drop-client", **args)["message"].startswith(
+            f"dropped 1 connection(s) of client {client}"
+        )
+        assert act(action="fault/heal", fault="all") == {
+            "ok": False,
+            "message": "no active fault 'all'",
+        }
+    finally:
+        consumer.close()

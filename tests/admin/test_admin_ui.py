@@ -162,7 +162,7 @@ def test_kill_and_restart_a_node(page: Any, loaded: AdminEnv) -> None:
 
     row.get_by_role("button", name="Kill").click()
     expect(row.locator('[data-k="status"]')).to_have_text("down")
-    assert page.asked[-1] == f"Kill nsqd 1 ({env.nsqd_http[1]})?"
+    assert page.asked[-1].startswith(f"Kill nsqd-1 ({env.nsqd_http[1]})?")
     with pytest.raises(httpx.ConnectError):
         env.stats(1)
     # nsqlookupd dropped it too, and the page says so.
@@ -170,18 +170,56 @@ def test_kill_and_restart_a_node(page: Any, loaded: AdminEnv) -> None:
 
     page.get_by_role("link", name=re.compile("timeline", re.I)).click()
     timeline = page.locator("#timeline")
-    expect(timeline).to_contain_text(f"killed nsqd 1 ({env.nsqd_http[1]})")
+    expect(timeline).to_contain_text(f"killed nsqd-1 ({env.nsqd_http[1]})")
     expect(timeline).to_contain_text(f"nsqd {env.nsqd_http[1]} is down")
     expect(timeline).to_contain_text("lists 1 nsqd (was 2)")
     screenshot(page, "admin-timeline")
 
     page.locator(f'#faults tr[data-node="{env.nsqd_http[1]}"]').get_by_role(
-        "button", name="Restart"
+        "button", name="Start"
     ).click()
     expect(timeline).to_contain_text(f"nsqd {env.nsqd_http[1]} is up")
     assert env.stats(1)["health"] == "OK"
-    # Restarted on its data path: the topic it had is back.
-    assert any(t["topic_name"] == TOPIC for t in env.stats(1)["topics"])
+    # Killed, not stopped: what it held in memory is gone.
+    assert all(t["topic_name"] != TOPIC for t in env.stats(1)["topics"])
+
+
+def test_fault_controls(page: Any, loaded: AdminEnv) -> None:
+    env = loaded
+    # Time out the consumer's in-flight messages from the channel page.
+    page.goto(f"{env.url}/topics/{TOPIC}/billing")
+    summary = page.locator("#channel-summary")
+    expect(summary.locator('dd[data-k="in_flight_count"]')).to_have_text("2")
+    summary.get_by_role("button", name="Time out in-flight").click()
+    expect(page.locator("#flash")).to_contain_text(
+        f"timed out 2 in-flight message(s) of {TOPIC}/billing"
+    )
+    billing = channel_stats(env, 0, TOPIC, "billing")
+    assert billing is not None and billing["timeout_count"] >= 2
+    expect(summary.locator('dd[data-k="timeout_count"]')).not_to_have_text("0")
+
+    # Partition nsqd 0 from the lookupds, and swallow its heartbeats.
+    page.get_by_role("link", name=re.compile("timeline", re.I)).click()
+    row = page.locator(f'#faults tr[data-node="{env.nsqd_http[0]}"]')
+    row.get_by_role("button", name="Partition from lookupds").click()
+    expect(page.locator("#flash")).to_contain_text("partitioned nsqd-0")
+    row.get_by_role("button", name="Swallow heartbeats").click()
+    active = page.locator("#active-faults tr[data-fault]")
+    expect(active).to_have_count(2)
+    expect(page.locator("#active-faults")).to_contain_text("partition")
+    expect(page.locator("#active-faults")).to_contain_text("swallow_heartbeats")
+    # nsqd's own /stats lists them, and so does its row.
+    kinds = {f["kind"] for f in env.stats(0)["faults"]}
+    assert kinds == {"partition", "swallow_heartbeats"}
+    expect(row.locator('[data-k="health"]')).to_contain_text("partition")
+    timeline = page.locator("#timeline")
+    expect(timeline).to_contain_text(f"{TOPIC}/billing: 2 message(s) timed out")
+    screenshot(page, "admin-faults")
+
+    page.locator("#active-faults").get_by_role("button", name="Heal all").click()
+    expect(active).to_have_count(0)
+    assert env.stats(0)["faults"] == []
+    expect(timeline).to_contain_text("healed #")
 
 
 def test_create_and_delete_topic_and_channel(page: Any, admin_env: AdminEnv) -> None:
