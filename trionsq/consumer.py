@@ -545,7 +545,9 @@ class Consumer:
             message.responded = "finished"
             session = message._responder
             assert isinstance(session, _Session)
-            self._settle(session, commands.fin(message.id), True, None, count=False)
+            # A give-up is a FIN: as in go-nsq it counts as a success, so a give-up
+            # during a backoff test ends the test instead of leaving it open.
+            self._settle(session, commands.fin(message.id), True, True, count=False)
 
     def _settle(
         self,

@@ -164,23 +164,22 @@ class RdyController(Generic[K]):
         if self.mode is BackoffState.PAUSED or self.max_in_flight == 0:
             return dict.fromkeys(conns, 0)
         if self.mode is BackoffState.TESTING:
-            holder = next((k for k, c in conns.items() if c.rdy > 0), None)
-            if holder is None:
-                holder = min(conns, key=lambda k: conns[k].waiting_since)
-            return {k: (1 if k == holder else 0) for k in conns}
+            # One RDY 1, rotating like a low max_in_flight: a test on an nsqd with
+            # nothing to send must move on, or the consumer would test forever.
+            return self._rotation(now, 1)
         count = len(conns)
         if self.max_in_flight >= count:
             base, extra = divmod(self.max_in_flight, count)
             targets = {k: base + (1 if i < extra else 0) for i, k in enumerate(conns)}
         else:
-            targets = self._rotation(now)
+            targets = self._rotation(now, self.max_in_flight)
         for key, conn in conns.items():
             target = min(targets[key], conn.max_rdy_count)
             targets[key] = min(target, 1) if conn.bootstrapping else target
         return targets
 
-    def _rotation(self, now: float) -> dict[K, int]:
-        """RDY 1 for at most ``max_in_flight`` connections, rotating fairly."""
+    def _rotation(self, now: float, limit: int) -> dict[K, int]:
+        """RDY 1 for at most ``limit`` connections, rotating fairly."""
         conns = self.conns
         holders = [k for k, c in conns.items() if c.rdy > 0]
         waiting = sorted(
@@ -191,9 +190,9 @@ class RdyController(Generic[K]):
             holders = [k for k in holders if k not in expired]
             # Those giving RDY up queue behind the ones already waiting.
             waiting += expired
-        chosen = set(holders[: self.max_in_flight])
+        chosen = set(holders[:limit])
         for key in waiting:
-            if len(chosen) >= self.max_in_flight:
+            if len(chosen) >= limit:
                 break
             chosen.add(key)
         return {k: (1 if k in chosen else 0) for k in conns}
