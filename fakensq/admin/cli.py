@@ -25,7 +25,11 @@ def admin_flagset() -> FlagSet:
     """The flags of ``fakensq admin`` (nsqadmin's names)."""
     fs = FlagSet("fakensq admin")
     fs.add_string(
-        "http-address", "0.0.0.0:4171", "<addr>:<port> to listen on for HTTP clients", "http"
+        "http-address",
+        "127.0.0.1:4171",
+        "<addr>:<port> to listen on for HTTP clients (nsqadmin's default is 0.0.0.0:4171; "
+        "loopback here, as the pages can delete topics)",
+        "http",
     )
     fs.add_list(
         "lookupd-http-address",
@@ -64,7 +68,7 @@ def admin_main(argv: Sequence[str]) -> int:
             async with Admin(
                 lookupd_http_addresses=lookupds,
                 nsqd_http_addresses=nsqds,
-                http_address=values.get("http-address", "0.0.0.0:4171"),
+                http_address=values.get("http-address", "127.0.0.1:4171"),
             ) as admin:
                 print(f"admin: {admin.url}", flush=True)
                 async for _ in signals:

@@ -29,6 +29,10 @@
           var el = document.getElementById(id);
           if (el && el.innerHTML !== doc.sections[id]) el.innerHTML = doc.sections[id];
         });
+        // A section the server no longer renders (its topic is gone): clear it.
+        document.querySelectorAll("section[data-live]").forEach(function (el) {
+          if (!(el.id in doc.sections)) el.innerHTML = "";
+        });
         // A section the page did not have (a topic that came into existence): reload.
         if (ids.some(function (id) { return !document.getElementById(id); })) {
           window.location.reload();
