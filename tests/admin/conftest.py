@@ -81,8 +81,9 @@ def browser(chromium_path: str) -> Iterator[Any]:
             browser.close()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
+@pytest.fixture(scope="session")
+def _shared_page(browser: Any) -> Iterator[Any]:
+    # One tab for the whole session: a new context and page cost ~1 s each time.
     context = browser.new_context(viewport={"width": 1366, "height": 820})
     page = context.new_page()
     # Every action asks window.confirm(); the test says yes, and keeps what was asked.
@@ -98,6 +99,17 @@ def page(browser: Any) -> Iterator[Any]:
         yield page
     finally:
         context.close()
+
+
+@pytest.fixture
+def page(_shared_page: Any) -> Iterator[Any]:
+    """The session's browser tab, with its confirmations log emptied."""
+    _shared_page.asked.clear()
+    try:
+        yield _shared_page
+    finally:
+        # Leave the page before its admin server stops, so it stops polling it.
+        _shared_page.goto("about:blank")
 
 
 def screenshot(page: Any, name: str) -> None:
