@@ -64,7 +64,6 @@ class Settings:
     drain: bool = True
     timeout: float = 60.0
     publish_rate: float = 4000.0
-    stall_timeout: float = 1.0
     live: bool | None = None
 
 
@@ -81,8 +80,6 @@ class Ledger:
     #: bodies finished or given up (kept as they happen, to end the run in O(1))
     done: set[bytes] = field(default_factory=set)
     fault_log: list[str] = field(default_factory=list)
-    #: consumers restarted by the demo's watchdog (stuck in a backoff test)
-    recycled: int = 0
     #: quarter-second samples of a consumer in backoff (paused or testing)
     backoff_samples: int = 0
     seconds: float = 0.0
@@ -208,19 +205,6 @@ async def _inject_fault(
     healthy[victim] = True
 
 
-async def _first_of(a: trio.Event, b: trio.Event, nursery: trio.Nursery) -> None:
-    """Return once either event is set (then cancel ``nursery``'s other tasks)."""
-    async with trio.open_nursery() as inner:
-
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            inner.cancel_scope.cancel()
-
-        inner.start_soon(wait, a)
-        inner.start_soon(wait, b)
-    nursery.cancel_scope.cancel()
-
-
 async def run(settings: Settings) -> Ledger:
     """Run the whole job and return its ledger."""
     ledger = Ledger()
@@ -271,66 +255,38 @@ async def run(settings: Settings) -> Ledger:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(progress.run)
             workers: list[trionsq.Consumer | None] = [None] * settings.consumers
-            recycle = [trio.Event() for _ in range(settings.consumers)]
 
             async def worker(i: int, task_status: trio.TaskStatus[None]) -> None:
-                generation = 0
-                while not all_done.is_set():
-                    consumer = trionsq.Consumer(
-                        TOPIC,
-                        CHANNEL,
-                        handler=handler,
-                        give_up=give_up,
-                        lookupd_http_addresses=cluster.lookupd_http_addresses,
-                        lookupd_poll_interval=0.25,
-                        lookupd_poll_jitter=0.1,
-                        max_in_flight=settings.max_in_flight,
-                        max_attempts=settings.max_attempts,
-                        default_requeue_delay=0.02,
-                        max_requeue_delay=0.2,
-                        backoff=backoff,
-                        low_rdy_idle_timeout=0.5,
-                        connect_timeout=1.0,
-                        close_timeout=5.0,
-                        rng=random.Random(settings.seed * 1000 + i * 100 + generation),
-                    )
-                    async with consumer:
-                        workers[i] = consumer
-                        if generation == 0:
-                            task_status.started()
-                        recycle[i] = trio.Event()
-                        async with trio.open_nursery() as waiter:
-                            waiter.start_soon(_first_of, all_done, recycle[i], waiter)
-                    workers[i] = None
-                    generation += 1
+                async with trionsq.Consumer(
+                    TOPIC,
+                    CHANNEL,
+                    handler=handler,
+                    give_up=give_up,
+                    lookupd_http_addresses=cluster.lookupd_http_addresses,
+                    lookupd_poll_interval=0.25,
+                    lookupd_poll_jitter=0.1,
+                    max_in_flight=settings.max_in_flight,
+                    max_attempts=settings.max_attempts,
+                    default_requeue_delay=0.02,
+                    max_requeue_delay=0.2,
+                    backoff=backoff,
+                    low_rdy_idle_timeout=0.5,
+                    connect_timeout=1.0,
+                    close_timeout=5.0,
+                    rng=random.Random(settings.seed * 1000 + i),
+                ) as consumer:
+                    workers[i] = consumer
+                    task_status.started()
+                    await all_done.wait()
+                workers[i] = None
 
-            async def watchdog() -> None:
-                """Recycle a consumer stuck in backoff's test while others hold the backlog.
-
-                A backoff test sends RDY 1 to one nsqd; when that nsqd has nothing
-                left and never rotates the test elsewhere, the consumer waits forever.
-                Like a liveness probe, the demo restarts such a consumer (counted in
-                the report); its unanswered messages go back to nsqd on the way out.
-                """
-                last = -1
-                still_since = trio.current_time()
+            async def sample_backoff() -> None:
+                """Show each consumer's backoff state, and add up time spent in it."""
                 while True:
                     await trio.sleep(0.25)
                     states = [c.stats.backoff_state if c else "-" for c in workers]
                     progress.info["backoff"] = ",".join(states)
                     ledger.backoff_samples += sum(1 for x in states if x not in ("normal", "-"))
-                    done_now = len(ledger.done)
-                    if done_now != last:
-                        last, still_since = done_now, trio.current_time()
-                        continue
-                    if trio.current_time() - still_since < settings.stall_timeout:
-                        continue
-                    for i, consumer in enumerate(workers):
-                        if consumer is not None and consumer.stats.backoff_state != "normal":
-                            ledger.recycled += 1
-                            progress.add("recycled")
-                            recycle[i].set()
-                    still_since = trio.current_time()
 
             async def publish() -> None:
                 await _publish_all(cluster, settings, ledger, progress, healthy, half_published)
@@ -341,7 +297,7 @@ async def run(settings: Settings) -> Ledger:
                 for i in range(settings.consumers):
                     await work.start(worker, i)
                 work.start_soon(publish)
-                work.start_soon(watchdog)
+                work.start_soon(sample_backoff)
                 if settings.fault and settings.nsqds > 1:
 
                     async def fault() -> None:
@@ -383,10 +339,6 @@ def report(ledger: Ledger, settings: Settings) -> str:
     for event in ledger.fault_log:
         lines.append(f"  fault {event}")
     lines.append(f"  time consumers spent backing off: ~{ledger.backoff_samples * 0.25:.2f}s")
-    if ledger.recycled:
-        lines.append(
-            f"  consumers recycled by the watchdog (stuck backoff test): {ledger.recycled}"
-        )
     if ledger.publish_retries:
         lines.append(f"  publishes retried on another nsqd: {ledger.publish_retries}")
     rate = len(ledger.published) / ledger.seconds if ledger.seconds else 0.0
