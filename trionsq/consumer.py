@@ -8,6 +8,7 @@ requeued, requeues at once what arrives meanwhile, then closes.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -396,9 +397,7 @@ class Consumer:
 
     async def _serve(self, conn: Connection) -> None:
         session = _Session(self, conn)
-
-        def on_message(frame: MessageFrame) -> Awaitable[None] | None:
-            return self._on_message(session, frame)
+        on_message = functools.partial(self._on_message, session)
 
         try:
             async with trio.open_nursery() as nursery:
