@@ -262,12 +262,12 @@ class _DriverConsumer:
             await self._done.wait()
 
     async def _receive(self, consumer: Consumer) -> None:
-        cutoff = self.cutoff_ns
         cond = self._cond
         async for message in consumer:
             now = time.monotonic()
             held = _Held(message, now)
             with cond:
+                cutoff = self.cutoff_ns
                 if cutoff is not None and message.timestamp > cutoff:
                     self._later.append(held)
                     continue
