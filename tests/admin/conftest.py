@@ -66,7 +66,9 @@ def chromium_path() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+# Module-scoped: the browser (and Playwright's event loop) is gone before the
+# rest of the suite runs, whatever it does with asyncio.
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
@@ -81,9 +83,9 @@ def browser(chromium_path: str) -> Iterator[Any]:
             browser.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def _shared_page(browser: Any) -> Iterator[Any]:
-    # One tab for the whole session: a new context and page cost ~1 s each time.
+    # One tab for the module's tests: a new context and page cost ~1 s each time.
     context = browser.new_context(viewport={"width": 1366, "height": 820})
     page = context.new_page()
     # Every action asks window.confirm(); the test says yes, and keeps what was asked.
@@ -103,7 +105,7 @@ def _shared_page(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def page(_shared_page: Any) -> Iterator[Any]:
-    """The session's browser tab, with its confirmations log emptied."""
+    """The module's browser tab, with its confirmations log emptied."""
     _shared_page.asked.clear()
     try:
         yield _shared_page
