@@ -182,3 +182,13 @@ def test_client_faults(admin_env: AdminEnv) -> None:
         }
     finally:
         consumer.close()
+
+
+def test_chromium_install_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from . import conftest
+
+    monkeypatch.setattr(conftest.os, "geteuid", lambda: 1000)
+    assert "not root" in conftest._install_chromium()
+    monkeypatch.setattr(conftest.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
+    assert "no apt-get" in conftest._install_chromium()
