@@ -15,6 +15,7 @@ need the in-process :class:`fakensq.Cluster`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -49,6 +50,12 @@ _STATIC = {
     "/static/admin.js": ("admin.js", "text/javascript; charset=utf-8"),
     "/static/admin.css": ("admin.css", "text/css; charset=utf-8"),
 }
+
+
+@functools.cache
+def _static(name: str) -> bytes:
+    # Read once: a few kilobytes of package data, not worth a thread per request.
+    return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
 class ActionError(Exception):
@@ -180,10 +187,11 @@ class Admin:
     # -- HTTP -----------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
+        """Route one request: static files, pages, their JSON twins, actions."""
         path = request.path
         if path in _STATIC:
             name, ctype = _STATIC[path]
-            body = resources.files(__package__).joinpath("static", name).read_bytes()
+            body = _static(name)
             return Response(200, body, [("Content-Type", ctype), ("Cache-Control", "no-cache")])
         if path == "/ping":
             return Response.text("OK")
