@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import httpx
@@ -107,10 +108,13 @@ def test_cluster_command_serves_the_admin() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    # Reading its stdout blocks: a watchdog kills a command that hangs.
+    watchdog = threading.Timer(30, proc.kill)
+    watchdog.start()
     try:
         assert proc.stdout is not None
         url = ""
-        for line in proc.stdout:  # bounded: the command prints "ready" or exits
+        for line in proc.stdout:  # ends at "ready", or when the command exits
             if line.startswith("ADMIN_URL="):
                 url = line.strip().partition("=")[2]
             if line.startswith("ready"):
@@ -121,6 +125,7 @@ def test_cluster_command_serves_the_admin() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        watchdog.cancel()
     assert proc.returncode == 0
 
 
