@@ -211,6 +211,7 @@ class Consumer:
         self._queue_waiters = trio.lowlevel.ParkingLot()
         self._queue_closed = False
         self._workers = 0
+        self._pool_limit = max(1, config.max_in_flight)  # at least one, for stragglers
         self._waking = 0  # workers started or unparked that have not run yet
         self._since_yield = 0
         self._unsettled = 0
@@ -266,6 +267,7 @@ class Consumer:
             raise ValueError("max_in_flight must be >= 0")
         await trio.lowlevel.checkpoint()
         self._rdy.set_max_in_flight(max_in_flight)
+        self._pool_limit = max(1, max_in_flight)
         self._update_rdy()
 
     def __aiter__(self) -> Consumer:
@@ -469,7 +471,7 @@ class Consumer:
         for _ in range(count):
             if self._queue_waiters:
                 self._queue_waiters.unpark()
-            elif self._workers < max(1, self._rdy.max_in_flight) and not self._queue_closed:
+            elif self._workers < self._pool_limit and not self._queue_closed:
                 self._workers += 1
                 self._handlers.start_soon(self._worker)
             else:
@@ -482,7 +484,7 @@ class Consumer:
         woken = True  # counted in _waking until it runs
         fresh = False
         try:
-            while self._workers <= max(1, self._rdy.max_in_flight):
+            while self._workers <= self._pool_limit:
                 if woken:
                     woken = False
                     fresh = True
@@ -581,7 +583,8 @@ class Consumer:
             self._update_rdy()
         sent = session._send(data)
         self._unsettled -= 1
-        self._settled_event.set()
+        if self._closing:
+            self._settled_event.set()  # only _drain waits for it, after _closing is set
         if sent and count:
             if fin:
                 self._finished += 1
