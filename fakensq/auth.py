@@ -5,6 +5,8 @@ auth server ``GET /auth?remote_ip=&tls=&secret=`` (and ``common_name`` with a TL
 client certificate) and gets the client's identity, a TTL and authorizations.
 Tests may instead give ``NSQD(auth_handler=...)``, a Python callable taking the
 same query (a dict) and returning the same JSON (a dict), sync or async.
+nsqd's HTTP timeouts (http_client_connect_timeout / request_timeout) apply to
+the HTTP servers only: a handler that never returns makes AUTH hang.
 """
 
 from __future__ import annotations
