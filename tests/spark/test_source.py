@@ -91,6 +91,7 @@ def test_a_killed_query_restarts_from_its_checkpoint_losing_nothing(
             .load()
         )
 
+    earlier = set(source_runner_pids(spark))  # other queries' runners, if still exiting
     query: StreamingQuery = (
         stream().writeStream.format("parquet").option("checkpointLocation", checkpoint).start(out)
     )
@@ -100,7 +101,7 @@ def test_a_killed_query_restarts_from_its_checkpoint_losing_nothing(
             timeout=60,
             what="two batches",
         )
-        [pid] = source_runner_pids(spark)
+        [pid] = set(source_runner_pids(spark)) - earlier
         os.kill(pid, signal.SIGKILL)  # the driver-side consumer dies mid-stream
         try:
             query.awaitTermination(60)
