@@ -17,7 +17,8 @@ written at once, their OKs read together, the server's ceiling) and MPUB.
 Rates are given per wall-clock second and per CPU second of this process.
 Client, server and baseline share one process and talk over loopback, so the
 loop never waits on anything but itself: on a quiet machine the two agree, and
-on a shared one the CPU figure is the steadier, so ratios use it.
+on a shared one the CPU figure is the steadier, so ratios use it: the median,
+over rounds, of the ratio within a round (the figures shown are the bests).
 
 Memory (``--memory``): a consumer drains a million messages while a publisher
 keeps the channel's backlog bounded; RSS and Python's allocated blocks (and
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import statistics
 import sys
 import time
 import tracemalloc
@@ -247,25 +249,40 @@ Timed = Callable[[int, Callable[[str], Awaitable[None]]], Awaitable[Rate]]
 Maker = Callable[[int], Callable[[str], Awaitable[None]]]
 
 
+class Measured(NamedTuple):
+    best: Rate  # the best wall and CPU rates over the rounds
+    rounds: list[float]  # the CPU rate of each round
+
+
 async def best_of(
     runs: int, timed: Timed, cases: Mapping[str, tuple[int, Maker]]
-) -> dict[str, Rate]:
-    """The best rates of each case over ``runs`` rounds, each on a fresh nsqd.
+) -> dict[str, Measured]:
+    """Each case's rates over ``runs`` rounds, each run on a fresh nsqd.
 
     Rounds interleave the cases, so a burst of load on the machine hurts them
-    alike rather than one of them.
+    alike rather than one of them, and ratios (see :func:`ratio`) compare the
+    cases of one round.
     """
     best = dict.fromkeys(cases, Rate(0.0, 0.0))
+    rounds: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(runs):
         for name, (count, make) in cases.items():
             rate = await timed(count, make(count))
             best[name] = Rate(max(best[name].wall, rate.wall), max(best[name].cpu, rate.cpu))
-    return best
+            rounds[name].append(rate.cpu)
+    return {name: Measured(best[name], rounds[name]) for name in cases}
 
 
-def _row(name: str, rate: Rate, baseline: Rate | None = None, against: str = "") -> None:
-    ratio = f"   {rate.cpu / baseline.cpu:5.2f} x {against}" if baseline is not None else ""
-    print(f"  {name:<32} {rate.wall:>9,.0f} {rate.cpu:>9,.0f}{ratio}")
+def ratio(case: Measured, baseline: Measured) -> float:
+    """The median over rounds of the case's CPU rate over the baseline's in the
+    same round: steadier than a ratio of bests when the machine's load drifts."""
+    return statistics.median(c / b for c, b in zip(case.rounds, baseline.rounds, strict=True))
+
+
+def _row(name: str, case: Measured, baseline: Measured | None = None, against: str = "") -> None:
+    rate = case.best
+    shown = f"   {ratio(case, baseline):5.2f} x {against}" if baseline is not None else ""
+    print(f"  {name:<32} {rate.wall:>9,.0f} {rate.cpu:>9,.0f}{shown}")
 
 
 def _header(title: str) -> None:
@@ -326,8 +343,8 @@ async def publish_section(messages: int, runs: int) -> None:
         "raw",
     )
     pipelined = figures[f"Producer PUB, {PIPELINE} concurrent"]
-    print(f"  pipelined / sequential PUB (Producer)  {pipelined.cpu / seq.cpu:5.2f}")
-    print(f"  pipelined Producer / raw windows       {pipelined.cpu / raw_pipe.cpu:5.2f}")
+    print(f"  pipelined / sequential PUB (Producer)  {ratio(pipelined, seq):5.2f}")
+    print(f"  pipelined Producer / raw windows       {ratio(pipelined, raw_pipe):5.2f}")
 
     # fakensq answers every PUB with a write of its own, so the server bounds
     # pipelining above; a bare server that answers a read's PUBs at once shows
@@ -462,8 +479,8 @@ if __name__ == "__main__":
         type=int,
         help="messages to consume (default 100,000; 1,000,000 with --memory)",
     )
-    parser.add_argument("--publishes", type=int, default=10_000, help="publish: PUBs")
-    parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--publishes", type=int, default=3_000, help="publish: PUBs")
+    parser.add_argument("--runs", type=int, default=4, help="rounds of every case")
     parser.add_argument(
         "--memory", action="store_true", help="run only the memory section (a few minutes)"
     )
