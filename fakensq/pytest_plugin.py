@@ -21,11 +21,23 @@ Options go through markers, with nsqd's and nsqlookupd's option names::
     @pytest.mark.nsqlookupd(tombstone_lifetime=1.0)
     @pytest.mark.nsq_cluster(nsqd=3, lookupd=2, nsqd_options={"mem_queue_size": 10})
     def test_cluster(nsq_cluster): ...
+
+``@pytest.mark.nsqd`` also takes ``tls=True`` (a CA and a server certificate made
+by ``trustme``; the node then has ``tls_ca_file``, a path, and
+``client_ssl_context``, for clients) and ``auth_handler=callable`` (stands in for
+the auth server: takes the query dict, returns the auth JSON as a dict).
+
+For Trio tests, ``sim_cluster`` is a :class:`fakensq.simulation.SimCluster` (no
+socket, no thread) on pytest-trio's ``autojump_clock``: a minute of timeouts takes
+milliseconds.  Shape through ``@pytest.mark.sim_cluster(nsqd=2, lookupd=1,
+seed=0, nsqd_options={...})``; give clients ``sim_cluster.connector`` and
+``sim_cluster.http_transport``; inject faults with ``sim_cluster.faults``.  Ask for
+``autojump_clock`` next to it: ``async def test_x(sim_cluster, autojump_clock)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +49,17 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .lookupd import NSQLookupd
     from .nsqd import NSQD
+    from .simulation import SimCluster
 
-__all__ = ["nsq_cluster", "nsqd", "nsqd_factory", "nsqlookupd"]
+__all__ = ["nsq_cluster", "nsqd", "nsqd_factory", "nsqlookupd", "sim_cluster"]
 
 _MARKERS = {
     "nsqd": "nsqd(**options): options for the fakensq `nsqd` fixture (NSQDOptions fields)",
     "nsqlookupd": "nsqlookupd(**options): options for the fakensq `nsqlookupd` fixture",
     "nsq_cluster": "nsq_cluster(nsqd=1, lookupd=1, nsqd_options=..., lookupd_options=...): "
     "the fakensq `nsq_cluster` fixture's shape",
+    "sim_cluster": "sim_cluster(nsqd=1, lookupd=1, seed=0, nsqd_options=..., trace=...): "
+    "the fakensq `sim_cluster` fixture's shape (in-memory, virtual time)",
 }
 
 
@@ -69,6 +84,11 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., NSQD]]:
     started: list[BackgroundNode[NSQD]] = []
 
     def start(**options: Any) -> NSQD:
+        tls = options.pop("tls", False)
+        ca_file = ""
+        client_context = None
+        if tls:
+            ca_file, client_context = _tls_files(tmp_path / f"tls-{len(started)}", options)
         options.setdefault("tcp_address", "127.0.0.1:0")
         options.setdefault("http_address", "127.0.0.1:0")
         if "data_path" not in options:
@@ -77,7 +97,12 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., NSQD]]:
             options["data_path"] = str(data_path)
         node: BackgroundNode[NSQD] = BackgroundNode(lambda: NSQD(**options), name="fakensq-nsqd")
         started.append(node)
-        return node.start()
+        nsqd = node.start()
+        if tls:
+            # What a client needs to trust the node's certificate.
+            setattr(nsqd, "tls_ca_file", ca_file)  # noqa: B010
+            setattr(nsqd, "client_ssl_context", client_context)  # noqa: B010
+        return nsqd
 
     try:
         yield start
@@ -135,3 +160,45 @@ def nsq_cluster(nsq_cluster_node: BackgroundNode[Cluster]) -> Cluster:
     (default: one nsqd, one nsqlookupd).
     """
     return nsq_cluster_node.node
+
+
+def _tls_files(directory: Path, options: dict[str, Any]) -> tuple[str, Any]:
+    """A trustme CA and a ``localhost``/``127.0.0.1`` server certificate, as files
+    the nsqd options point at; returns the CA file and a client SSL context."""
+    import ssl
+
+    import trustme
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert_file, key_file, ca_file = (
+        directory / "server.pem",
+        directory / "server.key",
+        directory / "ca.pem",
+    )
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    for blob in cert.cert_chain_pems[1:]:
+        blob.write_to_path(str(cert_file), append=True)
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    options.setdefault("tls_cert", str(cert_file))
+    options.setdefault("tls_key", str(key_file))
+    context = ssl.create_default_context(cafile=str(ca_file))
+    return str(ca_file), context
+
+
+@pytest.fixture
+async def sim_cluster(request: pytest.FixtureRequest) -> AsyncIterator[SimCluster]:
+    """A simulated cluster (:class:`fakensq.simulation.SimCluster`) for Trio tests.
+
+    No socket, thread or file outlives the test.  Ask for pytest-trio's
+    ``autojump_clock`` in the test too (pytest-trio takes the clock from the test
+    function's own arguments) to run it in virtual time.  Shape and options from
+    ``@pytest.mark.sim_cluster(...)`` (SimCluster's keywords).
+    """
+    from .simulation import SimCluster
+
+    options = _marker_options(request, "sim_cluster")
+    async with SimCluster(**options) as cluster:
+        yield cluster
