@@ -129,6 +129,7 @@ class ClientConnection:
         self._needs_dispatch = False
         self._msg_buf: list[bytes] = []
         self._msg_buf_size = 0
+        self._responses: list[bytes] = []
         self._flush_now = False
         self._flush_deadline = math.inf
         self._next_heartbeat = math.inf
@@ -183,6 +184,8 @@ class ClientConnection:
                 try:
                     command = parser.next_command()
                 except LineTooLong:
+                    if self._responses:  # answers to what came before still go out
+                        await self._send_frame(b"")
                     return
                 except NSQErrorResponse as exc:
                     await self._send_error(exc)
@@ -207,6 +210,9 @@ class ClientConnection:
                 self._needs_dispatch = False
                 if self.channel is not None:
                     self.channel.dispatch()
+            if self._responses:
+                # The answers to every publish of one read, in one write.
+                await self._send_frame(b"")
             data = await self._receive()
             if not data:
                 return
@@ -263,13 +269,13 @@ class ClientConnection:
             topic = self.nsqd.get_topic(command.topic)
             topic.put(topic.new_message(command.body))
             self._published(command.topic, 1)
-            await self._send_response(OK)
+            self._respond_later(OK)
         elif isinstance(command, cmds.MPub):
             await self._check_auth("MPUB", command.topic, "")
             topic = self.nsqd.get_topic(command.topic)
             topic.put_many(topic.new_messages(command.bodies))
             self._published(command.topic, len(command.bodies))
-            await self._send_response(OK)
+            self._respond_later(OK)
         elif isinstance(command, cmds.Req):
             delay_ns = min(max(command.delay_ns, 0), int(self.nsqd.options.max_req_timeout * 1e9))
             self._subscribed_channel().requeue(self, command.id, delay_ns / 1e9)
@@ -280,7 +286,7 @@ class ClientConnection:
             topic = self.nsqd.get_topic(command.topic)
             topic.put(topic.new_message(command.body, command.delay_ms / 1000))
             self._published(command.topic, 1)
-            await self._send_response(OK)
+            self._respond_later(OK)
         elif isinstance(command, cmds.Nop):
             pass
         elif isinstance(command, cmds.Sub):
@@ -586,9 +592,17 @@ class ClientConnection:
         self._flush_deadline = math.inf
         return data
 
+    def _respond_later(self, data: bytes) -> None:
+        """Queue a response frame; it goes out before the next read, or sooner
+        with any other frame (pipelined publishes get one write, not one each)."""
+        self._responses.append(encode_response(data))
+
     async def _send_frame(self, frame: bytes) -> None:
         async with self._send_lock:
-            # Buffered messages go first: one stream, in order.
+            # Buffered messages, then queued responses, go first: one stream, in order.
+            if self._responses:
+                frame = b"".join(self._responses) + frame
+                self._responses.clear()
             await self._write(self._take_buffered() + frame if self._msg_buf else frame)
 
     async def _send_response(self, data: bytes) -> None:
