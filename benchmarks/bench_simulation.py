@@ -69,11 +69,11 @@ async def scenario(faults: bool) -> dict[str, Any]:
                 for i in range(FAULTS):
                     kind = i % 6
                     client = rng.choice(["c1", "c2"])
-                    node = f"nsqd-{rng.randrange(2)}"
+                    target = f"nsqd-{rng.randrange(2)}"
                     if kind == 0:
                         await f.drop(client=client)
                     elif kind == 1:
-                        fault = f.partition(client, node)
+                        fault = f.partition(client, target)
                         await trio.sleep(30)
                         fault.heal()
                     elif kind == 2:
@@ -81,11 +81,11 @@ async def scenario(faults: bool) -> dict[str, Any]:
                         await trio.sleep(30)
                         fault.heal()
                     elif kind == 3:
-                        f.time_out_in_flight(node=node)
+                        f.time_out_in_flight(node=target)
                     elif kind == 4:
-                        f.corrupt_next_frame(client=client, node=node)
+                        f.corrupt_next_frame(client=client, node=target)
                     else:
-                        await f.restart(node)
+                        await f.restart(target)
                     await trio.sleep(2)
             with trio.fail_after(24 * 3600):
                 while len(done) < MESSAGES:  # noqa: ASYNC110 (virtual time)
