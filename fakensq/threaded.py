@@ -69,6 +69,13 @@ class BackgroundNode(Generic[T]):
             raise RuntimeError("the node is not running")
         return trio.from_thread.run(fn, *args, trio_token=self._token)
 
+    def call_sync(self, fn: Callable[..., R], *args: object) -> R:
+        """Run ``fn(*args)`` in the node's event loop (e.g. a fault of
+        ``cluster.faults``) and return its result."""
+        if self._token is None:
+            raise RuntimeError("the node is not running")
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
     def stop(self) -> None:
         """Shut the node down cleanly and wait for its thread to end."""
         if self._thread is None:
