@@ -30,7 +30,6 @@ from .lookup_peer import LookupPeers, lookup_peers_of, run_lookup_peers, set_loo
 from .lookupd import NSQLookupd, join_host_port, split_host_port
 from .nsqd import NSQD
 from .options import NSQDOptions
-from .persist import load_state, save_state
 
 if TYPE_CHECKING:
     from .simulation import SimNetwork
@@ -363,8 +362,8 @@ class Cluster:
             self.faults.attach_nsqd(slot.name, nsqd)
             return nsqd
 
+        # The NSQD restores what its last clean stop saved in its data path.
         await self._start(slot, factory)
-        load_state(self.nsqd(i), slot.data_path)
         if wait:
             await self.wait_registered()
         return self.nsqd(i)
@@ -373,15 +372,16 @@ class Cluster:
         """Stop nsqd ``i`` cleanly: its messages (queued, in flight, deferred) are
         kept in its data path for its next start, as a real nsqd flushes them to
         disk; its lookupd connections close, so it is unregistered."""
-        slot = self._nsqd_slots[i]
-        if slot.node is not None:
-            save_state(slot.node, slot.data_path)
-        await self._stop(slot)
+        # The NSQD saves its state to its data path itself, when its run ends.
+        await self._stop(self._nsqd_slots[i])
 
     async def kill_nsqd(self, i: int) -> None:
         """Kill nsqd ``i``: no clean shutdown, what it held in memory is lost (its
         data path keeps what an earlier clean stop left there)."""
-        await self._stop(self._nsqd_slots[i])
+        slot = self._nsqd_slots[i]
+        if slot.node is not None:
+            slot.node.persist_on_stop = False
+        await self._stop(slot)
 
     # -- nodes by name (fakensq.faults) ---------------------------------------
 

@@ -2,10 +2,14 @@
 
 A real nsqd, stopping cleanly, writes its metadata (topics, channels, paused
 flags) and flushes every message it holds (queued, in flight, deferred) to its
-data path; at start it reads them back.  fakensq keeps messages in memory only,
-so :class:`fakensq.Cluster` does the same through :func:`save_state` (at a clean
-stop) and :func:`load_state` (at start).  A killed node saves nothing: what it
-held in memory is lost, as with a crashed nsqd's memory queues.
+data path; at start it reads them back.  An :class:`fakensq.NSQD` with a
+``data_path`` does the same (its ``run`` calls :func:`load_state` at start and
+:func:`save_state` at a clean stop; :class:`fakensq.Cluster` relies on that).
+Ephemeral topics and channels never touch disk.  A killed node saves nothing:
+what it held in memory is lost, as with a crashed nsqd's memory queues.
+
+Messages that overflowed to disk (:mod:`fakensq.diskqueue`) stay in their
+segment files; the state file keeps their read/write positions.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ def save_state(nsqd: NSQD, data_path: str) -> int:
     """Write every topic, channel and message of ``nsqd``; returns the message count.
 
     In-flight and deferred messages are saved as ready ones (nsqd flushes them to
-    its backend too): after the restart they are delivered again.
+    its backend too): after the restart they are delivered again.  Disk-backed
+    queues are closed: call this once, when the node stops.
     """
     topics = []
     count = 0
@@ -62,23 +67,29 @@ def save_state(nsqd: NSQD, data_path: str) -> int:
             held = list(_iter_queue(ch.queue))
             held += sorted(ch.in_flight.values(), key=lambda m: m.seq)
             held += sorted(ch.deferred.values(), key=lambda m: m.seq)
-            count += len(held)
+            count += len(held) + _backend_depth(ch.queue)
             channels.append(
-                {"name": cname, "paused": ch.paused, "messages": [_encode(m) for m in held]}
+                {
+                    "name": cname,
+                    "paused": ch.paused,
+                    "messages": [_encode(m) for m in held],
+                    "backend": _close_backend(ch.queue),
+                }
             )
         queued = list(_iter_queue(topic.queue))
-        count += len(queued)
+        count += len(queued) + _backend_depth(topic.queue)
         topics.append(
             {
                 "name": tname,
                 "paused": topic.paused,
                 "channels": channels,
                 "messages": [_encode(m) for m in queued],
+                "backend": _close_backend(topic.queue),
             }
         )
     path = Path(data_path) / STATE_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": 1, "topics": topics}))
+    tmp.write_text(json.dumps({"version": 2, "topics": topics}))
     os.replace(tmp, path)  # atomic, as nsqd's metadata write
     return count
 
@@ -92,27 +103,65 @@ def load_state(nsqd: NSQD, data_path: str) -> int:
     except FileNotFoundError:
         return 0
     count = 0
+    # Read by nsqd.new_queue: disk-backed queues resume from their segment files.
+    nsqd.restored_backends = {}
     for tdoc in doc["topics"]:
-        topic = nsqd.get_topic(tdoc["name"])
         for cdoc in tdoc["channels"]:
-            ch = topic.get_channel(cdoc["name"])
-            msgs = [_decode(m) for m in cdoc["messages"]]
-            count += len(msgs)
-            ch.queue.put_many(msgs)
-            if cdoc["paused"]:
-                ch.pause()
-            ch.dispatch()
-        msgs = [_decode(m) for m in tdoc["messages"]]
-        count += len(msgs)
-        topic.queue.put_many(msgs)
-        if tdoc["paused"]:
-            topic.pause()
+            if cdoc.get("backend"):
+                nsqd.restored_backends[(tdoc["name"], cdoc["name"])] = cdoc["backend"]
+        if tdoc.get("backend"):
+            nsqd.restored_backends[(tdoc["name"], None)] = tdoc["backend"]
+    try:
+        for tdoc in doc["topics"]:
+            # Paused first, so that restoring channels does not drain the topic
+            # before its own messages are back.
+            topic = nsqd.get_topic(tdoc["name"])
+            topic.paused = True
+            for cdoc in tdoc["channels"]:
+                ch = topic.get_channel(cdoc["name"])
+                msgs = [_decode(m) for m in cdoc["messages"]]
+                count += len(msgs) + _backend_depth(ch.queue)
+                _put_front(ch.queue, msgs)
+                if cdoc["paused"]:
+                    ch.pause()
+                ch.dispatch()
+            msgs = [_decode(m) for m in tdoc["messages"]]
+            count += len(msgs) + _backend_depth(topic.queue)
+            _put_front(topic.queue, msgs)
+            if tdoc["paused"]:
+                topic.pause()
+            else:
+                topic.unpause()
+    finally:
+        nsqd.restored_backends = {}
     path.unlink()
     return count
 
 
+def _backend_depth(queue: Any) -> int:
+    return int(getattr(queue, "backend_depth", 0))
+
+
+def _close_backend(queue: Any) -> dict[str, Any] | None:
+    close = getattr(queue, "close", None)
+    return close() if close is not None else None
+
+
+def _put_front(queue: Any, msgs: list[Message]) -> None:
+    # Saved memory messages are older than what is on disk: before it.
+    put_front = getattr(queue, "put_front", None)
+    if put_front is not None:
+        put_front(msgs)
+    else:
+        queue.put_many(msgs)
+
+
 def _iter_queue(queue: Any) -> list[Message]:
-    # MemoryQueue keeps a deque; any queue with get/put works (drained and refilled).
+    # MemoryQueue keeps a deque, a DiskBackedQueue its memory part (the disk part
+    # stays in its files); any other queue with get/put is drained and refilled.
+    memory = getattr(queue, "memory_messages", None)
+    if memory is not None:
+        return list(memory())
     items = getattr(queue, "_items", None)
     if items is not None:
         return list(items)

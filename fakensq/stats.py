@@ -58,14 +58,19 @@ class LatencyStream:
         return {"count": len(values), "percentiles": out}
 
 
+def backend_depth(queue: object) -> int:
+    """Messages of a queue that are on disk (a memory-only queue: none)."""
+    return int(getattr(queue, "backend_depth", 0))
+
+
 def _channel_stats(channel: Channel, topic_filter: str, include_clients: bool) -> dict[str, Any]:
     clients: list[dict[str, Any]] | None = None
     if include_clients:
         clients = [c.stats(topic_filter) for c in channel.clients.values()]
     return {
         "channel_name": channel.name,
-        "depth": channel.depth(),
-        "backend_depth": 0,
+        "depth": channel.depth(),  # memory and disk, as nsqd's Depth()
+        "backend_depth": backend_depth(channel.queue),
         "in_flight_count": len(channel.in_flight),
         "deferred_count": len(channel.deferred),
         "message_count": channel.message_count,
@@ -83,7 +88,7 @@ def _topic_stats(topic: Topic, channels: list[dict[str, Any]]) -> dict[str, Any]
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth(),
-        "backend_depth": 0,
+        "backend_depth": backend_depth(topic.queue),
         "message_count": topic.message_count,
         "message_bytes": topic.message_bytes,
         "paused": topic.paused,

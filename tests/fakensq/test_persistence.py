@@ -1,0 +1,182 @@
+"""An NSQD with a data path keeps its state across a clean restart, and queues
+beyond mem-queue-size on disk (fakensq.persist, fakensq.diskqueue)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import fakensq
+from fakensq.diskqueue import DiskBackedQueue
+from fakensq.message import Message, MessageQueue
+from trionsq.protocol import commands as cmds
+
+from .helpers import RawClient, wait_until
+
+
+def drain(queue: MessageQueue) -> list[bytes]:
+    return [m.body for m in queue.get_many(1_000_000)]
+
+
+def segments(data_path: Path) -> list[Path]:
+    """Channel t:ch's diskqueue files (a sync helper: a few small calls)."""
+    return sorted(data_path.glob("t:ch.diskqueue.*.dat"))
+
+
+def node(data_path: Path, **options: Any) -> fakensq.NSQD:
+    return fakensq.NSQD(
+        tcp_address="127.0.0.1:0", http_address="", data_path=str(data_path), **options
+    )
+
+
+async def test_clean_stop_keeps_queued_in_flight_deferred_and_metadata(tmp_path: Path) -> None:
+    async with node(tmp_path) as nsqd:
+        with trio.fail_after(5):
+            consumer = await RawClient.connect(nsqd.tcp_address)
+            await consumer.identify()
+            await consumer.sub("t", "ch", rdy=2)
+            producer = await RawClient.connect(nsqd.tcp_address)
+            for body in (b"a", b"b", b"c", b"d"):
+                await producer.pub("t", body)
+            await producer.send(cmds.dpub("t", 3_600_000, b"later"))
+            assert await producer.read_response() == b"OK"
+            in_flight = {(await consumer.read_message()).body for _ in range(2)}
+            assert in_flight == {b"a", b"b"}
+        topic = nsqd.get_topic("t")
+        topic.get_channel("paused").pause()
+        topic.get_channel("gone#ephemeral")
+        nsqd.get_topic("waiting").put(nsqd.get_topic("waiting").new_message(b"w"))
+        nsqd.get_topic("eph#ephemeral").put(nsqd.get_topic("eph#ephemeral").new_message(b"x"))
+        nsqd.get_topic("paused-topic").pause()
+        await consumer.aclose()
+        await producer.aclose()
+
+    async with node(tmp_path) as nsqd:
+        assert sorted(nsqd.topics) == ["paused-topic", "t", "waiting"]
+        topic = nsqd.topics["t"]
+        assert sorted(topic.channels) == ["ch", "paused"]
+        assert topic.channels["paused"].paused and nsqd.topics["paused-topic"].paused
+        # In flight and deferred come back queued (nsqd flushes them to its backend).
+        assert sorted(drain(topic.channels["ch"].queue)) == [b"a", b"b", b"c", b"d", b"later"]
+        assert topic.channels["paused"].depth() == 0  # created after the publishes
+        assert drain(nsqd.topics["waiting"].queue) == [b"w"]
+    # Restored and consumed: nothing comes back a second time.
+    async with node(tmp_path) as nsqd:
+        assert nsqd.topics["waiting"].depth() == 0
+
+
+async def test_cancelled_run_saves_and_kill_does_not(tmp_path: Path) -> None:
+    async with trio.open_nursery() as inner:
+        nsqd = node(tmp_path)
+        await inner.start(nsqd.run)
+        nsqd.get_topic("t").put(nsqd.get_topic("t").new_message(b"kept"))
+        inner.cancel_scope.cancel()
+    async with node(tmp_path) as again:
+        assert drain(again.topics["t"].queue) == [b"kept"]
+        again.get_topic("t").put(again.get_topic("t").new_message(b"lost"))
+        again.persist_on_stop = False  # as Cluster.kill_nsqd: a killed nsqd
+    async with node(tmp_path) as last:
+        assert last.topics == {}
+
+
+async def test_overflow_to_disk_in_order_with_stats(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=3) as nsqd:
+        channel = nsqd.get_topic("t").get_channel("ch")
+        for i in range(10):
+            nsqd.topics["t"].put(nsqd.topics["t"].new_message(b"%d" % i))
+        stats = nsqd.stats()["topics"][0]["channels"][0]
+        assert (stats["depth"], stats["backend_depth"]) == (10, 7)
+        assert isinstance(channel.queue, DiskBackedQueue)
+        assert channel.queue.segment(0).exists()
+        assert drain(channel.queue) == [b"%d" % i for i in range(10)]
+        assert not channel.queue.segment(0).exists()  # drained: files removed
+
+
+async def test_topic_overflow_drains_to_a_new_channel(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=2) as nsqd:
+        topic = nsqd.get_topic("t")
+        for i in range(5):
+            topic.put(topic.new_message(b"%d" % i))
+        stats = nsqd.stats()["topics"][0]
+        assert (stats["depth"], stats["backend_depth"]) == (5, 3)
+        channel = topic.get_channel("ch")
+        assert topic.depth() == 0
+        assert drain(channel.queue) == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_mem_queue_size_zero_and_file_rolling(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=0, max_bytes_per_file=100) as nsqd:
+        channel = nsqd.get_topic("t").get_channel("ch")
+        bodies = [b"x" * 40 + b"%d" % i for i in range(6)]
+        for body in bodies:
+            nsqd.topics["t"].put(nsqd.topics["t"].new_message(body))
+        assert channel.depth() == 6
+        assert nsqd.stats()["topics"][0]["channels"][0]["backend_depth"] == 6
+        files = segments(tmp_path)
+        assert len(files) == 3  # 70-byte records, rolled at 100 bytes
+        msg = channel.queue.get()
+        assert msg is not None and msg.body == bodies[0]
+        assert drain(channel.queue) == bodies[1:]
+
+
+async def test_disk_contents_survive_a_clean_restart_in_order(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=2, max_bytes_per_file=64) as nsqd:
+        channel = nsqd.get_topic("t").get_channel("ch")
+        for i in range(8):
+            nsqd.topics["t"].put(nsqd.topics["t"].new_message(b"%d" % i))
+        assert channel.queue.get() is not None  # 0 taken: memory then disk
+    async with node(tmp_path, mem_queue_size=2, max_bytes_per_file=64) as nsqd:
+        channel = nsqd.topics["t"].channels["ch"]
+        stats = nsqd.stats()["topics"][0]["channels"][0]
+        assert (stats["depth"], stats["backend_depth"]) == (7, 6)
+        assert drain(channel.queue) == [b"%d" % i for i in range(1, 8)]
+
+
+async def test_disk_leftovers_of_a_killed_node_are_dropped(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=0) as nsqd:
+        nsqd.get_topic("t").get_channel("ch")
+        nsqd.topics["t"].put(nsqd.topics["t"].new_message(b"lost"))
+        nsqd.persist_on_stop = False
+    assert segments(tmp_path)
+    async with node(tmp_path, mem_queue_size=0) as nsqd:
+        assert nsqd.get_topic("t").get_channel("ch").depth() == 0
+    assert not segments(tmp_path)
+
+
+async def test_consumer_gets_overflowed_messages(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=1) as nsqd:
+        with trio.fail_after(5):
+            producer = await RawClient.connect(nsqd.tcp_address)
+            await producer.send(cmds.mpub("t", [b"%d" % i for i in range(20)]))
+            assert await producer.read_response() == b"OK"
+            consumer = await RawClient.connect(nsqd.tcp_address)
+            await consumer.identify()
+            await consumer.sub("t", "ch", rdy=5)
+            got = []
+            for _ in range(20):
+                msg = await consumer.read_message()
+                got.append(msg.body)
+                await consumer.send(cmds.fin(msg.id))
+            assert got == [b"%d" % i for i in range(20)]
+            await wait_until(lambda: nsqd.topics["t"].channels["ch"].depth() == 0)
+            await consumer.aclose()
+            await producer.aclose()
+
+
+def test_disk_queue_encoding_is_nsqds() -> None:
+    from fakensq.diskqueue import decode_message, encode_message
+
+    msg = Message(b"0123456789abcdef", b"body", 1_700_000_000_000_000_000)
+    msg.attempts = 3
+    data = encode_message(msg)
+    assert data[:8] == (1_700_000_000_000_000_000).to_bytes(8, "big")
+    assert data[8:10] == b"\x00\x03" and data[10:26] == b"0123456789abcdef"
+    back = decode_message(data)
+    assert (back.id, back.body, back.timestamp, back.attempts) == (
+        msg.id,
+        msg.body,
+        msg.timestamp,
+        3,
+    )
