@@ -29,11 +29,14 @@ from trionsq.protocol.names import is_ephemeral
 from .auth import AuthHandler
 from .channel import Channel
 from .client import ClientConnection
+from .diskqueue import DiskBackedQueue
 from .hooks import NodeHooks
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
 from .options import NSQDOptions
+from .persist import load_state, save_state
 from .stats import build_stats
+from .statsd import run_statsd
 from .topic import Topic
 
 __all__ = ["NSQD", "RegistryEvent", "split_address"]
@@ -118,6 +121,13 @@ class NSQD:
       ends, its in-flight messages go straight back to the queue.  (Real nsqd
       leaves them in flight until their msg-timeout expires; pass False for
       that.)
+
+    With a ``data_path``, ``run`` restores what a clean stop saved there and, when
+    it ends cleanly (cancelled, ``async with`` left), saves every topic, channel
+    and message (queued, in flight, deferred) for the next start
+    (:mod:`fakensq.persist`); ready messages beyond ``mem_queue_size`` go to disk
+    (:mod:`fakensq.diskqueue`).  Set :attr:`persist_on_stop` False to stop as a
+    killed nsqd would: nothing saved.
     """
 
     def __init__(
@@ -156,6 +166,11 @@ class NSQD:
         #: The httpx transport for nsqd's own HTTP requests to nsqlookupd (None:
         #: the network; fakensq.simulation gives an in-memory one).
         self.http_transport: httpx.AsyncBaseTransport | None = None
+        #: Save state to data_path when ``run`` ends (False: a kill, nothing saved).
+        self.persist_on_stop = True
+        #: Disk-queue positions being restored, by (topic, channel or None);
+        #: filled by :func:`fakensq.persist.load_state` while it recreates topics.
+        self.restored_backends: dict[tuple[str, str | None], dict[str, Any]] = {}
 
     # --- lifecycle ---
 
@@ -188,10 +203,16 @@ class NSQD:
 
         opts = self.options
         listeners: list[trio.SocketListener] = []
+        restored = False
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.start_time = int(time.time())
+                if opts.data_path:
+                    # Before listening, as nsqd's LoadMetadata: no client sees a
+                    # half-restored node.
+                    load_state(self, opts.data_path)
+                    restored = True
                 if opts.tcp_address:
                     host, port = split_address(opts.tcp_address)
                     tcp = await trio.open_tcp_listeners(port, host=host)
@@ -217,10 +238,17 @@ class NSQD:
                 # Idle without lookupd addresses, but it follows later changes of
                 # them (PUT /config/nsqlookupd_tcp_addresses), as nsqd does.
                 await nursery.start(run_lookup_peers, self)
+                if opts.statsd_address:  # as nsqd: the loop only when configured at start
+                    nursery.start_soon(run_statsd, self)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
             self._nursery = None
+            if restored and self.persist_on_stop:
+                # Before the channels close (in-flight messages still listed);
+                # only when the earlier state was restored, never overwriting it
+                # with an empty one after a failed start.
+                save_state(self, opts.data_path)
             for topic in list(self.topics.values()):
                 for channel in topic.channels.values():
                     channel.close()
@@ -358,9 +386,23 @@ class NSQD:
         topic.start()
 
     def new_queue(self, topic: str, channel: str | None) -> MessageQueue:
-        """The queue a new topic (``channel`` None) or channel keeps its messages
-        in: memory only for now; the seam for a disk-backed queue."""
-        return MemoryQueue()
+        """The queue a new topic (``channel`` None) or channel keeps its messages in.
+
+        With a data_path, up to mem_queue_size in memory and the rest on disk, as
+        nsqd; without one (or for ephemeral topics and channels, which never touch
+        disk), memory only.
+        """
+        opts = self.options
+        if not opts.data_path or is_ephemeral(topic) or (channel and is_ephemeral(channel)):
+            return MemoryQueue()
+        return DiskBackedQueue(
+            opts.data_path,
+            topic if channel is None else f"{topic}:{channel}",
+            mem_size=opts.mem_queue_size,
+            max_bytes_per_file=opts.max_bytes_per_file,
+            sync_every=opts.sync_every,
+            meta=self.restored_backends.get((topic, channel)),
+        )
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
