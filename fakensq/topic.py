@@ -122,6 +122,8 @@ class Topic:
         if channel is None:
             return False
         channel.close()
+        # Deleted, not stopped: its disk queue goes with it, as nsqd's backend.
+        channel.queue.clear()
         self.nsqd._notify("unregister", self.name, name)
         if self.ephemeral and not self.channels and not self.exiting:
             self.nsqd.delete_topic(self.name)

@@ -180,3 +180,21 @@ def test_disk_queue_encoding_is_nsqds() -> None:
         msg.timestamp,
         3,
     )
+
+
+async def test_deleting_a_channel_or_topic_removes_its_disk_queue(tmp_path: Path) -> None:
+    async with node(tmp_path, mem_queue_size=0) as nsqd:
+        topic = nsqd.get_topic("t")
+        topic.get_channel("ch")
+        topic.put(topic.new_message(b"x"))
+        assert segments(tmp_path)
+        topic.delete_channel("ch")
+        assert not segments(tmp_path)
+        topic.put(topic.new_message(b"y"))  # no channel: the topic's own disk queue
+        assert topic_segments(tmp_path)
+        nsqd.delete_topic("t")
+        assert not topic_segments(tmp_path)
+
+
+def topic_segments(data_path: Path) -> list[Path]:
+    return sorted(data_path.glob("t.diskqueue.*.dat"))
