@@ -104,6 +104,12 @@ async def query_lookupd_channels(
     return sorted(channels)
 
 
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
 def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -242,6 +248,11 @@ class NSQD:
                     nursery.start_soon(run_statsd, self)
                 task_status.started()
                 await trio.sleep_forever()
+        except BaseException as exc:
+            # A crash is no clean stop: nothing saved (a cancellation is one).
+            if not _only_cancelled(exc):
+                restored = False
+            raise
         finally:
             self._nursery = None
             if restored and self.persist_on_stop:

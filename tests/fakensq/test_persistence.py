@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 import fakensq
@@ -198,3 +199,22 @@ async def test_deleting_a_channel_or_topic_removes_its_disk_queue(tmp_path: Path
 
 def topic_segments(data_path: Path) -> list[Path]:
     return sorted(data_path.glob("t.diskqueue.*.dat"))
+
+
+async def test_a_crash_saves_nothing(tmp_path: Path) -> None:
+    class Boom(Exception):
+        pass
+
+    async def crash() -> None:
+        raise Boom
+
+    nsqd = node(tmp_path)
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(nsqd.run)
+            nsqd.get_topic("t").put(nsqd.get_topic("t").new_message(b"x"))
+            assert nsqd._nursery is not None
+            nsqd._nursery.start_soon(crash)
+    assert info.group_contains(Boom)
+    async with node(tmp_path) as again:
+        assert again.topics == {}
