@@ -12,9 +12,12 @@ What nsqd sends (its ``statsdLoop``), and so what fakensq sends:
 - with ``statsd_mem_stats``: ``mem.*`` (CPython's stand-ins for Go's MemStats,
   as in ``/stats``).
 
-Lines are ``<prefix><name>:<value>|c`` (``|g``, ``|ms``), each ending in a
-newline, packed whole into datagrams of at most ``statsd_udp_packet_size``
-bytes.  The prefix is ``statsd_prefix`` with ``%s`` replaced by the broadcast
+Lines are ``<prefix><name>:<value>|c`` (or ``|g``), each ending in a newline,
+packed whole into datagrams of at most ``statsd_udp_packet_size`` bytes.  nsqd
+spreads the datagrams over the interval; fakensq sends them at once, so that a
+test sees the whole push at one virtual instant.
+
+The prefix is ``statsd_prefix`` with ``%s`` replaced by the broadcast
 ``address:port`` (HTTP port) with ``.`` and ``:`` turned into ``_``, and a
 trailing ``.`` added when missing, as nsqd builds it.
 """
@@ -108,11 +111,19 @@ def collect_lines(
     mem = last_mem
     if nsqd.options.statsd_mem_stats:
         mem = _memory_stats()
-        for name in ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes"):
+        # All gauges but gc_runs, as nsqd (its docs' "mem.mem.next_gc_bytes" is a
+        # typo: the code sends "mem.next_gc_bytes").
+        for name in (
+            "heap_objects",
+            "heap_idle_bytes",
+            "heap_in_use_bytes",
+            "heap_released_bytes",
+            "gc_pause_usec_100",
+            "gc_pause_usec_99",
+            "gc_pause_usec_95",
+            "next_gc_bytes",
+        ):
             lines.add(f"mem.{name}", mem[name], "g")
-        for name in ("gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95"):
-            lines.add(f"mem.{name}", mem[name], "ms")
-        lines.add("mem.next_gc_bytes", mem["next_gc_bytes"], "g")
         lines.add("mem.gc_runs", mem["gc_total_runs"] - last_mem.get("gc_total_runs", 0), "c")
     return lines.lines, seen, mem
 

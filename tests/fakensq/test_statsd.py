@@ -89,5 +89,6 @@ async def test_mem_stats_and_e2e_percentiles() -> None:
         lines, _, mem = collect_lines(nsqd, "p.", {}, {})
         names = {line.decode().split(":")[0] for line in lines}
         assert {"p.mem.heap_objects", "p.mem.gc_pause_usec_99", "p.mem.gc_runs"} <= names
+        assert b"p.mem.gc_pause_usec_99:0|g\n" in lines
         assert "p.topic.t.channel.c.e2e_processing_latency_99" in names
         assert mem["gc_total_runs"] >= 0
