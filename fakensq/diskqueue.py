@@ -15,7 +15,9 @@ positions live in memory; a clean shutdown saves them with the node's state
 (:mod:`fakensq.persist`), and a queue created without them starts empty and
 removes leftover segments (what a killed node left behind is lost).
 
-File I/O is synchronous: records are small and written in batches, and the
+Records are fsynced every ``sync_every`` of them and when the queue is closed
+(``sync_timeout`` is not used: nothing here runs on a timer).  File I/O is
+synchronous: records are small and written in batches, and the
 whole point is determinism in tests, not throughput.
 """
 
@@ -165,14 +167,16 @@ class DiskBackedQueue:
         self.put_many((msg,))
 
     def put_many(self, msgs: Iterable[Message]) -> None:
-        overflow: list[Message] = []
-        for msg in msgs:
-            if overflow or self.backend_depth or len(self._mem) >= self.mem_size:
-                overflow.append(msg)
-            else:
-                self._mem.append(msg)
-        if overflow:
-            self._write(overflow)
+        batch = msgs if isinstance(msgs, (list, tuple)) else list(msgs)
+        if not self.backend_depth:
+            # Memory first while it has room (the common case: one extend).
+            room = max(0, self.mem_size - len(self._mem))
+            if len(batch) <= room:
+                self._mem.extend(batch)
+                return
+            self._mem.extend(batch[:room])
+            batch = batch[room:]
+        self._write(batch)
 
     def put_front(self, msgs: list[Message]) -> None:
         """Messages older than everything queued (a restart's saved memory part)."""
@@ -184,7 +188,12 @@ class DiskBackedQueue:
         return self._mem.popleft() if self._mem else None
 
     def get_many(self, n: int) -> list[Message]:
-        out: list[Message] = []
+        mem = self._mem
+        if not self.backend_depth and n >= len(mem):
+            out = list(mem)  # all of it, in one go (nothing on disk)
+            mem.clear()
+            return out
+        out = []
         while len(out) < n:
             if not self._mem:
                 self._refill()

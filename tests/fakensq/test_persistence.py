@@ -3,11 +3,15 @@ beyond mem-queue-size on disk (fakensq.persist, fakensq.diskqueue)."""
 
 from __future__ import annotations
 
+import tempfile
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fakensq
 from fakensq.diskqueue import DiskBackedQueue
@@ -218,3 +222,43 @@ async def test_a_crash_saves_nothing(tmp_path: Path) -> None:
     assert info.group_contains(Boom)
     async with node(tmp_path) as again:
         assert again.topics == {}
+
+
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["put", "get", "get_many", "reopen"]), st.integers(0, 6)),
+        max_size=40,
+    ),
+    mem_size=st.integers(0, 4),
+    max_bytes=st.sampled_from([1, 60, 200, 10_000]),
+)
+def test_disk_queue_is_a_fifo(ops: list[tuple[str, int]], mem_size: int, max_bytes: int) -> None:
+    """Any interleaving, with closes and reopens (restarts) between: a plain FIFO."""
+    with tempfile.TemporaryDirectory() as directory:
+
+        def make(meta: dict[str, Any] | None) -> DiskBackedQueue:
+            return DiskBackedQueue(
+                directory, "q", mem_size=mem_size, max_bytes_per_file=max_bytes, meta=meta
+            )
+
+        queue = make(None)
+        model: deque[bytes] = deque()
+        n = 0
+        for op, k in ops:
+            if op == "put":
+                msgs = [Message(b"%016d" % (n + i), b"m%d" % (n + i)) for i in range(k)]
+                n += k
+                queue.put_many(msgs)
+                model.extend(m.body for m in msgs)
+            elif op == "get":
+                msg = queue.get()
+                assert (msg.body if msg else None) == (model.popleft() if model else None)
+            elif op == "get_many":
+                got = [m.body for m in queue.get_many(k)]
+                assert got == [model.popleft() for _ in range(min(k, len(model)))]
+            else:
+                memory = queue.memory_messages()
+                queue = make(queue.close())
+                queue.put_front(memory)
+            assert len(queue) == len(model)
+        assert [m.body for m in queue.get_many(1000)] == list(model)
