@@ -28,6 +28,23 @@ _V1_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
 
+#: Deprecated endpoint -> current one, as listed in NSQ's HTTP API docs.
+_DEPRECATED_ALIASES: dict[str, str] = {
+    "/put": "/pub",
+    "/mput": "/mpub",
+    "/create_topic": "/topic/create",
+    "/delete_topic": "/topic/delete",
+    "/empty_topic": "/topic/empty",
+    "/pause_topic": "/topic/pause",
+    "/unpause_topic": "/topic/unpause",
+    "/create_channel": "/channel/create",
+    "/delete_channel": "/channel/delete",
+    "/empty_channel": "/channel/empty",
+    "/pause_channel": "/channel/pause",
+    "/unpause_channel": "/channel/unpause",
+}
+
+
 class HTTPError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -85,6 +102,10 @@ class NSQDHTTP:
             "/channel/pause": {"POST": self.channel_pause},
             "/channel/unpause": {"POST": self.channel_unpause},
         }
+        # The deprecated names NSQ's documentation still lists (nsqd v1.3 dropped
+        # them; clients and scripts written against the docs use them).
+        for alias, path in _DEPRECATED_ALIASES.items():
+            self.routes[alias] = self.routes[path]
 
     async def handle(self, request: Request) -> Response:
         nsqd = self.nsqd

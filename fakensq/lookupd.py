@@ -12,9 +12,10 @@ Behaves as nsqlookupd v1.3:
 - HTTP: ``/ping``, ``/info``, ``/debug``, ``/lookup``, ``/topics``, ``/channels``,
   ``/nodes`` (GET) and ``/topic/create``, ``/topic/delete``, ``/channel/create``,
   ``/channel/delete``, ``/topic/tombstone`` (POST).  Answers are plain JSON (no
-  ``status_code``/``data`` envelope: v1.3 dropped the Accept negotiation and the
-  deprecated ``/create_topic``-style aliases, which answer 404 as in v1.3);
-  errors are ``{"message": "..."}``.
+  ``status_code``/``data`` envelope: v1.3 dropped the Accept negotiation);
+  errors are ``{"message": "..."}``.  The deprecated aliases the docs list
+  (``/create_topic``, ``/delete_topic``, ``/create_channel``, ``/delete_channel``,
+  ``/tombstone_topic_producer``) are served too, although v1.3 dropped them.
 - Producers silent for longer than ``inactive_producer_timeout`` are left out of
   ``/lookup`` and ``/nodes``; a tombstoned producer is left out of ``/lookup`` of
   that topic for ``tombstone_lifetime``.  Times are ``trio.current_time()``, so a
@@ -392,6 +393,16 @@ class NSQLookupd:
             "/channel/delete": {"POST": self._delete_channel},
             "/topic/tombstone": {"POST": self._tombstone_topic_producer},
         }
+        # The deprecated names NSQ's documentation still lists (nsqlookupd v1.3
+        # dropped them; scripts written against the docs use them).
+        for alias, path in {
+            "/create_topic": "/topic/create",
+            "/delete_topic": "/topic/delete",
+            "/create_channel": "/channel/create",
+            "/delete_channel": "/channel/delete",
+            "/tombstone_topic_producer": "/topic/tombstone",
+        }.items():
+            self._routes[alias] = self._routes[path]
 
     # -- lifecycle ---------------------------------------------------------
 

@@ -222,3 +222,27 @@ async def test_pub_counts_in_stats(nsqd: fakensq.NSQD, nursery: trio.Nursery) ->
     assert await c.read_response() == b"OK"
     producers = nsqd.stats()["producers"]
     assert producers[0]["pub_counts"] == [{"topic": "t", "count": 3}]
+
+
+async def test_deprecated_aliases_the_docs_list() -> None:
+    import httpx
+
+    import fakensq
+
+    async with (
+        fakensq.NSQD(tcp_address="", http_address="127.0.0.1:0") as nsqd,
+        httpx.AsyncClient(base_url=f"http://{nsqd.http_address}") as http,
+    ):
+        # The docs' own example: curl -d 'hello world 1' 'http://127.0.0.1:4151/put?topic=test'
+        assert (await http.post("/put", params={"topic": "test"}, content=b"hello")).text == "OK"
+        r = await http.post("/mput", params={"topic": "test"}, content=b"a\nb")
+        assert r.text == "OK"
+        assert nsqd.get_topic("test").message_count == 3
+        for verb in ("create", "pause", "unpause", "empty", "delete"):
+            r = await http.post(f"/{verb}_channel", params={"topic": "test", "channel": "c"})
+            assert r.status_code == 200, (verb, r.text)
+        for verb in ("pause", "unpause", "empty", "delete"):
+            assert (await http.post(f"/{verb}_topic", params={"topic": "test"})).status_code == 200
+        assert (await http.post("/create_topic", params={"topic": "again"})).status_code == 200
+        assert nsqd.get_existing_topic("test") is None
+        assert (await http.get("/put", params={"topic": "x"})).status_code == 405

@@ -101,9 +101,6 @@ async def test_create_and_delete(http: httpx.AsyncClient, lookupd: NSQLookupd) -
 async def test_routing_errors(http: httpx.AsyncClient) -> None:
     r = await http.get("/nope")
     assert (r.status_code, r.json()) == (404, {"message": "NOT_FOUND"})
-    # v1.3 no longer serves the deprecated aliases.
-    for path in ("/create_topic", "/delete_topic", "/tombstone_topic_producer"):
-        assert (await http.post(path, params={"topic": "t"})).status_code == 404
     r = await http.get("/topic/create", params={"topic": "t"})
     assert (r.status_code, r.json()) == (405, {"message": "METHOD_NOT_ALLOWED"})
     assert r.headers["allow"] == "OPTIONS, POST"
@@ -193,3 +190,19 @@ async def test_inactive_producers_are_hidden(autojump_clock: trio.testing.MockCl
         assert [p.tcp_port for p in lookupd.producers("t")] == [1, 2]
         await a.aclose()
         await b.aclose()
+
+
+async def test_deprecated_aliases_the_docs_list(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/create_topic", params={"topic": "old"})).status_code == 200
+    r = await http.post("/create_channel", params={"topic": "old", "channel": "c"})
+    assert r.status_code == 200
+    assert (await http.get("/channels", params={"topic": "old"})).json() == {"channels": ["c"]}
+    r = await http.post("/delete_channel", params={"topic": "old", "channel": "c"})
+    assert r.status_code == 200
+    assert (await http.get("/channels", params={"topic": "old"})).json() == {"channels": []}
+    r = await http.post("/tombstone_topic_producer", params={"topic": "old", "node": "x:1"})
+    assert r.status_code == 200  # an unknown node is a no-op, as for /topic/tombstone
+    assert (await http.post("/delete_topic", params={"topic": "old"})).status_code == 200
+    assert "old" not in (await http.get("/topics")).json()["topics"]
+    # Same methods as the current names.
+    assert (await http.get("/create_topic", params={"topic": "x"})).status_code == 405
