@@ -518,7 +518,8 @@ class Consumer:
         assert self._handler is not None
         try:
             result = self._handler(message)
-            if inspect.isawaitable(result):
+            # Sync handlers return None: skip the (comparatively slow) awaitable check.
+            if result is not None and inspect.isawaitable(result):
                 await result
         except Exception as exc:
             log.warning("handler failed for %r: %r", message, exc, exc_info=True)
