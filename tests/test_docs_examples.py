@@ -1,4 +1,9 @@
-"""Every ```python block in docs/ and the README runs, so the docs cannot rot."""
+"""Every ```python block in docs/ and the README runs, so the docs cannot rot.
+
+A block right after a ``<!-- pytest -->`` line is a test module: it is written to
+a temporary project and run by pytest there, with fakensq's plugin, as another
+project would run it.  Any other block runs as a script.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +15,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+BLOCK = re.compile(r"^(<!-- pytest -->\n)?```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def examples() -> list[tuple[str, str]]:
+def examples() -> list[tuple[str, str, bool]]:
     found = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for i, match in enumerate(BLOCK.finditer(path.read_text())):
-            found.append((f"{path.relative_to(ROOT)}#{i + 1}", match.group(1)))
+            where = f"{path.relative_to(ROOT)}#{i + 1}"
+            found.append((where, match.group(2), match.group(1) is not None))
     return found
 
 
-@pytest.mark.parametrize(("where", "code"), examples(), ids=[w for w, _ in examples()])
-def test_docs_example_runs(where: str, code: str) -> None:
-    # A fresh interpreter each: examples call trio.run and must not share state.
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+@pytest.mark.parametrize(("where", "code", "is_test"), examples(), ids=[w for w, *_ in examples()])
+def test_docs_example_runs(where: str, code: str, is_test: bool, tmp_path: Path) -> None:
+    if is_test:
+        (tmp_path / "test_example.py").write_text(code)
+        (tmp_path / "pytest.ini").write_text("[pytest]\ntrio_mode = true\n")
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        cwd = tmp_path
+    else:
+        # A fresh interpreter each: examples call trio.run and must not share state.
+        command, cwd = [sys.executable, "-c", code], ROOT
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{where} failed:\n{result.stdout}\n{result.stderr}"
