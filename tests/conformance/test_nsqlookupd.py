@@ -3,14 +3,17 @@ shapes (real nsqlookupd v1.3's http.go)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 import fakensq
 
-from .conftest import Target
+from .conftest import Target, _real
 
 PRODUCER_FIELDS = {
     "remote_address",
@@ -71,3 +74,25 @@ async def test_nsqd_registration_lookup_and_nodes(nsqlookupd_under_test: Target)
         (node,) = nodes["producers"]
         assert PRODUCER_FIELDS | {"tombstones", "topics"} <= set(node)
         assert node["topics"] == ["conf_lookup"] and node["tombstones"] == [False]
+
+
+@pytest.mark.skipif(
+    not os.environ.get("NSQD_BINARY"), reason="NSQD_BINARY is not set: no real nsqd to register"
+)
+async def test_a_real_nsqd_registers_with_fakensq_lookupd(tmp_path: Path) -> None:
+    async with (
+        fakensq.NSQLookupd(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as lookupd,
+        httpx.AsyncClient(timeout=10) as client,
+    ):
+        extra = (f"--data-path={tmp_path}", f"--lookupd-tcp-address={lookupd.tcp_address}")
+        async for nsqd in _real("NSQD_BINARY", tmp_path, *extra):
+            r = await client.post(f"http://{nsqd.http_address}/topic/create?topic=conf_real")
+            assert r.status_code == 200
+            doc = await _until(
+                client,
+                f"http://{lookupd.http_address}/lookup?topic=conf_real",
+                lambda r: r.status_code == 200 and r.json()["producers"],
+            )
+            (producer,) = doc["producers"]
+            assert PRODUCER_FIELDS <= set(producer)
+            assert producer["tcp_port"] == int(nsqd.tcp_address.rpartition(":")[2])
