@@ -943,3 +943,9 @@ def _v1_error(status: int, message: str) -> Response:
     response = Response.json({"message": message}, status)
     response.headers.append(_V1_HEADER)
     return response
+
+
+if __name__ == "__main__":  # python -m fakensq.lookupd: the nsqlookupd command
+    from fakensq.cli import nsqlookupd_main
+
+    raise SystemExit(nsqlookupd_main())

@@ -471,3 +471,9 @@ class NSQD:
     ) -> dict[str, Any]:
         """The same document as ``GET /stats?format=json``."""
         return build_stats(self, topic, channel, include_clients, include_mem)
+
+
+if __name__ == "__main__":  # python -m fakensq.nsqd: the nsqd command
+    from fakensq.cli import nsqd_main
+
+    raise SystemExit(nsqd_main())

@@ -199,3 +199,19 @@ def test_console_scripts_stand_in_for_the_binaries() -> None:
     assert scripts["nsqd"] == "fakensq.cli:nsqd_main"
     assert scripts["nsqlookupd"] == "fakensq.cli:nsqlookupd_main"
     assert scripts["fakensq"] == "fakensq.cli:main"
+
+
+@pytest.mark.parametrize("module", ["fakensq.nsqd", "fakensq.lookupd"])
+def test_python_dash_m_runs_the_daemon_modules(module: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(("nsqd v1.3.0", "nsqlookupd v1.3.0"))
+    assert "RuntimeWarning" not in result.stderr
