@@ -270,7 +270,7 @@ async def run(settings: Settings) -> Ledger:
                     default_requeue_delay=0.02,
                     max_requeue_delay=0.2,
                     backoff=backoff,
-                    low_rdy_idle_timeout=0.5,
+                    low_rdy_idle_timeout=0.1,
                     connect_timeout=1.0,
                     close_timeout=5.0,
                     rng=random.Random(settings.seed * 1000 + i),
