@@ -21,7 +21,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, TypeVar
 
 import trio
 
@@ -586,23 +586,38 @@ async def _wait_for_signal(receiver: Any) -> None:
         return
 
 
-def nsqd_main(argv: Sequence[str] | None = None) -> int:
-    """The ``nsqd`` command: parse nsqd's flags, serve until SIGTERM/SIGINT."""
+_Options = TypeVar("_Options", NSQDOptions, LookupdOptions)
+
+
+def _daemon_options(
+    name: str,
+    fs: FlagSet,
+    options_from_flags: Callable[[dict[str, Any]], _Options],
+    argv: Sequence[str] | None,
+) -> _Options | int:
+    """A daemon's options from its flags, or the exit status when there is
+    nothing to run (a flag error, ``--help``, ``--version``, a bad config)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    fs = nsqd_flagset()
     values = _parse_or_exit(fs, args)
     if isinstance(values, int):
         return values
     if values.get("version"):
-        print(version_string("nsqd"), flush=True)
+        print(version_string(name), flush=True)
         return 0
-    prefix = values.get("log-prefix", "[nsqd] ")
+    prefix = values.get("log-prefix", f"[{name}] ")
     try:
-        options = nsqd_options_from_flags(values)
+        return options_from_flags(values)
     except ConfigError as exc:
         return _fatal(prefix, str(exc))
+
+
+def nsqd_main(argv: Sequence[str] | None = None) -> int:
+    """The ``nsqd`` command: parse nsqd's flags, serve until SIGTERM/SIGINT."""
+    options = _daemon_options("nsqd", nsqd_flagset(), nsqd_options_from_flags, argv)
+    if isinstance(options, int):
+        return options
     if not 0 <= options.node_id < 1024:
-        return _fatal(prefix, "failed to instantiate nsqd - --node-id must be [0,1024)")
+        return _fatal(options.log_prefix, "failed to instantiate nsqd - --node-id must be [0,1024)")
     _setup_logging(options.log_prefix, options.log_level, sys.stderr)
     try:
         trio.run(_run_nsqd, options)
@@ -645,19 +660,11 @@ async def _run_nsqd(options: NSQDOptions) -> None:
 
 def nsqlookupd_main(argv: Sequence[str] | None = None) -> int:
     """The ``nsqlookupd`` command: parse nsqlookupd's flags, serve until a signal."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    fs = nsqlookupd_flagset()
-    values = _parse_or_exit(fs, args)
-    if isinstance(values, int):
-        return values
-    if values.get("version"):
-        print(version_string("nsqlookupd"), flush=True)
-        return 0
-    prefix = values.get("log-prefix", "[nsqlookupd] ")
-    try:
-        options = nsqlookupd_options_from_flags(values)
-    except ConfigError as exc:
-        return _fatal(prefix, str(exc))
+    options = _daemon_options(
+        "nsqlookupd", nsqlookupd_flagset(), nsqlookupd_options_from_flags, argv
+    )
+    if isinstance(options, int):
+        return options
     _setup_logging(options.log_prefix, options.log_level, sys.stderr)
     try:
         trio.run(_run_nsqlookupd, options)
