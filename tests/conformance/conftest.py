@@ -1,23 +1,64 @@
-"""Conformance fixtures: the same tests against fakensq and, when available, the
-real daemons.
+"""Differential conformance: each scenario runs on fakensq and on real NSQ v1.3.0.
 
-``nsqd_under_test`` / ``nsqlookupd_under_test`` give a :class:`Target` (its TCP
-and HTTP addresses).  Each is parametrized: ``fakensq`` (always, in process) and
-``real`` (a subprocess of the binary named by ``NSQD_BINARY`` /
-``NSQLOOKUPD_BINARY``, started on free loopback ports with a temporary data path
-and ready once ``/ping`` answers; skipped when the variable is unset)::
+In the manner of fakeredis, a scenario is written once, as an async function of a
+:class:`Target` (the daemon's addresses, and helpers to talk to it).  The
+``conformance`` fixture starts fakensq's daemon and the real one with the same
+Go-style flags (fakensq parses them with its own nsqd/nsqlookupd flag sets, so
+a flag fakensq lacks fails loudly), runs the scenario on each, normalizes both
+outcomes (:mod:`.normalize`: message ids, ports, addresses, hostname, times) and
+asserts they are equal, JSON key order included.  The real binaries come from
+``tests/reference.py`` (``NSQ_BIN``, else ``shared/reference/nsq-bin`` above the
+checkout); without them the scenario still runs on fakensq (its own asserts and
+``expect=`` apply) and the test then skips, saying why.
 
-    NSQD_BINARY=$(which nsqd) NSQLOOKUPD_BINARY=$(which nsqlookupd) \\
-        python -m pytest tests/conformance
+Writing a scenario::
+
+    async def test_rdy_out_of_range(conformance: Conformance) -> None:
+        async def scenario(t: Target) -> None:
+            c = await t.connect()            # a Session named "c" (magic sent)
+            await c.sub("t", "ch")           # records ("c", "OK")
+            await c.send(cmds.rdy(11))
+            await c.read_until_closed()      # the error, then ("c", "closed")
+
+        await conformance.nsqd(
+            scenario,
+            "--max-rdy-count=10",            # the same flags for both daemons
+            expect=[("c", "OK"), ("c", "E_INVALID RDY count 11 out of range 0-10"),
+                    ("c", "closed")],
+        )
+
+- The outcome is the target's transcript (everything every session read, in
+  order: :mod:`.session`), or, if the scenario returns something, the pair
+  ``(transcript, returned)``.  Return what the comparison should cover: HTTP
+  status codes and bodies, ``/stats`` documents, message bodies...
+- Never sleep: read a known number of frames (``read(n)``), read until the server
+  closes (``read_until_closed()``), or use ``sync()`` (``PUB sync`` and its
+  ``OK``) as a sync point; every read is bounded by ``trio.fail_after``.
+  Poll HTTP state with :meth:`Target.until` when it changes asynchronously.
+- Messages nsqd pushes on its own (deliveries, heartbeats) race with answers to
+  later commands only where nsqd itself races; read them by count.
+- Scenarios must not look at ``t.kind`` to behave differently; ``t.fake`` (the
+  in-process :class:`fakensq.NSQD`, None on the real side) is only for extra
+  checks of fakensq's internals.
+- HTTP: ``async with t.http() as http: r = await http.get("/stats?format=json")``
+  (an ``httpx.AsyncClient`` on the nsqd's HTTP address); return
+  ``(r.status_code, r.json())`` or what matters.  Add normalization for new
+  varying keys with ``normalize=lambda n: n.key_rules.update(...)``.
+- nsqlookupd: ``await conformance.nsqlookupd(scenario, *flags)``; an nsqd
+  registered with an nsqlookupd of the same kind: ``conformance.nsqd(scenario,
+  *flags, lookupd=[lookupd flags])``, the lookupd is then ``t.lookupd``.
+- AUTH: the ``auth_server`` fixture is one small HTTP auth server both daemons
+  ask (``--auth-http-address=`` + ``auth_server.address``).
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import difflib
+import json
+import pprint
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,101 +67,334 @@ import pytest
 import trio
 
 import fakensq
+from fakensq.cli import (
+    nsqd_flagset,
+    nsqd_options_from_flags,
+    nsqlookupd_flagset,
+    nsqlookupd_options_from_flags,
+)
+from fakensq.httpserver import HTTPServer, Request, Response
 from fakensq.lookupd import NSQLookupd
 
-#: A cold start of a daemon (a Go binary is fast; a Python stand-in less so).
-START_TIMEOUT = 15.0
+from .. import reference
+from .normalize import Normalizer, key_order
+from .session import READ_TIMEOUT, Session, Transcript
+
+__all__ = ["Conformance", "Target", "AuthServer"]
+
+#: A whole scenario's bound (each read has its own, shorter one).
+SCENARIO_TIMEOUT = 60.0
+
+_UNSET: Any = object()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Target:
     """A daemon under test: ``kind`` is ``"fakensq"`` or ``"real"``."""
 
     kind: str
     tcp_address: str
     http_address: str
+    normalizer: Normalizer
+    transcript: Transcript = field(default_factory=Transcript)
+    #: The nsqlookupd this nsqd registers with (``lookupd=`` given), same kind.
+    lookupd: Target | None = None
+    #: fakensq's in-process node (None for the real daemon): extra checks only.
+    fake: Any = None
+    #: A folder of this run's own (certificates, files...).
+    tmp: Path = Path(".")
+    _sessions: int = 0
+
+    async def connect(self, name: str = "", *, magic: bool = True) -> Session:
+        """A new TCP connection (its frames recorded under ``name``; by default
+        ``c``, ``c2``, ``c3``... in order of connection)."""
+        self._sessions += 1
+        if not name:
+            name = "c" if self._sessions == 1 else f"c{self._sessions}"
+        return await Session.connect(
+            self.tcp_address, name, self.transcript, self.normalizer, magic=magic
+        )
+
+    def http(self, **kwargs: Any) -> httpx.AsyncClient:
+        """An HTTP client on this daemon's HTTP address (paths are relative)."""
+        kwargs.setdefault("timeout", READ_TIMEOUT)
+        return httpx.AsyncClient(base_url=f"http://{self.http_address}", **kwargs)
+
+    async def until(self, path: str, ok: Callable[[httpx.Response], bool]) -> httpx.Response:
+        """GET ``path`` until ``ok(response)`` (state that changes asynchronously,
+        as a registration with nsqlookupd or a message timing out), for at most
+        ``READ_TIMEOUT`` seconds."""
+        async with self.http() as http:
+            with trio.fail_after(READ_TIMEOUT):
+                while True:
+                    response = await http.get(path)
+                    if ok(response):
+                        return response
+                    await trio.sleep(0.01)  # polling another process's state
+
+    async def stats(self, **params: str) -> Any:
+        """``/stats?format=json`` (with ``params``), parsed."""
+        async with self.http() as http:
+            r = await http.get("/stats", params={"format": "json", **params})
+            r.raise_for_status()
+            return r.json()
 
 
-def _free_port() -> int:
-    # Bound then released: a tiny race with other processes, acceptable in tests.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+Scenario = Callable[[Target], Awaitable[Any]]
 
 
-async def _wait_for_ping(http_address: str, process: trio.Process) -> None:
-    async with httpx.AsyncClient() as client:
-        with trio.fail_after(START_TIMEOUT):
-            while True:
-                if process.returncode is not None:
-                    raise RuntimeError(f"daemon exited with {process.returncode}")
-                try:
-                    r = await client.get(f"http://{http_address}/ping")
-                    if r.status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.02)  # polling another process's readiness
+def _alias_daemon(normalizer: Normalizer, role: str, tcp: str, http: str) -> None:
+    normalizer.alias(tcp, f"<{role}:tcp>")
+    normalizer.alias(http, f"<{role}:http>")
+    normalizer.alias(int(tcp.rpartition(":")[2]), f"<{role}:tcp_port>")
+    normalizer.alias(int(http.rpartition(":")[2]), f"<{role}:http_port>")
 
 
-async def _real(binary_var: str, tmp: Path, *extra: str) -> AsyncIterator[Target]:
-    binary = os.environ[binary_var]
-    tcp = f"127.0.0.1:{_free_port()}"
-    http = f"127.0.0.1:{_free_port()}"
-    process = await trio.lowlevel.open_process(
-        [
-            binary,
-            f"--tcp-address={tcp}",
-            f"--http-address={http}",
-            "--broadcast-address=127.0.0.1",
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def _parse_flags(flagset: Any, flags: Sequence[str]) -> dict[str, Any]:
+    values, rest = flagset.parse(list(flags))
+    assert not rest, f"not flags: {rest}"
+    return values  # type: ignore[no-any-return]
+
+
+@asynccontextmanager
+async def _fake_lookupd(flags: Sequence[str], normalizer: Normalizer) -> AsyncIterator[Target]:
+    options = nsqlookupd_options_from_flags(_parse_flags(nsqlookupd_flagset(), flags))
+    options.tcp_address = "127.0.0.1:0"
+    options.http_address = "127.0.0.1:0"
+    options.broadcast_address = "127.0.0.1"
+    async with NSQLookupd(options) as lookupd:
+        _alias_daemon(normalizer, "lookupd", lookupd.tcp_address, lookupd.http_address)
+        yield Target("fakensq", lookupd.tcp_address, lookupd.http_address, normalizer, fake=lookupd)
+
+
+@asynccontextmanager
+async def _fake_nsqd(flags: Sequence[str], normalizer: Normalizer, tmp: Path) -> AsyncIterator[Any]:
+    options = nsqd_options_from_flags(_parse_flags(nsqd_flagset(), flags)).replace(
+        tcp_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+        broadcast_address="127.0.0.1",
     )
-    try:
-        await _wait_for_ping(http, process)
-        yield Target("real", tcp, http)
-    finally:
-        if process.returncode is None:
-            process.terminate()
-        with trio.move_on_after(5) as scope:
-            await process.wait()
-        if scope.cancelled_caught:
-            process.kill()
+    if not options.data_path:
+        data = tmp / "fake-nsqd-data"
+        data.mkdir(exist_ok=True)
+        options = options.replace(data_path=str(data))
+    async with fakensq.NSQD(options=options) as nsqd:
+        _alias_daemon(normalizer, "nsqd", nsqd.tcp_address, nsqd.http_address)
+        yield nsqd
 
 
-def _params(binary_var: str) -> list[Any]:
-    # Skipped at collection, with the reason shown by ``-rs``.
-    missing = not os.environ.get(binary_var)
-    reason = f"{binary_var} is not set: no real daemon to compare with"
-    return ["fakensq", pytest.param("real", marks=pytest.mark.skipif(missing, reason=reason))]
+@asynccontextmanager
+async def _real(name: str, flags: Sequence[str], normalizer: Normalizer) -> AsyncIterator[Any]:
+    opener = reference.open_nsqd if name == "nsqd" else reference.open_nsqlookupd
+    async with opener(*flags) as daemon:
+        _alias_daemon(
+            normalizer,
+            "nsqd" if name == "nsqd" else "lookupd",
+            daemon.tcp_address,
+            daemon.http_address,
+        )
+        try:
+            yield daemon
+        except BaseException as exc:
+            exc.add_note(f"real {name} log ({daemon.log_path}):\n{daemon.log()[-3000:]}")
+            raise
 
 
-@pytest.fixture(params=_params("NSQD_BINARY"))
-async def nsqd_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Target]:
-    """An nsqd: fakensq's, or the real one from ``NSQD_BINARY``."""
-    if request.param == "real":
-        async for target in _real("NSQD_BINARY", tmp_path, f"--data-path={tmp_path}"):
-            yield target
-        return
-    async with fakensq.NSQD(
-        tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", broadcast_address="127.0.0.1"
-    ) as nsqd:
-        yield Target("fakensq", nsqd.tcp_address, nsqd.http_address)
+class Conformance:
+    """Runs scenarios on fakensq and on the real daemons, and compares (module doc)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self._runs = 0
+        #: Why the comparison was skipped (pytest-trio loses a skip's reason).
+        self.skip_reason = ""
+        self._lookupd_kind: str | None = None
+
+    @property
+    def have_real(self) -> bool:
+        return reference.binary("nsqd") is not None
+
+    async def nsqd(
+        self,
+        scenario: Scenario,
+        *flags: str,
+        lookupd: Sequence[str] | None = None,
+        lookupd_kind: str | None = None,
+        expect: Any = _UNSET,
+        normalize: Callable[[Normalizer], None] | None = None,
+    ) -> Any:
+        """Run ``scenario`` against an nsqd started with ``flags`` (and, with
+        ``lookupd`` flags, registered with an nsqlookupd of the same kind, or of
+        ``lookupd_kind`` for both runs): fakensq's, then the real one; returns
+        the normalized outcome."""
+        self._lookupd_kind = lookupd_kind
+        return await self._compare("nsqd", scenario, flags, lookupd, expect, normalize)
+
+    async def nsqlookupd(
+        self,
+        scenario: Scenario,
+        *flags: str,
+        expect: Any = _UNSET,
+        normalize: Callable[[Normalizer], None] | None = None,
+    ) -> Any:
+        """Run ``scenario`` against an nsqlookupd started with ``flags``."""
+        return await self._compare("nsqlookupd", scenario, flags, None, expect, normalize)
+
+    async def _compare(
+        self,
+        name: str,
+        scenario: Scenario,
+        flags: Sequence[str],
+        lookupd: Sequence[str] | None,
+        expect: Any,
+        normalize: Callable[[Normalizer], None] | None,
+    ) -> Any:
+        fake = await self._run("fakensq", name, scenario, flags, lookupd, normalize)
+        if expect is not _UNSET and fake != expect:
+            pytest.fail(
+                "fakensq's outcome is not the expected one:\n" + _diff(fake, expect, "expected"),
+                pytrace=False,
+            )
+        binary = reference.binary(name)
+        need_lookupd = lookupd is not None and self._lookupd_kind != "fakensq"
+        if binary is None or (need_lookupd and reference.binary("nsqlookupd") is None):
+            self.skip_reason = (
+                f"fakensq ran it; no real {name} to compare with: {reference.skip_reason()}"
+            )
+            pytest.skip(self.skip_reason)
+        real = await self._run("real", name, scenario, flags, lookupd, normalize)
+        if fake != real:
+            pytest.fail("fakensq and the real daemon differ:\n" + _diff(fake, real), pytrace=False)
+        if key_order(fake) != key_order(real):
+            pytest.fail(
+                "same values, JSON keys in another order:\n"
+                + _diff(key_order(fake), key_order(real)),
+                pytrace=False,
+            )
+        return fake
+
+    async def _run(
+        self,
+        kind: str,
+        name: str,
+        scenario: Scenario,
+        flags: Sequence[str],
+        lookupd_flags: Sequence[str] | None,
+        normalize: Callable[[Normalizer], None] | None,
+    ) -> Any:
+        self._runs += 1
+        tmp = self.tmp_path / f"{kind}-{self._runs}"
+        tmp.mkdir()
+        normalizer = Normalizer()
+        if normalize is not None:
+            normalize(normalizer)
+        async with AsyncExitStack() as stack:
+            lookupd: Target | None = None
+            if lookupd_flags is not None:
+                if (self._lookupd_kind or kind) == "fakensq":
+                    lookupd = await stack.enter_async_context(
+                        _fake_lookupd(lookupd_flags, normalizer)
+                    )
+                else:
+                    daemon = await stack.enter_async_context(
+                        _real("nsqlookupd", lookupd_flags, normalizer)
+                    )
+                    lookupd = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
+                flags = [*flags, f"--lookupd-tcp-address={lookupd.tcp_address}"]
+            if name == "nsqlookupd":
+                if kind == "fakensq":
+                    target = await stack.enter_async_context(_fake_lookupd(flags, normalizer))
+                else:
+                    daemon = await stack.enter_async_context(_real(name, flags, normalizer))
+                    target = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
+            elif kind == "fakensq":
+                node = await stack.enter_async_context(_fake_nsqd(flags, normalizer, tmp))
+                target = Target(
+                    "fakensq", node.tcp_address, node.http_address, normalizer, fake=node
+                )
+            else:
+                daemon = await stack.enter_async_context(_real(name, flags, normalizer))
+                target = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
+            target.lookupd = lookupd
+            target.tmp = tmp
+            target.transcript = Transcript()
+            try:
+                with trio.fail_after(SCENARIO_TIMEOUT):
+                    returned = await scenario(target)
+            except BaseException as exc:
+                exc.add_note(f"the scenario failed on {kind}; transcript so far:")
+                exc.add_note("\n".join(repr(e) for e in normalizer(target.transcript)))
+                raise
+        transcript = list(target.transcript)
+        outcome = transcript if returned is None else (transcript, returned)
+        return normalizer(outcome)
 
 
-@pytest.fixture(params=_params("NSQLOOKUPD_BINARY"))
-async def nsqlookupd_under_test(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[Target]:
-    """An nsqlookupd: fakensq's, or the real one from ``NSQLOOKUPD_BINARY``."""
-    if request.param == "real":
-        async for target in _real("NSQLOOKUPD_BINARY", tmp_path):
-            yield target
-        return
-    async with NSQLookupd(
-        tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", broadcast_address="127.0.0.1"
-    ) as lookupd:
-        yield Target("fakensq", lookupd.tcp_address, lookupd.http_address)
+def _diff(left: Any, right: Any, right_name: str = "real") -> str:
+    lines = difflib.unified_diff(
+        pprint.pformat(left, width=100).splitlines(),
+        pprint.pformat(right, width=100).splitlines(),
+        "fakensq",
+        right_name,
+        lineterm="",
+        n=6,
+    )
+    return "\n".join(lines)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    # pytest-trio re-raises a skip from inside the test's nursery without its
+    # reason: put the reason back, so that ``-rs`` says why.
+    fixture = getattr(item, "funcargs", {}).get("conformance")
+    if report.skipped and isinstance(fixture, Conformance) and fixture.skip_reason:
+        path, line, _ = report.location
+        report.longrepr = (path, (line or 0) + 1, f"Skipped: {fixture.skip_reason}")
+    return report
+
+
+@pytest.fixture
+def conformance(tmp_path: Path) -> Conformance:
+    """Runs a scenario on fakensq and on the real daemon, and compares."""
+    return Conformance(tmp_path)
+
+
+class AuthServer:
+    """One small HTTP auth server for both daemons (nsqd's ``/auth`` protocol).
+
+    ``grants`` maps a secret to the JSON document to answer (a dict) or an HTTP
+    status (an int); unknown secrets get 403.  ``queries`` records what each
+    request asked (method and parameters), to compare what the two nsqds send.
+    """
+
+    def __init__(self) -> None:
+        self.grants: dict[str, Any] = {}
+        self.queries: list[dict[str, Any]] = []
+        self.address = ""
+
+    async def _handle(self, request: Request) -> Response:
+        params = {k: v[0] for k, v in request.query.items()}
+        if request.method == "POST":
+            from urllib.parse import parse_qs
+
+            params.update({k: v[0] for k, v in parse_qs(request.body.decode()).items()})
+        self.queries.append({"method": request.method, "path": request.path, **params})
+        if request.path != "/auth":
+            return Response.json({"message": "NOT_FOUND"}, 404)
+        grant = self.grants.get(params.get("secret", ""), 403)
+        if isinstance(grant, int):
+            return Response.json({"message": "NO"}, grant)
+        if isinstance(grant, bytes | str):
+            return Response.text(grant)
+        return Response(200, json.dumps(grant).encode(), [("Content-Type", "application/json")])
+
+
+@pytest.fixture
+async def auth_server(nursery: trio.Nursery) -> AuthServer:
+    """An auth server on a free loopback port (``auth_server.address``)."""
+    server = AuthServer()
+    http = HTTPServer(server._handle)
+    host, port = await nursery.start(http.serve, "127.0.0.1", 0)
+    server.address = f"{host}:{port}"
+    return server

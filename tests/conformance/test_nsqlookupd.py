@@ -1,19 +1,13 @@
-"""nsqlookupd conformance: /ping, an nsqd's registration, /lookup and /nodes
-shapes (real nsqlookupd v1.3's http.go)."""
+"""nsqlookupd conformance: ``/ping``, an nsqd's registration, ``/lookup`` and
+``/nodes`` shapes, compared between fakensq and the real nsqlookupd (and nsqd)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-import trio
 
-import fakensq
-
-from .conftest import Target, _real
+from .conftest import Conformance, Target
 
 PRODUCER_FIELDS = {
     "remote_address",
@@ -25,74 +19,63 @@ PRODUCER_FIELDS = {
 }
 
 
-async def _until(client: httpx.AsyncClient, url: str, ok: Any) -> Any:
-    # Registration travels over another connection: poll the answer.
-    with trio.fail_after(10):
-        while True:
-            r = await client.get(url)
-            if ok(r):
-                return r.json()
-            await trio.sleep(0.02)
+def _registered(r: httpx.Response) -> bool:
+    return r.status_code == 200 and r.json().get("channels") == ["c"]
 
 
-async def test_ping_and_lookup_of_an_unknown_topic(nsqlookupd_under_test: Target) -> None:
-    base = f"http://{nsqlookupd_under_test.http_address}"
-    async with httpx.AsyncClient(timeout=10) as client:
-        r = await client.get(f"{base}/ping")
-        assert (r.status_code, r.text) == (200, "OK")
-        r = await client.get(f"{base}/lookup?topic=nope")
-        assert (r.status_code, r.json()) == (404, {"message": "TOPIC_NOT_FOUND"})
-        r = await client.get(f"{base}/lookup")
-        assert (r.status_code, r.json()) == (400, {"message": "MISSING_ARG_TOPIC"})
+async def test_ping_and_lookup_of_an_unknown_topic(conformance: Conformance) -> None:
+    async def scenario(t: Target) -> Any:
+        async with t.http() as http:
+            r = await http.get("/ping")
+            out: list[Any] = [(r.status_code, r.text)]
+            for path in ("/lookup?topic=nope", "/lookup"):
+                r = await http.get(path)
+                out.append((r.status_code, r.json()))
+        return out
+
+    _, out = await conformance.nsqlookupd(scenario)
+    assert out == [
+        (200, "OK"),
+        (404, {"message": "TOPIC_NOT_FOUND"}),
+        (400, {"message": "MISSING_ARG_TOPIC"}),
+    ]
 
 
-async def test_nsqd_registration_lookup_and_nodes(nsqlookupd_under_test: Target) -> None:
-    base = f"http://{nsqlookupd_under_test.http_address}"
-    async with (
-        fakensq.NSQD(
-            tcp_address="127.0.0.1:0",
-            http_address="127.0.0.1:0",
-            broadcast_address="127.0.0.1",
-            lookupd_tcp_addresses=[nsqlookupd_under_test.tcp_address],
-        ) as nsqd,
-        httpx.AsyncClient(timeout=10) as client,
-    ):
-        nsqd.get_topic("conf_lookup").get_channel("c")
-        doc = await _until(
-            client,
-            f"{base}/lookup?topic=conf_lookup",
-            lambda r: r.status_code == 200 and r.json().get("channels") == ["c"],
-        )
-        assert set(doc) == {"channels", "producers"}
-        (producer,) = doc["producers"]
-        assert PRODUCER_FIELDS <= set(producer)
-        assert producer["broadcast_address"] == "127.0.0.1"
-        assert producer["tcp_port"] == int(nsqd.tcp_address.rpartition(":")[2])
-        assert producer["http_port"] == int(nsqd.http_address.rpartition(":")[2])
-        nodes = (await client.get(f"{base}/nodes")).json()
-        assert set(nodes) == {"producers"}
-        (node,) = nodes["producers"]
-        assert PRODUCER_FIELDS | {"tombstones", "topics"} <= set(node)
-        assert node["topics"] == ["conf_lookup"] and node["tombstones"] == [False]
+async def _register_and_look_up(t: Target) -> Any:
+    assert t.lookupd is not None
+    async with t.http() as http:
+        r = await http.post("/topic/create?topic=conf_lookup")
+        r = await http.post("/channel/create?topic=conf_lookup&channel=c")
+        assert r.status_code == 200
+    doc = (await t.lookupd.until("/lookup?topic=conf_lookup", _registered)).json()
+    async with t.lookupd.http() as http:
+        nodes = (await http.get("/nodes")).json()
+    return doc, nodes
 
 
-@pytest.mark.skipif(
-    not os.environ.get("NSQD_BINARY"), reason="NSQD_BINARY is not set: no real nsqd to register"
-)
-async def test_a_real_nsqd_registers_with_fakensq_lookupd(tmp_path: Path) -> None:
-    async with (
-        fakensq.NSQLookupd(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as lookupd,
-        httpx.AsyncClient(timeout=10) as client,
-    ):
-        extra = (f"--data-path={tmp_path}", f"--lookupd-tcp-address={lookupd.tcp_address}")
-        async for nsqd in _real("NSQD_BINARY", tmp_path, *extra):
-            r = await client.post(f"http://{nsqd.http_address}/topic/create?topic=conf_real")
-            assert r.status_code == 200
-            doc = await _until(
-                client,
-                f"http://{lookupd.http_address}/lookup?topic=conf_real",
-                lambda r: r.status_code == 200 and r.json()["producers"],
-            )
-            (producer,) = doc["producers"]
-            assert PRODUCER_FIELDS <= set(producer)
-            assert producer["tcp_port"] == int(nsqd.tcp_address.rpartition(":")[2])
+def _remote(n: Any) -> None:
+    # The nsqd's own end of its connection to nsqlookupd: a port of its choosing.
+    n.key_rules["remote_address"] = lambda v: "<nsqd's address>"
+
+
+async def test_nsqd_registration_lookup_and_nodes(conformance: Conformance) -> None:
+    _, (doc, nodes) = await conformance.nsqd(_register_and_look_up, lookupd=[], normalize=_remote)
+    assert set(doc) == {"channels", "producers"}
+    (producer,) = doc["producers"]
+    assert PRODUCER_FIELDS <= set(producer)
+    assert producer["broadcast_address"] == "127.0.0.1"
+    assert (producer["tcp_port"], producer["http_port"]) == ("<nsqd:tcp_port>", "<nsqd:http_port>")
+    assert set(nodes) == {"producers"}
+    (node,) = nodes["producers"]
+    assert PRODUCER_FIELDS | {"tombstones", "topics"} <= set(node)
+    assert node["topics"] == ["conf_lookup"] and node["tombstones"] == [False]
+
+
+async def test_a_real_nsqd_registers_with_fakensq_lookupd(conformance: Conformance) -> None:
+    # Both nsqds (fakensq's, then the real one) register with a fakensq nsqlookupd.
+    _, (doc, _) = await conformance.nsqd(
+        _register_and_look_up, lookupd=[], lookupd_kind="fakensq", normalize=_remote
+    )
+    (producer,) = doc["producers"]
+    assert PRODUCER_FIELDS <= set(producer)
+    assert producer["tcp_port"] == "<nsqd:tcp_port>"
