@@ -8,17 +8,18 @@ malformed requests get a 400 and a closed connection, as Go's net/http does.
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import unquote_to_bytes
 
 import h11
 import trio
+
+from . import gojson
 
 __all__ = ["Request", "Response", "Handler", "HTTPServer"]
 
@@ -30,6 +31,16 @@ _MAX_HEADER_SIZE = 1024 * 1024  # Go's http.DefaultMaxHeaderBytes
 
 @dataclass
 class Request:
+    """One request, as Go's ``net/http`` gives it to a handler.
+
+    ``path`` is unescaped (Go's ``URL.Path``); ``query`` holds the pairs Go's
+    ``URL.Query()`` keeps, and ``query_error`` is the error ``url.ParseQuery``
+    reports for the raw query (a bad escape, a semicolon), or ``None``.
+    ``body`` stops after the server's ``max_body_size`` (Go's handlers read
+    through a ``LimitReader`` of their own bound).  ``params`` are the route's
+    ``:name`` segments (:mod:`fakensq.router`).
+    """
+
     method: str
     path: str
     query: dict[str, list[str]]
@@ -37,6 +48,9 @@ class Request:
     body: bytes
     remote_addr: str
     tls: bool = False
+    raw_query: str = ""
+    query_error: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter ``name`` (Go's ``Query().Get``)."""
@@ -55,8 +69,8 @@ class Response:
 
     @classmethod
     def json(cls, obj: Any, status: int = 200) -> Response:
-        body = json.dumps(obj, separators=(",", ":")).encode()
-        return cls(status, body, [("Content-Type", "application/json; charset=utf-8")])
+        """``obj`` as Go's ``json.Marshal`` writes it (:mod:`fakensq.gojson`)."""
+        return cls(status, gojson.dumps(obj), [("Content-Type", "application/json; charset=utf-8")])
 
     @classmethod
     def text(cls, text: str | bytes, status: int = 200) -> Response:
@@ -127,11 +141,12 @@ class HTTPServer:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEADER_SIZE)
         try:
             while True:
-                request = await self._read_request(stream, conn, remote, tls)
-                if request is None:
+                try:
+                    request = await self._read_request(stream, conn, remote, tls)
+                except BadRequest as exc:
+                    await stream.send_all(exc.raw_response())
                     return
-                if isinstance(request, Response):
-                    await self._send(stream, conn, request, head=False)
+                if request is None:
                     return
                 try:
                     response = await self.handler(request)
@@ -154,9 +169,9 @@ class HTTPServer:
 
     async def _read_request(
         self, stream: trio.abc.Stream, conn: h11.Connection, remote: str, tls: bool
-    ) -> Request | Response | None:
-        """The next request, a Response to send before closing (bad request), or
-        None when the client has gone."""
+    ) -> Request | None:
+        """The next request, or None when the client has gone.  Raises
+        :class:`BadRequest` for a request Go's server would refuse."""
         head: h11.Request | None = None
         body = bytearray()
         while True:
@@ -164,7 +179,7 @@ class HTTPServer:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    return Response.text(f"400 Bad Request: {exc}", exc.error_status_hint)
+                    raise BadRequest.from_h11(exc) from None
                 return None
             if event is h11.NEED_DATA:
                 try:
@@ -178,9 +193,11 @@ class HTTPServer:
             if isinstance(event, h11.Request):
                 head = event
             elif isinstance(event, h11.Data):
-                body += event.data
-                if len(body) > self.max_body_size:
-                    return Response.json({"message": "MSG_TOO_BIG"}, 413)
+                # Keep what a handler may read (its own bound is lower); the
+                # rest is read and dropped, as Go's server discards an unread body.
+                room = self.max_body_size - len(body)
+                if room > 0:
+                    body += event.data[:room]
             elif isinstance(event, h11.EndOfMessage):
                 assert head is not None
                 return _build_request(head, bytes(body), remote, tls)
@@ -192,8 +209,9 @@ class HTTPServer:
     ) -> None:
         headers = [(k, v) for k, v in response.headers]
         names = {k.lower() for k, _ in headers}
-        if "content-type" not in names:
-            headers.append(("Content-Type", "text/plain; charset=utf-8"))
+        if "content-type" not in names and response.body:
+            # Go sniffs the type of a body written without one; none for no body.
+            headers.append(("Content-Type", _sniff(response.body)))
         headers.append(("Content-Length", str(len(response.body))))
         headers.append(("Date", formatdate(usegmt=True)))
         if self.server_name:
@@ -207,19 +225,108 @@ class HTTPServer:
         await stream.send_all(out)
 
 
+class BadRequest(Exception):
+    """A request Go's server refuses before any handler sees it; it writes a
+    bare answer (no Date, no length) and closes the connection."""
+
+    def __init__(self, status: str = "400 Bad Request", detail: str = "") -> None:
+        super().__init__(status)
+        self.status = status
+        self.detail = detail
+
+    @classmethod
+    def from_h11(cls, exc: h11.RemoteProtocolError) -> BadRequest:
+        text = str(exc).lower()
+        if exc.error_status_hint == 431 or "too long" in text or "too large" in text:
+            return cls("431 Request Header Fields Too Large")
+        if "host" in text:
+            return cls(detail="missing required Host header")
+        return cls()
+
+    def raw_response(self) -> bytes:
+        text = self.status + (f": {self.detail}" if self.detail else "")
+        return (
+            f"HTTP/1.1 {text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Connection: close\r\n\r\n{text}"
+        ).encode()
+
+
 def _build_request(head: h11.Request, body: bytes, remote: str, tls: bool) -> Request:
     target = head.target.decode("latin-1")
-    parts = urlsplit(target)
+    raw_path, _, raw_query = target.partition("?")
+    if "://" in raw_path:  # an absolute-form target: keep its path
+        raw_path = "/" + raw_path.split("://", 1)[1].partition("/")[2]
+    elif not raw_path.startswith("/") and raw_path != "*":
+        raise BadRequest()
+    try:
+        path = _go_unescape(raw_path, plus=False)
+    except ValueError:
+        raise BadRequest() from None
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
+    query, query_error = parse_go_query(raw_query)
     return Request(
         method=head.method.decode("ascii", "replace"),
-        path=parts.path or "/",
-        query=parse_qs(parts.query, keep_blank_values=True),
+        path=path,
+        query=query,
         headers=headers,
         body=body,
         remote_addr=remote,
         tls=tls,
+        raw_query=raw_query,
+        query_error=query_error,
     )
+
+
+_HEX = set("0123456789abcdefABCDEF")
+
+
+def _go_unescape(text: str, *, plus: bool) -> str:
+    """url.PathUnescape (``plus`` False) or url.QueryUnescape; ValueError (Go's
+    message) on a bad ``%`` escape.  Invalid UTF-8 stays as surrogate escapes."""
+    i = text.find("%")
+    while i >= 0:
+        escape = text[i + 1 : i + 3]
+        if len(escape) < 2 or not set(escape) <= _HEX:
+            raise ValueError(f'invalid URL escape "{text[i : i + 3]}"')
+        i = text.find("%", i + 3)
+    if plus:
+        text = text.replace("+", " ")
+    return unquote_to_bytes(text).decode("utf-8", "surrogateescape")
+
+
+def parse_go_query(raw: str) -> tuple[dict[str, list[str]], str | None]:
+    """Go's ``url.ParseQuery``: the pairs it keeps, and its first error.
+
+    Pairs are split on ``&``; a pair holding ``;`` or a bad escape is dropped
+    (and reported), as Go does since 1.17.
+    """
+    query: dict[str, list[str]] = {}
+    error: str | None = None
+    for pair in raw.split("&"):
+        if not pair:
+            continue
+        if ";" in pair:
+            error = error or "invalid semicolon separator in query"
+            continue
+        key, _, value = pair.partition("=")
+        try:
+            key = _go_unescape(key, plus=True)
+            value = _go_unescape(value, plus=True)
+        except ValueError as exc:
+            error = error or str(exc)
+            continue
+        query.setdefault(key, []).append(value)
+    return query, error
+
+
+def _sniff(body: bytes) -> str:
+    """Go's DetectContentType for the bodies fakensq writes without a type."""
+    head = body[:512].lstrip(b"\t\n\x0c\r ")
+    if head[:1] == b"<" and head[:14].lower().startswith((b"<!doctype html", b"<html", b"<a ")):
+        return "text/html; charset=utf-8"
+    if b"\x00" in body[:512]:
+        return "application/octet-stream"
+    return "text/plain; charset=utf-8"
 
 
 def _remote_addr(stream: trio.abc.Stream) -> str:
