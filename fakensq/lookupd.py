@@ -10,12 +10,14 @@ Behaves as nsqlookupd v1.3:
   nsqlookupd closes the connection after sending it.  When a connection closes,
   its producer is removed from every registration (the registrations stay).
 - HTTP: ``/ping``, ``/info``, ``/debug``, ``/lookup``, ``/topics``, ``/channels``,
-  ``/nodes`` (GET) and ``/topic/create``, ``/topic/delete``, ``/channel/create``,
-  ``/channel/delete``, ``/topic/tombstone`` (POST).  Answers are plain JSON (no
-  ``status_code``/``data`` envelope: v1.3 dropped the Accept negotiation);
-  errors are ``{"message": "..."}``.  The deprecated aliases the docs list
-  (``/create_topic``, ``/delete_topic``, ``/create_channel``, ``/delete_channel``,
-  ``/tombstone_topic_producer``) are served too, although v1.3 dropped them.
+  ``/nodes`` (GET), ``/topic/create``, ``/topic/delete``, ``/channel/create``,
+  ``/channel/delete``, ``/topic/tombstone`` (POST) and Go's ``/debug/pprof``
+  (:mod:`fakensq.pprof`), routed as httprouter does (:mod:`fakensq.router`).
+  Answers are plain JSON (no ``status_code``/``data`` envelope: v1.3 dropped the
+  Accept negotiation); errors are ``{"message": "..."}``.  The aliases older
+  versions served (``/create_topic``, ``/delete_topic``, ``/create_channel``,
+  ``/delete_channel``, ``/tombstone_topic_producer``) answer 404 as in v1.3.0,
+  unless the ``legacy_http_aliases`` option asks for them.
 - Producers silent for longer than ``inactive_producer_timeout`` are left out of
   ``/lookup`` and ``/nodes``; a tombstoned producer is left out of ``/lookup`` of
   that topic for ``tombstone_lifetime``.  Times are ``trio.current_time()``, so a
@@ -27,11 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import posixpath
 import socket
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final
@@ -40,9 +41,11 @@ import trio
 
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
+from . import pprof
 from .flags import format_go_duration
 from .httpserver import HTTPServer, Request, Response
 from .options import VERSION
+from .router import Router
 
 __all__ = [
     "NSQLookupd",
@@ -52,6 +55,7 @@ __all__ = [
     "PeerInfo",
     "Producer",
     "MAGIC_V1",
+    "LEGACY_ALIASES",
     "encode_response",
     "split_host_port",
     "join_host_port",
@@ -108,6 +112,20 @@ class LookupdOptions:
     tombstone_lifetime: float = 45.0
     log_level: str = "info"
     log_prefix: str = "[nsqlookupd] "
+    #: fakensq only: also serve the HTTP aliases nsqlookupd v1.3.0 removed
+    #: (:data:`LEGACY_ALIASES`).  Off, as in v1.3.0: they answer 404.
+    legacy_http_aliases: bool = False
+
+
+#: The endpoints nsqlookupd v1.3.0 removed -> the one each stood for (served
+#: only with ``legacy_http_aliases``).
+LEGACY_ALIASES: Final = {
+    "/create_topic": "/topic/create",
+    "/delete_topic": "/topic/delete",
+    "/create_channel": "/channel/create",
+    "/delete_channel": "/channel/delete",
+    "/tombstone_topic_producer": "/topic/tombstone",
+}
 
 
 @dataclass
@@ -375,34 +393,33 @@ class NSQLookupd:
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
         self._connections: set[trio.abc.Stream] = set()
-        self._http = HTTPServer(self._handle_http, server_name=None)
+        self._http = HTTPServer(self._handle_http)
         #: ``hooks(stream, remote) -> stream``: wraps every TCP connection served
         #: (fault injection, :mod:`fakensq.faults`); None: served as is.
         self.hooks: Callable[[trio.abc.Stream, str | None], trio.abc.Stream] | None = None
-        self._routes: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {
-            "/ping": {"GET": self._ping},
-            "/info": {"GET": self._info},
-            "/debug": {"GET": self._debug},
-            "/lookup": {"GET": self._lookup},
-            "/topics": {"GET": self._topics},
-            "/channels": {"GET": self._channels},
-            "/nodes": {"GET": self._nodes},
-            "/topic/create": {"POST": self._create_topic},
-            "/topic/delete": {"POST": self._delete_topic},
-            "/channel/create": {"POST": self._create_channel},
-            "/channel/delete": {"POST": self._delete_channel},
-            "/topic/tombstone": {"POST": self._tombstone_topic_producer},
-        }
-        # The deprecated names NSQ's documentation still lists (nsqlookupd v1.3
-        # dropped them; scripts written against the docs use them).
-        for alias, path in {
-            "/create_topic": "/topic/create",
-            "/delete_topic": "/topic/delete",
-            "/create_channel": "/channel/create",
-            "/delete_channel": "/channel/delete",
-            "/tombstone_topic_producer": "/topic/tombstone",
-        }.items():
-            self._routes[alias] = self._routes[path]
+        self.router = Router(
+            not_found=lambda _request: _v1_error(404, "NOT_FOUND"),
+            method_not_allowed=lambda _request: _v1_error(405, "METHOD_NOT_ALLOWED"),
+        )
+        add = self.router.add
+        add("GET", "/ping", self._ping)
+        add("GET", "/info", self._info)
+        add("GET", "/debug", self._debug)
+        add("GET", "/lookup", self._lookup)
+        add("GET", "/topics", self._topics)
+        add("GET", "/channels", self._channels)
+        add("GET", "/nodes", self._nodes)
+        add("POST", "/topic/create", self._create_topic)
+        add("POST", "/topic/delete", self._delete_topic)
+        add("POST", "/channel/create", self._create_channel)
+        add("POST", "/channel/delete", self._delete_channel)
+        add("POST", "/topic/tombstone", self._tombstone_topic_producer)
+        pprof.add_routes(add, index="/debug/pprof")
+        if self.options.legacy_http_aliases:
+            routes = {route.pattern: route for route in self.router.routes()}
+            for alias, path in LEGACY_ALIASES.items():
+                route = routes[path]
+                add(route.method, alias, route.handler)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -760,41 +777,12 @@ class NSQLookupd:
     # -- HTTP --------------------------------------------------------------
 
     async def _handle_http(self, request: Request) -> Response:
-        routes = self._routes.get(request.path)
-        if routes is None:
-            return self._not_routed(request)
-        handler = routes.get(request.method)
-        if handler is None:
-            # httprouter: OPTIONS answered, other methods 405, with a sorted Allow.
-            allow = ", ".join(sorted([*routes, "OPTIONS"]))
-            if request.method == "OPTIONS":
-                return Response(200, b"", [("Allow", allow)])
-            response = _v1_error(405, "METHOD_NOT_ALLOWED")
-            response.headers.append(("Allow", allow))
-            return response
-        response = await handler(request)
+        response = await self.router.handle(request)
         self._logf(
             logging.DEBUG,
             f"{response.status} {request.method} {request.path} ({request.remote_addr})",
         )
         return response
-
-    def _not_routed(self, request: Request) -> Response:
-        """httprouter's redirects (trailing slash, then a cleaned, case-insensitive
-        path), else 404 ``NOT_FOUND``."""
-        path = request.path
-        candidates = []
-        if path != "/":
-            candidates.append(path[:-1] if path.endswith("/") else path + "/")
-        cleaned = posixpath.normpath("/" + path.lstrip("/")).lower()
-        candidates.append(cleaned)
-        for candidate in candidates:
-            routes = self._routes.get(candidate)
-            if routes is not None and request.method != "CONNECT":
-                # 301 for GET, 308 (keep the method) for the others.
-                status = 301 if request.method == "GET" else 308
-                return Response(status, b"", [("Location", candidate)])
-        return _v1_error(404, "NOT_FOUND")
 
     async def _ping(self, request: Request) -> Response:
         return Response.text("OK")
@@ -806,12 +794,16 @@ class NSQLookupd:
         return _v1({"topics": self.topics()})
 
     async def _channels(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         topic = request.arg("topic")
         if topic is None:
             return _v1_error(400, "MISSING_ARG_TOPIC")
         return _v1({"channels": self.channels(topic)})
 
     async def _lookup(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         topic = request.arg("topic")
         if topic is None:
             return _v1_error(400, "MISSING_ARG_TOPIC")
@@ -853,6 +845,8 @@ class NSQLookupd:
         return math.floor((trio_time + self._wall_offset) * 1e9)
 
     async def _create_topic(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         topic = request.arg("topic")
         if topic is None:
             return _v1_error(400, "MISSING_ARG_TOPIC")
@@ -863,6 +857,8 @@ class NSQLookupd:
         return _v1(None)
 
     async def _delete_topic(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         topic = request.arg("topic")
         if topic is None:
             return _v1_error(400, "MISSING_ARG_TOPIC")
@@ -875,6 +871,8 @@ class NSQLookupd:
         return _v1(None)
 
     async def _tombstone_topic_producer(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         topic = request.arg("topic")
         if topic is None:
             return _v1_error(400, "MISSING_ARG_TOPIC")
@@ -903,6 +901,8 @@ class NSQLookupd:
         return topic, channel
 
     async def _create_channel(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         args = self._topic_channel_args(request)
         if isinstance(args, Response):
             return args
@@ -914,6 +914,8 @@ class NSQLookupd:
         return _v1(None)
 
     async def _delete_channel(self, request: Request) -> Response:
+        if request.query_error is not None:
+            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         args = self._topic_channel_args(request)
         if isinstance(args, Response):
             return args

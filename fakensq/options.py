@@ -8,14 +8,26 @@ flags onto these fields.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import socket
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NSQDOptions", "VERSION", "TLS_NOT_REQUIRED", "TLS_REQUIRED_EXCEPT_HTTP", "TLS_REQUIRED"]
+__all__ = [
+    "NSQDOptions",
+    "VERSION",
+    "default_node_id",
+    "GO_TOOLCHAIN",
+    "TLS_NOT_REQUIRED",
+    "TLS_REQUIRED_EXCEPT_HTTP",
+    "TLS_REQUIRED",
+]
 
 #: The nsqd version fakensq reports (IDENTIFY, /info, --version).
 VERSION = "1.3.0"
+#: The Go toolchain the reference v1.3.0 binaries name (``--version``, text /stats).
+GO_TOOLCHAIN = "go1.27.3"
 
 # --tls-required values, as nsqd keeps them.
 TLS_NOT_REQUIRED = 0
@@ -23,11 +35,17 @@ TLS_REQUIRED_EXCEPT_HTTP = 1
 TLS_REQUIRED = 2
 
 
+def default_node_id(hostname: str | None = None) -> int:
+    """nsqd's default ``--node-id``: crc32 of the md5 of the hostname, mod 1024."""
+    name = socket.gethostname() if hostname is None else hostname
+    return zlib.crc32(hashlib.md5(name.encode()).digest()) % 1024
+
+
 @dataclass
 class NSQDOptions:
     """Everything an nsqd can be configured with (nsqd v1.3 defaults)."""
 
-    node_id: int = field(default_factory=lambda: hash(socket.gethostname()) % 1024)
+    node_id: int = field(default_factory=lambda: default_node_id())
     log_level: str = "info"
     log_prefix: str = "[nsqd] "
 
@@ -80,6 +98,7 @@ class NSQDOptions:
     statsd_interval: float = 60.0
     statsd_mem_stats: bool = True
     statsd_udp_packet_size: int = 508
+    statsd_exclude_ephemeral: bool = False
 
     # e2e message latency
     e2e_processing_latency_window_time: float = 10 * 60.0
@@ -101,6 +120,10 @@ class NSQDOptions:
     # fakensq only: the seed of every random choice (message ids, client choice
     # within a channel, sampling), so that runs repeat exactly.
     seed: int | None = None
+    # fakensq only: also serve the HTTP aliases nsqd v1.3.0 removed (/put, /mput,
+    # /create_topic, ...), for scripts written against older nsqds.  Off, as in
+    # v1.3.0: they answer 404 NOT_FOUND.
+    legacy_http_aliases: bool = False
 
     def replace(self, **changes: Any) -> NSQDOptions:
         return dataclasses.replace(self, **changes)

@@ -224,13 +224,30 @@ async def test_pub_counts_in_stats(nsqd: fakensq.NSQD, nursery: trio.Nursery) ->
     assert producers[0]["pub_counts"] == [{"topic": "t", "count": 3}]
 
 
-async def test_deprecated_aliases_the_docs_list() -> None:
+async def test_removed_aliases_answer_404_by_default() -> None:
+    # nsqd v1.3.0 dropped them (tests/conformance compares with the real one).
+    import httpx
+
+    import fakensq
+    from fakensq.http import LEGACY_ALIASES
+
+    async with (
+        fakensq.NSQD(tcp_address="", http_address="127.0.0.1:0") as nsqd,
+        httpx.AsyncClient(base_url=f"http://{nsqd.http_address}") as http,
+    ):
+        for alias in LEGACY_ALIASES:
+            r = await http.post(alias, params={"topic": "t", "channel": "c"}, content=b"x")
+            assert (r.status_code, r.json()) == (404, {"message": "NOT_FOUND"})
+        assert nsqd.get_existing_topic("t") is None
+
+
+async def test_legacy_http_aliases_option_serves_them() -> None:
     import httpx
 
     import fakensq
 
     async with (
-        fakensq.NSQD(tcp_address="", http_address="127.0.0.1:0") as nsqd,
+        fakensq.NSQD(tcp_address="", http_address="127.0.0.1:0", legacy_http_aliases=True) as nsqd,
         httpx.AsyncClient(base_url=f"http://{nsqd.http_address}") as http,
     ):
         # The docs' own example: curl -d 'hello world 1' 'http://127.0.0.1:4151/put?topic=test'

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 import trio
 
-from fakensq.lookupd import NSQLookupd
+from fakensq.lookupd import LEGACY_ALIASES, NSQLookupd
 
 from .conftest import registered_client
 
@@ -115,7 +117,8 @@ async def test_routing_errors(http: httpx.AsyncClient) -> None:
     r = await http.get("/PING")
     assert (r.status_code, r.headers["location"]) == (301, "/ping")
     r = await http.post("/Topic/Create/", params={"topic": "t"})
-    assert (r.status_code, r.headers["location"]) == (308, "/topic/create")
+    # 307 keeps the method (httprouter v1.3.0), and the query goes along.
+    assert (r.status_code, r.headers["location"]) == (307, "/topic/create?topic=t")
 
 
 async def test_debug(lookupd: NSQLookupd, http: httpx.AsyncClient) -> None:
@@ -192,7 +195,24 @@ async def test_inactive_producers_are_hidden(autojump_clock: trio.testing.MockCl
         await b.aclose()
 
 
-async def test_deprecated_aliases_the_docs_list(http: httpx.AsyncClient) -> None:
+async def test_removed_aliases_answer_404_by_default(http: httpx.AsyncClient) -> None:
+    # nsqlookupd v1.3.0 dropped them (tests/conformance compares with the real one).
+    for alias in LEGACY_ALIASES:
+        r = await http.post(alias, params={"topic": "old", "channel": "c", "node": "x:1"})
+        assert (r.status_code, r.json()) == (404, {"message": "NOT_FOUND"})
+
+
+@pytest.fixture
+async def legacy_http() -> AsyncIterator[httpx.AsyncClient]:
+    async with (
+        NSQLookupd(legacy_http_aliases=True) as node,
+        httpx.AsyncClient(base_url=f"http://{node.http_address}") as client,
+    ):
+        yield client
+
+
+async def test_legacy_http_aliases_option_serves_them(legacy_http: httpx.AsyncClient) -> None:
+    http = legacy_http
     assert (await http.post("/create_topic", params={"topic": "old"})).status_code == 200
     r = await http.post("/create_channel", params={"topic": "old", "channel": "c"})
     assert r.status_code == 200
