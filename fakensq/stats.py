@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .options import VERSION, NSQDOptions
+from .flags import format_go_duration
+from .options import GO_TOOLCHAIN, VERSION, NSQDOptions
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -131,7 +133,8 @@ def build_stats(
             channel_docs = [_channel_stats(c, topic, include_clients) for c in chans]
             topics.append(_topic_stats(t, channel_docs))
     producers: list[dict[str, Any]] | None = None
-    if include_clients:
+    # nsqd's GetStats returns early, producers and all, for an unknown topic.
+    if include_clients and topics is not None:
         producers = [c.stats(topic) for c in nsqd.clients.values() if c.is_producer()] or None
     doc: dict[str, Any] = {
         "version": VERSION,
@@ -169,7 +172,7 @@ def _memory_stats() -> dict[str, int]:
 
 def format_text_stats(doc: dict[str, Any]) -> str:
     """nsqd's plain-text /stats (``printStats``)."""
-    out = [f"nsqd v{doc['version']} (built w/fakensq)\n"]
+    out = [f"nsqd v{doc['version']} (built w/{GO_TOOLCHAIN})\n"]
     out.append(f"start_time {_rfc3339(doc['start_time'])}\n")
     out.append(f"uptime {_uptime(doc['start_time'])}\n")
     out.append(f"\nHealth: {doc['health']}\n")
@@ -210,13 +213,14 @@ def format_text_stats(doc: dict[str, Any]) -> str:
 
 def _client_text(c: dict[str, Any]) -> str:
     """ClientV2Stats.String()."""
-    connected = _duration(float(int(time.time() - c["connect_ts"])))
+    # time.Since(connectTime).Truncate(time.Second)
+    connected = format_go_duration(float(max(0, int(time.time() - c["connect_ts"]))))
     port = c["remote_address"].rpartition(":")[2]
     ident = f"{c['hostname']}:{port} {c['user_agent']}"
     pub_counts = c.get("pub_counts") or []
     if pub_counts:
         total = sum(pc["count"] for pc in pub_counts)
-        topics = ", ".join(f"{pc['topic']}={pc['count']}" for pc in pub_counts)
+        topics = ",".join(f"{pc['topic']}={pc['count']}" for pc in pub_counts)
         return (
             f"[{c['version']} {ident:<21}] msgs: {total:<8} topics: {topics} connected: {connected}"
         )
@@ -243,28 +247,17 @@ def _nanoseconds_to_human(v: float) -> str:
 
 
 def _rfc3339(ts: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    """Go's ``time.Format(time.RFC3339)`` in local time: ``Z`` for UTC."""
+    local = datetime.fromtimestamp(ts).astimezone()
+    text = local.strftime("%Y-%m-%dT%H:%M:%S")
+    offset = local.utcoffset()
+    if not offset:
+        return text + "Z"
+    minutes = int(offset.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    hours, mins = divmod(abs(minutes), 60)
+    return f"{text}{sign}{hours:02d}:{mins:02d}"
 
 
 def _uptime(ts: int) -> str:
-    return _duration(max(0.0, time.time() - ts))
-
-
-def _duration(seconds: float) -> str:
-    """Roughly Go's time.Duration.String()."""
-    if seconds < 1e-6:
-        return f"{int(seconds * 1e9)}ns"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:g}µs"
-    if seconds < 1:
-        return f"{seconds * 1e3:g}ms"
-    total = int(seconds)
-    h, rem = divmod(total, 3600)
-    m, s = divmod(rem, 60)
-    frac = seconds - total
-    sec = f"{s + frac:g}s"
-    if h:
-        return f"{h}h{m}m{sec}"
-    if m:
-        return f"{m}m{sec}"
-    return sec
+    return format_go_duration(max(0.0, time.time() - ts))
