@@ -15,6 +15,7 @@ and exit 0.  Flag errors exit 2, start-up failures 1 (``FATAL: ...``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -27,7 +28,14 @@ import trio
 
 from .flags import Flag, FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
 from .lookupd import LookupdOptions, NSQLookupd
-from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, VERSION, NSQDOptions
+from .options import (
+    GO_TOOLCHAIN,
+    TLS_NOT_REQUIRED,
+    TLS_REQUIRED,
+    TLS_REQUIRED_EXCEPT_HTTP,
+    VERSION,
+    NSQDOptions,
+)
 
 __all__ = [
     "main",
@@ -39,12 +47,16 @@ __all__ = [
     "nsqd_flagset",
     "nsqlookupd_flagset",
     "nsqd_options_from_flags",
+    "nsqd_cfg_fields",
+    "nsqd_command_defaults",
+    "nsqlookupd_command_defaults",
     "nsqlookupd_options_from_flags",
     "version_string",
 ]
 
-#: What ``--version`` reports as the Go toolchain (nsqd v1.3.0 was built with go1.21).
-GO_VERSION: Final = "go1.21.5"
+#: What ``--version`` and the text ``/stats`` report as the Go toolchain: the
+#: reference v1.3.0 binaries' (tests/reference.py).
+GO_VERSION: Final = GO_TOOLCHAIN
 
 _LEVELS: Final = {
     "debug": logging.DEBUG,
@@ -160,9 +172,30 @@ def _daemon_flagset(name: str, log_level: str) -> FlagSet:
     return fs
 
 
+def nsqd_command_defaults() -> NSQDOptions:
+    """The options of ``nsqd`` run with no flags: v1.3.0's defaults (all
+    interfaces, ports 4150/4151/4152), where the in-process :class:`NSQDOptions`
+    listens on loopback."""
+    return NSQDOptions(
+        tcp_address="0.0.0.0:4150",
+        http_address="0.0.0.0:4151",
+        https_address="0.0.0.0:4152",
+    )
+
+
+def nsqlookupd_command_defaults() -> LookupdOptions:
+    """The options of ``nsqlookupd`` run with no flags: v1.3.0's defaults."""
+    return LookupdOptions(tcp_address="0.0.0.0:4160", http_address="0.0.0.0:4161")
+
+
+_ADDRESS_USAGE: Final = (
+    "address to listen on for {} clients (<addr>:<port> for TCP/IP or <path> for unix socket)"
+)
+
+
 def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
     """nsqd v1.3's flags, each mapped onto its :class:`NSQDOptions` field."""
-    o = defaults or NSQDOptions()
+    o = defaults or nsqd_command_defaults()
     fs = _daemon_flagset("nsqd", o.log_level)
     fs.add_int(
         "node-id",
@@ -177,25 +210,12 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
         "<addr>:<port> to listen on for HTTPS clients",
         "https_address",
     )
-    fs.add_string(
-        "http-address",
-        o.http_address,
-        "<addr>:<port> to listen on for HTTP clients",
-        "http_address",
-    )
-    fs.add_string(
-        "tcp-address", o.tcp_address, "<addr>:<port> to listen on for TCP clients", "tcp_address"
-    )
+    fs.add_string("http-address", o.http_address, _ADDRESS_USAGE.format("HTTP"), "http_address")
+    fs.add_string("tcp-address", o.tcp_address, _ADDRESS_USAGE.format("TCP"), "tcp_address")
     fs.add_list(
         "auth-http-address",
         "<addr>:<port> or a full url to query auth server (may be given multiple times)",
         "auth_http_addresses",
-    )
-    fs.add_string(
-        "auth-http-request-method",
-        o.auth_http_request_method,
-        "HTTP method to use for auth server requests",
-        "auth_http_request_method",
     )
     fs.add_string(
         "broadcast-address",
@@ -358,6 +378,12 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
         "the size in bytes of statsd UDP packets",
         "statsd_udp_packet_size",
     )
+    fs.add_bool(
+        "statsd-exclude-ephemeral",
+        o.statsd_exclude_ephemeral,
+        "Skip ephemeral topics and channels when sending stats to statsd",
+        "statsd_exclude_ephemeral",
+    )
     # End to end percentile flags
     fs.add(
         Flag(
@@ -413,7 +439,7 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
             "('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
             "tls_min_version",
             parse=_parse_tls_min_version,
-            default_text=str(_TLS_VERSIONS.get(o.tls_min_version, "")),
+            default_text=o.tls_min_version,
         )
     )
     # compression
@@ -434,7 +460,7 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
 
 def nsqlookupd_flagset(defaults: LookupdOptions | None = None) -> FlagSet:
     """nsqlookupd v1.3's flags, mapped onto :class:`LookupdOptions` fields."""
-    o = defaults or LookupdOptions()
+    o = defaults or nsqlookupd_command_defaults()
     fs = _daemon_flagset("nsqlookupd", o.log_level)
     fs.add_string(
         "tcp-address", o.tcp_address, "<addr>:<port> to listen on for TCP clients", "tcp_address"
@@ -467,6 +493,27 @@ def nsqlookupd_flagset(defaults: LookupdOptions | None = None) -> FlagSet:
 
 
 # -- config files (TOML, keys as nsqd's cfg names) -----------------------------
+
+# The cfg names (config file keys, ``/config/<name>``) that are not the flag's
+# name with ``_`` for ``-``: nsqd's ``cfg`` struct tags.
+_NSQD_CFG_NAMES: Final = {
+    "node-id": "id",
+    "lookupd-tcp-address": "nsqlookupd_tcp_addresses",
+    "auth-http-address": "auth_http_addresses",
+    "e2e-processing-latency-percentile": "e2e_processing_latency_percentiles",
+}
+
+
+@functools.cache
+def nsqd_cfg_fields() -> dict[str, Flag]:
+    """nsqd's options by cfg name (what ``GET /config/<name>`` and a config file
+    know): every flag that sets an option, under its ``cfg`` tag's name."""
+    return {
+        _NSQD_CFG_NAMES.get(flag.name, flag.name.replace("-", "_")): flag
+        for flag in nsqd_flagset(NSQDOptions()).flags.values()
+        if flag.dest is not None
+    }
+
 
 # nsqd's cfg names that are not fakensq's field names.
 _NSQD_CFG_ALIASES: Final = {
@@ -543,7 +590,7 @@ def nsqd_options_from_flags(values: dict[str, Any]) -> NSQDOptions:
         set(_DURATION_FIELDS_NSQD),
         dict(_NSQD_CFG_ALIASES),
     )
-    return NSQDOptions().replace(**_resolve(nsqd_flagset(), values, config))
+    return nsqd_command_defaults().replace(**_resolve(nsqd_flagset(), values, config))
 
 
 def nsqlookupd_options_from_flags(values: dict[str, Any]) -> LookupdOptions:
@@ -554,7 +601,8 @@ def nsqlookupd_options_from_flags(values: dict[str, Any]) -> LookupdOptions:
         {"inactive_producer_timeout", "tombstone_lifetime"},
         {},
     )
-    return LookupdOptions(**_resolve(nsqlookupd_flagset(), values, config))
+    base = nsqlookupd_command_defaults()
+    return LookupdOptions(**{**base.__dict__, **_resolve(nsqlookupd_flagset(), values, config)})
 
 
 def _parse_or_exit(fs: FlagSet, argv: Sequence[str]) -> dict[str, Any] | int:

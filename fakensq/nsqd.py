@@ -233,11 +233,9 @@ class NSQD:
                     server = NSQDHTTP(self, tls=False).server
                     bound = await nursery.start(server.serve, host, port)
                     self.http_address = _join(bound[0], bound[1])
-                if opts.https_address:
-                    if self.tls_context is None:
-                        raise ValueError(
-                            "https_address needs tls_cert and tls_key (or ssl_context)"
-                        )
+                # As nsqd: HTTPS only with a TLS configuration (the nsqd command's
+                # default https_address is 0.0.0.0:4152, unused without one).
+                if opts.https_address and self.tls_context is not None:
                     host, port = split_address(opts.https_address)
                     server = NSQDHTTP(self, tls=True).server
                     bound = await nursery.start(server.serve, host, port)
