@@ -113,7 +113,7 @@ class Channel:
         capacity = {
             c: c.ready_count - c.in_flight_count
             for c in self.clients.values()
-            if c.is_ready_for_messages()
+            if c.is_ready_for_messages() and not c.executing
         }
         if not capacity:
             return
@@ -182,8 +182,8 @@ class Channel:
         return msg
 
     def finish(self, client: ClientConnection, msg_id: bytes, dispatch: bool = True) -> None:
-        """FIN: the message is done.  ``dispatch=False`` lets a caller finishing
-        many messages in a row hand out new ones once, afterwards."""
+        """FIN: the message is done (``dispatch=False``: hand out no new messages
+        yet, the caller will)."""
         msg = self.in_flight.get(msg_id)
         if msg is None or msg.client is not client:
             self._pop_in_flight(client, msg_id, "FIN")  # raises the right error

@@ -124,9 +124,11 @@ class ClientConnection:
             max_body_size=opts.max_body_size,
             max_req_timeout_ms=int(opts.max_req_timeout * 1000),
             precheck=self._precheck,
+            mpub_head=True,
         )
         self._send_lock = trio.Lock()
-        self._needs_dispatch = False
+        #: True while commands of one read are executed (no message handed out).
+        self.executing = False
         self._msg_buf: list[bytes] = []
         self._msg_buf_size = 0
         self._responses: list[bytes] = []
@@ -180,45 +182,57 @@ class ClientConnection:
     async def _reader_loop(self) -> None:
         parser = self.parser
         while True:
-            while True:
-                try:
-                    command = parser.next_command()
-                except LineTooLong:
-                    if self._responses:  # answers to what came before still go out
-                        await self._send_frame(b"")
+            # nsqd's IOLoop runs every command already received before it blocks
+            # on the socket again, while its messagePump (another goroutine)
+            # hands out messages: answers to a read's commands go out before the
+            # messages those commands made available (a FIN then a PUB with RDY
+            # 1: the PUB's OK, then the message).  So no message is handed to
+            # this client while it executes; it gets its share afterwards.
+            self.executing = True
+            try:
+                if not await self._execute_buffered():
                     return
-                except NSQErrorResponse as exc:
-                    await self._send_error(exc)
-                    return
-                if command is None:
-                    break
-                try:
-                    if type(command) is cmds.Fin:
-                        # The hot path, kept out of a coroutine call; new
-                        # messages are handed out once the whole read is done.
-                        channel = self.channel
-                        assert channel is not None  # prechecked: subscribed or closing
-                        channel.finish(self, command.id, dispatch=False)
-                        self._needs_dispatch = True
-                    else:
-                        await self._exec(command)
-                except NSQErrorResponse as exc:
-                    await self._send_error(exc)
-                    if exc.fatal:
-                        return
-            if self._needs_dispatch:
-                self._needs_dispatch = False
-                if self.channel is not None:
-                    self.channel.dispatch()
+            finally:
+                self.executing = False
             if self._responses:
                 # The answers to every publish of one read, in one write.
                 await self._send_frame(b"")
+            if self.channel is not None:
+                self.channel.dispatch()
             data = await self._receive()
             if not data:
                 return
             if self._decoder is not None:
                 data = self._decoder.decode(data)
             parser.feed(data)
+
+    async def _execute_buffered(self) -> bool:
+        """Execute every whole command received; False once the connection must close."""
+        parser = self.parser
+        while True:
+            try:
+                command = parser.next_command()
+            except LineTooLong:
+                if self._responses:  # answers to what came before still go out
+                    await self._send_frame(b"")
+                return False
+            except NSQErrorResponse as exc:
+                await self._send_error(exc)
+                return False
+            if command is None:
+                return True
+            try:
+                if type(command) is cmds.Fin:
+                    # The hot path, kept out of a coroutine call.
+                    channel = self.channel
+                    assert channel is not None  # prechecked: subscribed or closing
+                    channel.finish(self, command.id)
+                else:
+                    await self._exec(command)
+            except NSQErrorResponse as exc:
+                await self._send_error(exc)
+                if exc.fatal:
+                    return False
 
     async def _receive(self) -> bytes:
         # nsqd's read deadline: two heartbeats missed and the client is gone.
@@ -270,8 +284,11 @@ class ClientConnection:
             topic.put(topic.new_message(command.body))
             self._published(command.topic, 1)
             self._respond_later(OK)
-        elif isinstance(command, cmds.MPub):
+        elif isinstance(command, cmds.MPubHead):
+            # nsqd authorizes an MPUB and creates its topic before reading the body.
             await self._check_auth("MPUB", command.topic, "")
+            self.nsqd.get_topic(command.topic)
+        elif isinstance(command, cmds.MPub):
             topic = self.nsqd.get_topic(command.topic)
             topic.put_many(topic.new_messages(command.bodies))
             self._published(command.topic, len(command.bodies))

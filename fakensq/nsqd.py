@@ -124,10 +124,11 @@ class NSQD:
 
     - ``auth_handler``: a callable standing in for the auth server;
     - ``ssl_context``: the server TLS context (instead of tls_cert/tls_key);
-    - ``requeue_on_disconnect`` (default True): when a consumer's connection
-      ends, its in-flight messages go straight back to the queue.  (Real nsqd
-      leaves them in flight until their msg-timeout expires; pass False for
-      that.)
+    - ``requeue_on_disconnect`` (default False, as nsqd v1.3.0): when a
+      consumer's connection ends, nsqd leaves its in-flight messages in flight
+      until their msg-timeout expires (then they count as timed out and go back
+      to the queue).  True is an opt-in kindness: they go straight back to the
+      queue, so a test need not wait out the timeout.
 
     With a ``data_path``, ``run`` restores what a clean stop saved there and, when
     it ends cleanly (cancelled, ``async with`` left), saves every topic, channel
@@ -143,7 +144,7 @@ class NSQD:
         *,
         auth_handler: AuthHandler | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        requeue_on_disconnect: bool = True,
+        requeue_on_disconnect: bool = False,
         **fields: Any,
     ) -> None:
         base = options if options is not None else NSQDOptions()

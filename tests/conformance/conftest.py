@@ -103,17 +103,20 @@ class Target:
     fake: Any = None
     #: A folder of this run's own (certificates, files...).
     tmp: Path = Path(".")
-    _sessions: int = 0
+    #: Every session opened on this target, in order.
+    sessions: list[Session] = field(default_factory=list)
 
     async def connect(self, name: str = "", *, magic: bool = True) -> Session:
         """A new TCP connection (its frames recorded under ``name``; by default
         ``c``, ``c2``, ``c3``... in order of connection)."""
-        self._sessions += 1
+        n = len(self.sessions) + 1
         if not name:
-            name = "c" if self._sessions == 1 else f"c{self._sessions}"
-        return await Session.connect(
+            name = "c" if n == 1 else f"c{n}"
+        session = await Session.connect(
             self.tcp_address, name, self.transcript, self.normalizer, magic=magic
         )
+        self.sessions.append(session)
+        return session
 
     def http(self, **kwargs: Any) -> httpx.AsyncClient:
         """An HTTP client on this daemon's HTTP address (paths are relative)."""

@@ -85,6 +85,8 @@ class Session:
         self._encoder: Encoder | None = None
         self._decoder: Decoder | None = None
         self.closed = False
+        #: This end's "host:port" (nsqd's remote_address for the client).
+        self.local_address = ""
         #: Message frames read, raw (their real ids: for FIN, REQ, TOUCH).
         self.messages: list[MessageFrame] = []
 
@@ -104,7 +106,8 @@ class Session:
         sock = stream.socket
         local = sock.getsockname()
         # The client's own address shows in /stats (remote_address, client_id).
-        normalizer.alias(f"{local[0]}:{local[1]}", f"<{name}:addr>")
+        session.local_address = f"{local[0]}:{local[1]}"
+        normalizer.alias(session.local_address, f"<{name}:addr>")
         if magic:
             await session.send(cmds.MAGIC_V2)
         return session

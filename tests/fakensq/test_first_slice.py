@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import trio
 
 import fakensq
@@ -154,8 +155,11 @@ async def test_heartbeats_and_read_timeout(autojump_clock: trio.abc.Clock) -> No
         n.cancel_scope.cancel()
 
 
-async def test_cls_and_requeue_on_disconnect() -> None:
-    async with fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="") as nsqd:
+@pytest.mark.parametrize("requeue_on_disconnect", [False, True])
+async def test_cls_and_requeue_on_disconnect(requeue_on_disconnect: bool) -> None:
+    async with fakensq.NSQD(
+        tcp_address="127.0.0.1:0", http_address="", requeue_on_disconnect=requeue_on_disconnect
+    ) as nsqd:
         with trio.fail_after(5):
             c = await RawClient.connect(nsqd.tcp_address)
             await c.identify()
@@ -163,7 +167,7 @@ async def test_cls_and_requeue_on_disconnect() -> None:
             topic = nsqd.get_topic("t")
             topic.put_many([topic.new_message(b"1"), topic.new_message(b"2")])
             m1 = await c.read_message()
-            await c.read_message()
+            m2 = await c.read_message()
             await c.send(cmds.cls())
             assert await c.read_response() == b"CLOSE_WAIT"
             await c.send(cmds.rdy(5))  # ignored after CLS
@@ -172,8 +176,12 @@ async def test_cls_and_requeue_on_disconnect() -> None:
             await c.aclose()
             channel = nsqd.topics["t"].channels["c"]
             await wait_until(lambda: not channel.clients)
-            assert channel.depth() == 1
-            assert not channel.in_flight
+            if requeue_on_disconnect:
+                # the opt-in: straight back to the queue
+                assert (channel.depth(), list(channel.in_flight)) == (1, [])
+            else:
+                # nsqd v1.3.0: in flight until its msg-timeout
+                assert (channel.depth(), list(channel.in_flight)) == (0, [m2.id])
 
 
 async def test_http_pub_mpub_ping() -> None:

@@ -63,6 +63,6 @@ def test_fin_fast_path_matches_the_protocol(
     elif len(params) < 2:
         assert got[-2] == "E_INVALID FIN insufficient number of params"
     elif len(params[1]) != 16:
-        assert got[-2] == "E_INVALID Invalid Message ID"
+        assert got[-2] == "E_INVALID invalid message ID"
     else:
         assert got[0] == Fin(params[1])

@@ -106,7 +106,7 @@ async def test_identify_json_is_lenient_like_go(nsqd: fakensq.NSQD, nursery: tri
         (cmds.auth("x"), b"E_INVALID cannot AUTH in current state"),
         (cmds.rdy(2501), b"E_INVALID RDY count 2501 out of range 0-2500"),
         (b"RDY x\n", b"E_INVALID RDY could not parse count x"),
-        (b"FIN 123\n", b"E_INVALID Invalid Message ID"),
+        (b"FIN 123\n", b"E_INVALID invalid message ID"),
         (b"REQ 0000000000000000\n", b"E_INVALID REQ insufficient number of params"),
     ],
 )

@@ -328,7 +328,9 @@ async def test_nsqd_partitioned_from_lookupd(autojump_clock: trio.testing.MockCl
 
 async def test_the_same_faults_over_tcp() -> None:
     """In TCP mode the faults wrap real sockets: any client meets them."""
-    async with Cluster(nsqd=1, lookupd=1) as cluster:
+    # Opting in to the requeue on disconnect: the message comes back at once
+    # rather than after nsqd's 60 s msg-timeout (this test is about the faults).
+    async with Cluster(nsqd=1, lookupd=1, nsqd_options={"requeue_on_disconnect": True}) as cluster:
         address = cluster.nsqd_tcp_addresses[0]
         async with trionsq.Producer(nsqd_tcp_addresses=[address]) as p:
             await p.publish("t", b"x")

@@ -50,6 +50,7 @@ __all__ = [
     "Sub",
     "Pub",
     "MPub",
+    "MPubHead",
     "DPub",
     "Rdy",
     "Fin",
@@ -173,6 +174,15 @@ class MPub:
 
 
 @dataclass(frozen=True, slots=True)
+class MPubHead:
+    """An MPUB's valid line, before its body (only with ``mpub_head=True``):
+    nsqd authorizes the publish and creates the topic before it reads the body,
+    so an MPUB with a bad body still creates its topic."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
 class DPub:
     topic: str
     delay_ms: int
@@ -223,7 +233,7 @@ class Nop:
     pass
 
 
-Command = Identify | Auth | Sub | Pub | MPub | DPub | Rdy | Fin | Req | Touch | Cls | Nop
+Command = Identify | Auth | Sub | Pub | MPubHead | MPub | DPub | Rdy | Fin | Req | Touch | Cls | Nop
 
 
 def parse_base10(raw: bytes) -> int | None:
@@ -244,7 +254,7 @@ def _text(raw: bytes) -> str:
 
 def _message_id(raw: bytes) -> bytes:
     if len(raw) != MSG_ID_LENGTH:
-        raise InvalidError("Invalid Message ID")
+        raise InvalidError("invalid message ID")
     return raw
 
 
@@ -278,6 +288,7 @@ class CommandParser:
         max_body_size: int = 5 * 1024 * 1024,
         max_req_timeout_ms: int = 60 * 60 * 1000,
         precheck: Precheck | None = None,
+        mpub_head: bool = False,
     ) -> None:
         self._buffer = bytearray()
         # Parsed bytes are skipped by position and dropped in bulk on the next feed,
@@ -289,6 +300,9 @@ class CommandParser:
         self.max_body_size = max_body_size
         self.max_req_timeout_ms = max_req_timeout_ms
         self.precheck = precheck
+        #: Return :class:`MPubHead` once an MPUB's line is valid, before its body
+        #: (nsqd checks the client's authorization and creates the topic then).
+        self.mpub_head = mpub_head
         # A command whose line is parsed and prechecked, waiting for its body.
         self._pending: Callable[[], Command] | None = None
 
@@ -338,6 +352,9 @@ class CommandParser:
             if not callable(result):  # a command without a body is whole already
                 return result
             self._pending = result
+            if self.mpub_head and name == b"MPUB":
+                # The server acts on MPUB's line before it reads the body.
+                return MPubHead(_text(params[1]))
         try:
             command = self._pending()
         except _NeedMore:
