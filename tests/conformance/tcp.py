@@ -72,7 +72,10 @@ async def _subscribed(t: Target) -> Ctx:
 
 
 async def _in_flight(t: Target) -> Ctx:
-    # Subscribed with RDY 1 and one message in flight (its id for FIN/REQ/TOUCH).
+    # Subscribed with one message in flight (its id for FIN/REQ/TOUCH), then
+    # RDY 0: a message the probe requeues is not delivered again, which would
+    # race with the answer to the sync point (in nsqd, another goroutine
+    # delivers it); redeliveries have scenarios of their own, read by count.
     c = await t.connect()
     await c.identify(feature_negotiation=True)
     await c.sub("t", "ch", rdy=1)
@@ -80,6 +83,7 @@ async def _in_flight(t: Target) -> Ctx:
     await p.call(cmds.pub("t", b"in flight"))
     await p.close()
     (msg,) = await c.read_messages(1)
+    await c.send(cmds.rdy(0))
     return Ctx(c, msg.id)
 
 
