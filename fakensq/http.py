@@ -296,16 +296,7 @@ class NSQDHTTP:
         if binary:
             bodies = _read_binary_mpub(request.body, opts.max_msg_size, opts.max_body_size)
         else:
-            body = request.body[: opts.max_body_size + 1]
-            if len(body) > opts.max_body_size:
-                raise HTTPError(413, "BODY_TOO_BIG")
-            bodies = []
-            for line in body.split(b"\n"):
-                if not line:
-                    continue  # nsqd silently drops empty messages
-                if len(line) > opts.max_msg_size:
-                    raise HTTPError(413, "MSG_TOO_BIG")
-                bodies.append(line)
+            bodies = _read_text_mpub(request.body, opts.max_msg_size, opts.max_body_size)
         topic.put_many(topic.new_messages(bodies))
         return "OK"
 
@@ -502,6 +493,32 @@ def _go_parse_bool(raw: str, *, default: bool) -> bool:
     if raw in ("0", "f", "F", "FALSE", "false", "False"):
         return False
     return default
+
+
+def _read_text_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:
+    """nsqd's newline-separated /mpub: lines read in order through a reader
+    limited to max_body_size + 1 bytes, each checked as it comes (so a long line
+    is MSG_TOO_BIG even in a body that is also too big); empty lines dropped."""
+    limit = max_body_size + 1
+    data = body[:limit]
+    bodies: list[bytes] = []
+    total = 0
+    pos = 0
+    while True:
+        newline = data.find(b"\n", pos)
+        end = len(data) if newline < 0 else newline + 1
+        block = data[pos:end]
+        total += len(block)
+        if total == limit:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        line = block[:-1] if block.endswith(b"\n") else block
+        if line:  # nsqd silently drops empty messages
+            if len(line) > max_msg_size:
+                raise HTTPError(413, "MSG_TOO_BIG")
+            bodies.append(line)
+        if newline < 0:
+            return bodies
+        pos = end
 
 
 def _read_binary_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> list[bytes]:

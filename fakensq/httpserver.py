@@ -148,11 +148,18 @@ class HTTPServer:
                     return
                 if request is None:
                     return
-                try:
-                    response = await self.handler(request)
-                except Exception:
-                    log.exception("HTTP handler failed for %s %s", request.method, request.path)
-                    response = Response.json({"message": "INTERNAL_ERROR"}, 500)
+                if request.method == "OPTIONS" and request.path == "*":
+                    # Go's server answers "OPTIONS *" itself.
+                    response = Response(200, b"", [])
+                else:
+                    try:
+                        response = await self.handler(request)
+                    except Exception:
+                        log.exception("HTTP handler failed for %s %s", request.method, request.path)
+                        response = Response.json({"message": "INTERNAL_ERROR"}, 500)
+                if request.method == "CONNECT":
+                    # Go's server closes a connection after a CONNECT it answered.
+                    response.headers.append(("Connection", "close"))
                 await self._send(stream, conn, response, head=request.method == "HEAD")
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return

@@ -262,10 +262,10 @@ def _form_int(request: Request, name: str) -> int:
 
 
 def _error(status: int, text: str) -> Response:
-    # pprof's serveError: plain text, with a Go debug header.
+    # pprof's serveError: plain text and a newline, with a Go debug header.
     return Response(
         status,
-        text.encode(),
+        text.encode() + b"\n",
         [("Content-Type", "text/plain; charset=utf-8"), ("X-Go-Pprof", "1"), _NOSNIFF],
     )
 
@@ -319,7 +319,7 @@ async def _symbol(request: Request) -> Response:
     return Response(200, b"num_symbols: 1\n", [_NOSNIFF, _TEXT])
 
 
-_DELTA_PROFILES = {"allocs", "block", "goroutine", "heap", "mutex"}
+_DELTA_PROFILES = {"allocs", "block", "goroutine", "heap", "mutex", "threadcreate"}
 
 
 def _profile_handler(name: str) -> Route:
@@ -361,43 +361,66 @@ async def _delta(name: str, request: Request, seconds: str) -> Response:
     if name not in _DELTA_PROFILES:
         return _error(400, '"seconds" parameter is not supported for this profile type')
     if _form_int(request, "debug"):
-        return _error(400, '"seconds" parameter is not supported for debug output')
+        return _error(400, "seconds and debug params are incompatible")
+    before = _samples(name)
     await trio.sleep(value)
-    return _binary(name, _binary_profile(name, duration_ns=value * 1_000_000_000), f"{name}-delta")
+    after = _samples(name)
+    # What changed over the interval: values subtracted stack by stack.
+    delta: dict[tuple[Frame, ...], list[int]] = {}
+    for key in after.keys() | before.keys():
+        zero = [0] * len(_SPECS[name][0])
+        values = [a - b for a, b in zip(after.get(key, zero), before.get(key, zero), strict=True)]
+        if any(values):
+            delta[key] = values
+    data = _encode(name, delta, duration_ns=value * 1_000_000_000)
+    return _binary(name, data, f"{name}-delta")
 
 
-def _binary_profile(name: str, duration_ns: int = 0) -> bytes:
+#: Each profile's sample types, period type and period (as Go's runtime/pprof).
+_SPECS: dict[str, tuple[list[tuple[str, str]], tuple[str, str], int]] = {
+    "heap": (
+        [
+            ("alloc_objects", "count"),
+            ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
+            ("inuse_space", "bytes"),
+        ],
+        ("space", "bytes"),
+        512 * 1024,
+    ),
+    "block": ([("contentions", "count"), ("delay", "nanoseconds")], ("contentions", "count"), 1),
+    "goroutine": ([("goroutine", "count")], ("goroutine", "count"), 1),
+    "threadcreate": ([("threadcreate", "count")], ("threadcreate", "count"), 1),
+}
+
+
+def _samples(name: str) -> dict[tuple[Frame, ...], list[int]]:
+    """The profile's samples now, by stack (innermost frame first)."""
+    out: dict[tuple[Frame, ...], list[int]] = {}
     if name == "heap":
-        samples, _ = _heap_samples()
-        return encode_profile(
-            [
-                ("alloc_objects", "count"),
-                ("alloc_space", "bytes"),
-                ("inuse_objects", "count"),
-                ("inuse_space", "bytes"),
-            ],
-            [(frames, [count, size, count, size]) for frames, count, size in samples],
-            period_type=("space", "bytes"),
-            period=512 * 1024,
-            duration_ns=duration_ns,
-        )
-    if name == "block":
-        return encode_profile(
-            [("contentions", "count"), ("delay", "nanoseconds")],
-            [],
-            period_type=("contentions", "count"),
-            period=1,
-            duration_ns=duration_ns,
-        )
-    stacks = current_stacks() if name == "goroutine" else _thread_stacks()
-    unit = "goroutine" if name == "goroutine" else "threadcreate"
+        for frames, count, size in _heap_samples()[0]:
+            out[tuple(frames)] = [count, size, count, size]
+    elif name in ("goroutine", "threadcreate"):
+        stacks = current_stacks() if name == "goroutine" else _thread_stacks()
+        for stack in stacks:
+            key = tuple(stack.frames)
+            out[key] = [out.get(key, [0])[0] + 1]
+    return out  # block: Python has no such profile (Go's is empty by default too)
+
+
+def _encode(name: str, samples: dict[tuple[Frame, ...], list[int]], duration_ns: int = 0) -> bytes:
+    sample_types, period_type, period = _SPECS[name]
     return encode_profile(
-        [(unit, "count")],
-        [(stack.frames, [1]) for stack in stacks],
-        period_type=(unit, "count"),
-        period=1,
+        sample_types,
+        [(list(key), values) for key, values in samples.items()],
+        period_type=period_type,
+        period=period,
         duration_ns=duration_ns,
     )
+
+
+def _binary_profile(name: str) -> bytes:
+    return _encode(name, _samples(name))
 
 
 def _thread_stacks() -> list[Stack]:

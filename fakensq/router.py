@@ -140,12 +140,16 @@ class Router:
         return None
 
     def allowed(self, path: str, method: str) -> str:
-        """The ``Allow`` header for ``path`` (other methods than ``method``), or ''."""
-        methods = [
-            m
-            for m in self._routes
-            if m not in (method, "OPTIONS") and self._lookup(m, path) is not None
-        ]
+        """The ``Allow`` header for ``path`` (other methods than ``method``; every
+        method for the server-wide ``*``), or ''."""
+        if path == "*":
+            methods = [m for m in self._routes if m != "OPTIONS"]
+        else:
+            methods = [
+                m
+                for m in self._routes
+                if m not in (method, "OPTIONS") and self._lookup(m, path) is not None
+            ]
         if not methods:
             return ""
         return ", ".join(sorted([*methods, "OPTIONS"]))

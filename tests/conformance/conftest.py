@@ -161,10 +161,12 @@ def _parse_flags(flagset: Any, flags: Sequence[str]) -> dict[str, Any]:
 
 @asynccontextmanager
 async def _fake_lookupd(flags: Sequence[str], normalizer: Normalizer) -> AsyncIterator[Target]:
-    options = nsqlookupd_options_from_flags(_parse_flags(nsqlookupd_flagset(), flags))
+    values = _parse_flags(nsqlookupd_flagset(), flags)
+    options = nsqlookupd_options_from_flags(values)
     options.tcp_address = "127.0.0.1:0"
     options.http_address = "127.0.0.1:0"
-    options.broadcast_address = "127.0.0.1"
+    if "broadcast-address" not in values:  # as RealDaemon: a flag given wins
+        options.broadcast_address = "127.0.0.1"
     async with NSQLookupd(options) as lookupd:
         _alias_daemon(normalizer, "lookupd", lookupd.tcp_address, lookupd.http_address)
         yield Target("fakensq", lookupd.tcp_address, lookupd.http_address, normalizer, fake=lookupd)
@@ -172,11 +174,12 @@ async def _fake_lookupd(flags: Sequence[str], normalizer: Normalizer) -> AsyncIt
 
 @asynccontextmanager
 async def _fake_nsqd(flags: Sequence[str], normalizer: Normalizer, tmp: Path) -> AsyncIterator[Any]:
-    options = nsqd_options_from_flags(_parse_flags(nsqd_flagset(), flags)).replace(
-        tcp_address="127.0.0.1:0",
-        http_address="127.0.0.1:0",
-        broadcast_address="127.0.0.1",
+    values = _parse_flags(nsqd_flagset(), flags)
+    options = nsqd_options_from_flags(values).replace(
+        tcp_address="127.0.0.1:0", http_address="127.0.0.1:0"
     )
+    if "broadcast-address" not in values:  # as RealDaemon: a flag given wins
+        options = options.replace(broadcast_address="127.0.0.1")
     if not options.data_path:
         data = tmp / "fake-nsqd-data"
         data.mkdir(exist_ok=True)
@@ -242,6 +245,18 @@ class Conformance:
     ) -> Any:
         """Run ``scenario`` against an nsqlookupd started with ``flags``."""
         return await self._compare("nsqlookupd", scenario, flags, None, expect, normalize)
+
+    async def fakensq_only(
+        self,
+        name: str,
+        scenario: Scenario,
+        *flags: str,
+        normalize: Callable[[Normalizer], None] | None = None,
+    ) -> Any:
+        """Run ``scenario`` on fakensq's ``name`` (``"nsqd"``/``"nsqlookupd"``)
+        alone, normalized as :meth:`nsqd` does: for fakensq-only options, whose
+        outcome a test compares with another comparison's."""
+        return await self._run("fakensq", name, scenario, flags, None, normalize)
 
     async def _compare(
         self,
