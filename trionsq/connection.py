@@ -48,6 +48,7 @@ __all__ = [
     "ConnectionClosedError",
     "NegotiationError",
     "CodecStream",
+    "PendingResponse",
 ]
 
 log = logging.getLogger("trionsq.connection")
@@ -110,8 +111,8 @@ class CodecStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
-class _Pending:
-    """A request waiting for its response frame."""
+class PendingResponse:
+    """A request's response to come (see :meth:`Connection.request_nowait`)."""
 
     __slots__ = ("error", "event", "value")
 
@@ -119,6 +120,19 @@ class _Pending:
         self.event = trio.Event()
         self.value = b""
         self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the response (or the connection's end) has arrived."""
+        return self.event.is_set()
+
+    async def result(self) -> bytes:
+        """Wait for the response; an error frame raises its typed error, the
+        connection's end :class:`ConnectionClosedError`."""
+        await self.event.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
     def set(self, value: bytes) -> None:
         self.value = value
@@ -157,7 +171,7 @@ class Connection:
         self._wake_writer = trio.Event()
         self._drained = trio.Event()
         self._reason: BaseException | None = None
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[PendingResponse] = deque()
         self._parser = FrameParser(config.max_frame_size)
         self._closed = trio.Event()
         self._closing = False
@@ -295,7 +309,7 @@ class Connection:
 
     # --- writing ---
 
-    async def _write(self, data: bytes, pending: _Pending | None) -> None:
+    async def _write(self, data: bytes, pending: PendingResponse | None) -> None:
         # Commands are appended to one buffer that the writer task sends: writes
         # are serialized, several commands go out in one send, and a caller
         # cancelled here never leaves half a command on the wire.
@@ -337,12 +351,25 @@ class Connection:
         An error frame in reply raises its typed error; a connection that ends
         first raises :class:`ConnectionClosedError`.
         """
-        pending = _Pending()
+        pending = PendingResponse()
         await self._write(data, pending)
-        await pending.event.wait()
-        if pending.error is not None:
-            raise pending.error
-        return pending.value
+        return await pending.result()
+
+    def request_nowait(self, data: bytes) -> PendingResponse:
+        """Queue a command that gets a response, without waiting (for room or
+        for the response): await the returned :meth:`PendingResponse.result`.
+
+        For the few commands whose volume nothing makes large, such as a
+        consumer's CLS, queued in the same step as the commands around it.
+        Raises :class:`ConnectionClosedError` if the connection is closed.
+        """
+        if self.closed:
+            raise ConnectionClosedError(f"{self.address}: connection is closed")
+        pending = PendingResponse()
+        self._pending.append(pending)
+        self._out += data
+        self._wake_writer.set()
+        return pending
 
     async def flush(self) -> None:
         """Wait until everything queued so far has been written (or the
@@ -366,6 +393,10 @@ class Connection:
 
     # --- running ---
 
+    # The reader and writer are KI-protected: a Ctrl-C reaches the main task
+    # (whose code decides what leaving means) instead of tearing a loop apart
+    # halfway through a frame.
+    @trio.lowlevel.enable_ki_protection
     async def run(self, on_message: MessageCallback | None = None) -> None:
         """Run the reader and the writer until the connection ends, then fail
         what is pending.
@@ -379,6 +410,7 @@ class Connection:
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self._stream)
 
+    @trio.lowlevel.enable_ki_protection
     async def _guard(
         self,
         loop: Callable[..., Awaitable[None]],

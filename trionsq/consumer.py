@@ -1,9 +1,12 @@
 """Consuming: connections, RDY, backoff, discovery and clean shutdown, in one nursery.
 
 Every task a :class:`Consumer` starts lives in the nurseries its ``async with``
-opens, so nothing outlives the block.  Leaving it sends CLS to every nsqd, waits
-(up to ``close_timeout``) for the messages already handed out to be finished or
-requeued, requeues at once what arrives meanwhile, then closes.
+opens, so nothing outlives the block.  Leaving it sends CLS to every nsqd and
+requeues (REQ 0) every message nobody can answer any more: at once what was not
+handed out, what ``async for`` handed out (its loop is over) and what cancelled
+handlers held; after ``close_timeout`` what handlers still hold.  Then it waits
+for nsqd's CLOSE_WAIT and for the answers to be written (bounded), and closes,
+so that nothing of the consumer stays in flight at any nsqd.
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ import trio
 
 from .backoff import Backoff, BackoffState
 from .config import Config
-from .connection import Connection, NegotiationError
+from .connection import Connection, NegotiationError, PendingResponse
 from .lookupd import lookup, merge
 from .message import Message
 from .protocol import commands
 from .protocol.errors import NSQError
 from .protocol.frames import MessageFrame
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
-from .rdy import RdyController
+from .rdy import RdyController, starved
 
 __all__ = ["Consumer", "ConsumerStats", "ConnectionStats", "Handler", "GiveUpHandler"]
 
@@ -43,6 +46,8 @@ Handler = Callable[[Message], Awaitable[object] | object]
 #: ``give_up(message)``: called for messages past ``max_attempts`` (then FINed).
 GiveUpHandler = Callable[[Message], Awaitable[object] | object]
 
+#: How long leaving may take once nobody can answer a message any more: CLS
+#: answered, the last FINs and REQs written.  Bounds the exit whatever nsqd does.
 _CLS_TIMEOUT = 5.0
 #: ``async for`` hands out this many queued messages between two yields to the
 #: scheduler: fewer passes through the run loop (the writer then sends the FINs
@@ -52,10 +57,15 @@ _YIELD_EVERY = 256
 
 @dataclass(frozen=True, slots=True)
 class ConnectionStats:
+    """One subscribed nsqd: ``rdy`` the RDY decided for it, ``in_flight`` its
+    messages received and not answered yet, ``handed_out`` those of them handed
+    out (to a handler or through iteration), the rest waiting in the consumer."""
+
     address: str
     rdy: int
     in_flight: int
     max_rdy_count: int
+    handed_out: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,13 @@ class _Session:
         self.address = conn.address
         self.wire_generation = 0
         self.wire_rdy = 0  # the last RDY queued
+        #: messages handed out and not answered yet (see message._Responder)
+        self.out: dict[Message, None] = {}
+        #: shields the connection from cancellation while leaving needs it
+        #: (see Consumer._serve); the consumer cancels it when done with it
+        self.scope = trio.CancelScope(shield=True)
+        #: nsqd's answer to this session's CLS, once queued
+        self.cls: PendingResponse | None = None
 
     # RDY, FIN and REQ are queued without waiting (Connection.send_nowait): one
     # per RDY decision or per message nsqd handed out bounds them, and settling
@@ -120,20 +137,39 @@ class _Session:
         return True
 
     def _finish(self, message: Message) -> None:
-        self.consumer._settle(self, commands.fin(message.id), True, True)
+        self.consumer._settle(self, message, commands.fin(message.id), True, True)
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         if delay is None:
             config = self.consumer.config
             delay = min(config.default_requeue_delay * message.attempts, config.max_requeue_delay)
         data = commands.req(message.id, round(delay * 1000))
-        self.consumer._settle(self, data, False, False if backoff else None)
+        self.consumer._settle(self, message, data, False, False if backoff else None)
 
     async def _touch(self, message: Message) -> None:
         try:
             await self.conn.send(commands.touch(message.id))
         except NSQError as exc:
             log.info("%s: could not touch a message: %s", self.address, exc)
+
+    def start_close(self) -> None:
+        """Queue CLS (once): nsqd sends nothing more and answers CLOSE_WAIT."""
+        if self.cls is None:
+            try:
+                self.cls = self.conn.request_nowait(commands.cls())
+            except NSQError:
+                pass  # already closed: nothing more comes from it
+
+    async def finish_close(self) -> None:
+        """Wait for CLOSE_WAIT (what nsqd sent before it has then been read,
+        and answered if the consumer is leaving), then until everything queued
+        has been written (or the connection has ended)."""
+        if self.cls is not None:
+            try:
+                await self.cls.result()
+            except NSQError as exc:
+                log.info("%s: CLS failed: %s", self.address, exc)
+        await self.conn.flush()
 
 
 class Consumer:
@@ -153,12 +189,16 @@ class Consumer:
     touched automatically.  Other options are those of
     :class:`~trionsq.config.Config`; ``rng`` seeds the jitter (for tests).
 
-    Leaving the block sends CLS to every nsqd, requeues at once the messages
-    not handed out yet, and waits up to ``close_timeout`` for the ones handed
-    out (to a handler or through iteration) to be finished or requeued; handlers
-    still running then are cancelled and their messages left to nsqd's timeout.
-    Cancellation skips the wait.  Nothing the consumer started outlives the
-    block.
+    Leaving the block sends CLS to every nsqd and requeues (REQ 0, no backoff)
+    every message nobody can answer any more: at once the ones not handed out
+    yet and the ones ``async for`` handed out and the block left unanswered;
+    handlers get up to ``close_timeout`` to finish theirs, then are cancelled
+    and their messages requeued.  Cancellation of the enclosing scope, or a
+    KeyboardInterrupt, skips the wait (cancelled handlers cannot answer).
+    Then it waits, at most a few seconds, for nsqd's CLOSE_WAIT and for the
+    answers to be written: after the block nothing of this consumer is in
+    flight at any nsqd it is still connected to.  An exception from the block
+    propagates unchanged.  Nothing the consumer started outlives the block.
     """
 
     def __init__(
@@ -214,8 +254,15 @@ class Consumer:
         self._pool_limit = max(1, config.max_in_flight)  # at least one, for stragglers
         self._waking = 0  # workers started or unparked that have not run yet
         self._since_yield = 0
-        self._unsettled = 0
+        # Set, while closing, whenever a handed-out message is answered or a
+        # connection ends: the drain re-checks what it waits for.
         self._settled_event = trio.Event()
+        # Messages with give_up running (handed out like a handler's).
+        self._giving_up: set[Message] = set()
+        # Sessions inside their shielded scope (see _serve), to cancel on exit.
+        self._serving: dict[_Session, None] = {}
+        # A KeyboardInterrupt or SystemExit a handler raised: re-raised on exit.
+        self._interrupted: BaseException | None = None
         self._received = 0
         self._finished = 0
         self._requeued = 0
@@ -239,16 +286,21 @@ class Consumer:
             backoff_level=self._backoff.level,
             connections={
                 s.address: ConnectionStats(
-                    s.address, state.rdy, state.in_flight, state.max_rdy_count
+                    s.address, state.rdy, state.in_flight, state.max_rdy_count, len(s.out)
                 )
                 for s, state in self._rdy.conns.items()
             },
         )
 
     def is_starved(self) -> bool:
-        """The client guide's ``is_starved``: a connection has about as many
-        messages in flight as its RDY allows (time to process a batch)."""
-        return self._rdy.is_starved()
+        """The client guide's ``is_starved``: some connection has handed out
+        (and not had answered) 85% or more of the last RDY sent to it, so nsqd
+        sends it nothing more until some are answered: time to process the
+        batch held.  Messages received but still waiting in the consumer do not
+        count (the application has not seen them)."""
+        if self._closing:
+            return False
+        return any(starved(len(s.out), s.wire_rdy) for s in self._sessions)
 
     @property
     def connections(self) -> list[str]:
@@ -294,7 +346,9 @@ class Consumer:
             await self._queue_waiters.park()
         if self._queue_closed:
             raise StopAsyncIteration
-        return self._queue.popleft()
+        message = self._queue.popleft()
+        message._responder.out[message] = None
+        return message
 
     # --- lifecycle ---
 
@@ -320,59 +374,123 @@ class Consumer:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._stack is not None and self._nursery is not None
-        assert self._handlers is not None
+    ) -> bool:
+        assert self._stack is not None
         try:
-            await self._drain()
+            if exc is None or isinstance(exc, Exception):
+                # A clean exit, or an error in the block: handlers get their time.
+                # (Cancelled and KeyboardInterrupt mean "now": no waiting.)
+                await self._drain()
+        except trio.Cancelled:
+            if self._interrupted is None:
+                raise
+            # Our own cancellation, for a handler's KeyboardInterrupt: raised below.
         finally:
-            self._handlers.cancel_scope.cancel()
-            self._nursery.cancel_scope.cancel()
-            try:
-                with trio.CancelScope(shield=True):
-                    for session in list(self._sessions):
-                        await session.conn.aclose()
-            finally:
-                # Whatever happens, the nurseries must be exited.
-                result = await self._stack.__aexit__(exc_type, exc, tb)
-        return result
+            await self._exit()
+        if self._interrupted is not None:
+            raise self._interrupted
+        return False  # the block's own exception propagates unchanged
 
     async def _drain(self) -> None:
-        """CLS everywhere, then give handed-out messages time to be settled."""
+        """CLS everywhere, requeue what nobody can answer, and give handlers up
+        to ``close_timeout`` to answer theirs."""
+        self._start_closing()
+        if self._handler is None:
+            # The block is over, so is any loop over the consumer: what it was
+            # handed and left unanswered, nobody can answer any more.
+            for session in list(self._sessions):
+                for message in list(session.out):
+                    if message not in self._giving_up:
+                        self._abandon(message)
+        with trio.move_on_after(self.config.close_timeout):
+            while self._awaited():
+                self._settled_event = trio.Event()
+                await self._settled_event.wait()
+
+    def _awaited(self) -> bool:
+        """Whether a handed-out message could still be answered (its
+        connection is up), which is all leaving waits for."""
+        return any(session.out for session in self._sessions)
+
+    def _start_closing(self) -> None:
+        """Stop the flow: CLS to every nsqd, the queue closed and requeued."""
+        if self._closing:
+            return
         self._closing = True
         self._queue_closed = True
         # Wake every parked worker or iterator: each counts as woken.
         self._waking += len(self._queue_waiters) if self._handler is not None else 0
         self._queue_waiters.unpark_all()
-        async with trio.open_nursery() as nursery:
-            for session in list(self._sessions):
-                nursery.start_soon(self._close_session, session)
-        if self._handler is None:
-            # Messages never handed out go back at once (without backoff).  With
-            # a handler, every message received has been given to the handler
-            # pool: the workers go on with them during close_timeout.
-            while self._queue:
-                await self._queue.popleft().requeue(0, backoff=False)
-        with trio.move_on_after(self.config.close_timeout):
-            while self._unsettled > 0:
-                self._settled_event = trio.Event()
-                await self._settled_event.wait()
-        if self._unsettled:
-            log.warning("closing with %d message(s) still unanswered", self._unsettled)
-        # The last FINs and REQs may still be queued: let them out before closing.
-        with trio.move_on_after(_CLS_TIMEOUT):
-            for session in list(self._sessions):
-                await session.conn.flush()
+        for session in self._sessions:
+            session.start_close()
+        # Messages never handed out go back at once (REQs after the CLS: nsqd
+        # then has stopped sending when they free its RDY).
+        while self._queue:
+            self._abandon(self._queue.popleft())
 
-    async def _close_session(self, session: _Session) -> None:
-        with trio.move_on_after(_CLS_TIMEOUT):
-            try:
-                await session.conn.request(commands.cls())
-            except NSQError as exc:
-                log.info("%s: CLS failed: %s", session.address, exc)
+    @trio.lowlevel.enable_ki_protection
+    async def _exit(self) -> None:
+        """Requeue whatever is unanswered, hear every CLOSE_WAIT, flush, close;
+        bounded, and whatever cancellation is under way.  KI-protected: a
+        Ctrl-C now waits for the consumer to be left cleanly (at most
+        ``_CLS_TIMEOUT``)."""
+        assert self._stack is not None and self._nursery is not None
+        assert self._handlers is not None
+        try:
+            with trio.move_on_after(_CLS_TIMEOUT, shield=True) as scope:
+                await self._leave()
+            if scope.cancelled_caught:
+                log.warning("leaving took more than %.0fs: closing anyway", _CLS_TIMEOUT)
+        finally:
+            for session in list(self._serving):
+                session.scope.cancel()
+            self._handlers.cancel_scope.cancel()
+            self._nursery.cancel_scope.cancel()
+            # Whatever happens, the nurseries must be exited.  The block's
+            # exception is not theirs: passing it would wrap it in groups.
+            await self._stack.__aexit__(None, None, None)
+
+    async def _leave(self) -> None:
+        self._start_closing()
+        # From now on no handler answers: cancelled, its message goes back.
+        assert self._handlers is not None
+        self._handlers.cancel_scope.cancel()
+        sessions = list(self._sessions)
+        unanswered = [m for session in sessions for m in session.out]
+        if unanswered:
+            log.log(
+                logging.WARNING if self._handler is not None else logging.INFO,
+                "leaving: requeueing %d message(s) not answered",
+                len(unanswered),
+            )
+        for message in unanswered:
+            self._abandon(message)
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.finish_close)
+
+    def _abandon(self, message: Message) -> None:
+        """REQ 0, no backoff: a message nobody will answer goes back at once."""
+        if message.responded is None:
+            message.responded = "requeued"
+            session = message._responder
+            assert isinstance(session, _Session)
+            self._settle(session, message, commands.req(message.id, 0), False, None)
+
+    def _interrupt(self, exc: BaseException) -> None:
+        """A handler raised KeyboardInterrupt or SystemExit: leave at once (the
+        block is cancelled), then raise it from ``__aexit__``."""
+        if self._interrupted is None:
+            self._interrupted = exc
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
 
     # --- connections ---
 
+    # Internal tasks are KI-protected (a Ctrl-C goes to the main task, which
+    # leaves the consumer cleanly); only handlers run unprotected.
+
+    @trio.lowlevel.enable_ki_protection
     async def _static_connection(self, address: str) -> None:
         """Keep a configured nsqd connected, reconnecting with growing delays."""
         failures = 0
@@ -400,30 +518,38 @@ class Consumer:
     async def _serve(self, conn: Connection) -> None:
         session = _Session(self, conn)
         on_message = functools.partial(self._on_message, session)
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(conn.run, on_message)
-                try:
-                    await conn.request(commands.sub(self.topic, self.channel))
-                except NSQError as exc:
-                    log.warning("%s: SUB failed: %s", conn.address, exc)
-                    await conn.aclose()
-                    return
+        # Shielded: leaving, even when cancelled, still needs the connection to
+        # requeue what is unanswered and hear CLOSE_WAIT; _exit cancels it.
+        with session.scope:
+            self._serving[session] = None
+            try:
                 if self._closing:
-                    await conn.aclose()
                     return
-                self._sessions[session] = None
-                self._rdy.add(session, conn.max_rdy_count, trio.current_time())
-                self._connected.set()
-                log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
-                self._update_rdy()
-                await conn.wait_closed()
-        finally:
-            self._sessions.pop(session, None)
-            self._rdy.remove(session)
-            with trio.CancelScope(shield=True):
-                await conn.aclose()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(conn.run, on_message)
+                    try:
+                        await conn.request(commands.sub(self.topic, self.channel))
+                    except NSQError as exc:
+                        log.warning("%s: SUB failed: %s", conn.address, exc)
+                        await conn.aclose()
+                        return
+                    if self._closing:
+                        await conn.aclose()
+                        return
+                    self._sessions[session] = None
+                    self._rdy.add(session, conn.max_rdy_count, trio.current_time())
+                    self._connected.set()
+                    log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
+                    self._update_rdy()
+                    await conn.wait_closed()
+            finally:
+                del self._serving[session]
+                self._sessions.pop(session, None)
+                self._rdy.remove(session)
+                with trio.CancelScope(shield=True):
+                    await conn.aclose()
+                if self._closing:
+                    self._settled_event.set()  # its messages can no longer be answered
         if not self._closing:
             self._update_rdy()
 
@@ -435,13 +561,15 @@ class Consumer:
             frame.id, frame.body, frame.attempts, frame.timestamp, session.address, session
         )
         self._received += 1
-        self._unsettled += 1
         due = self._rdy.on_message(session, trio.current_time())
         if self._closing:
-            return message.requeue(0, backoff=False)
+            self._abandon(message)  # sent before nsqd read our CLS
+            return None
         max_attempts = self.config.max_attempts
         if max_attempts and message.attempts > max_attempts:
             assert self._handlers is not None
+            session.out[message] = None
+            self._giving_up.add(message)
             self._handlers.start_soon(self._give_up, message)
         else:
             self._queue.append(message)
@@ -494,6 +622,7 @@ class Consumer:
                     await trio.lowlevel.checkpoint_if_cancelled()
                 if self._queue:
                     message = self._queue.popleft()
+                    message._responder.out[message] = None
                     if fresh:
                         fresh = False
                         spare = len(self._queue) - self._waking
@@ -505,6 +634,10 @@ class Consumer:
                 else:
                     await self._queue_waiters.park()
                     woken = True
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Workers run unprotected (handlers must stay interruptible), so a
+            # Ctrl-C may land here: the consumer leaves and re-raises it.
+            self._interrupt(exc)
         finally:
             self._workers -= 1
             if woken:
@@ -530,6 +663,22 @@ class Consumer:
     async def _give_up(self, message: Message) -> None:
         self._given_up += 1
         try:
+            await self._call_give_up(message)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            self._interrupt(exc)
+            return
+        finally:
+            self._giving_up.discard(message)
+        if not message.has_responded:
+            message.responded = "finished"
+            session = message._responder
+            assert isinstance(session, _Session)
+            # A give-up is a FIN: as in go-nsq it counts as a success, so a give-up
+            # during a backoff test ends the test instead of leaving it open.
+            self._settle(session, message, commands.fin(message.id), True, True, count=False)
+
+    async def _call_give_up(self, message: Message) -> None:
+        try:
             if self._give_up_handler is None:
                 log.warning(
                     "giving up on %r after %d attempts (max_attempts=%d)",
@@ -543,23 +692,17 @@ class Consumer:
                     await result
         except Exception:
             log.exception("give_up callback failed for %r", message)
-        if not message.has_responded:
-            message.responded = "finished"
-            session = message._responder
-            assert isinstance(session, _Session)
-            # A give-up is a FIN: as in go-nsq it counts as a success, so a give-up
-            # during a backoff test ends the test instead of leaving it open.
-            self._settle(session, commands.fin(message.id), True, True, count=False)
 
     def _settle(
         self,
         session: _Session,
+        message: Message,
         data: bytes,
         fin: bool,
         success: bool | None,
         count: bool = True,
     ) -> None:
-        """Update backoff and RDY for a settled message, then queue ``data``
+        """Update backoff and RDY for a settled ``message``, then queue ``data``
         (its FIN if ``fin``, else its REQ); nothing here waits.
 
         ``success`` feeds backoff: True a success, False a failure, None neither;
@@ -567,6 +710,7 @@ class Consumer:
         RDY goes first: a failure that starts a backoff queues RDY 0 before the
         REQ, or nsqd could hand the requeued message straight back.
         """
+        session.out.pop(message, None)
         due = self._rdy.on_settled(session)
         # A success only matters to backoff while it tests the waters.
         if (
@@ -583,7 +727,6 @@ class Consumer:
         if due:
             self._update_rdy()
         sent = session._send(data)
-        self._unsettled -= 1
         if self._closing:
             self._settled_event.set()  # only _drain waits for it, after _closing is set
         if sent and count:
@@ -610,6 +753,7 @@ class Consumer:
                 self._rdy_barrier_wakeup.set()
             session.flush_rdy()
 
+    @trio.lowlevel.enable_ki_protection
     async def _rdy_barrier_loop(self) -> None:
         """Send held RDY raises once the lowered connections have written their RDY."""
         while True:
@@ -623,6 +767,7 @@ class Consumer:
             for session in held:
                 session.flush_rdy()
 
+    @trio.lowlevel.enable_ki_protection
     async def _backoff_loop(self) -> None:
         while True:
             self._backoff_wakeup = trio.Event()
@@ -633,6 +778,7 @@ class Consumer:
                 self._rdy.set_mode(self._backoff.state)
             self._update_rdy()
 
+    @trio.lowlevel.enable_ki_protection
     async def _rdy_loop(self) -> None:
         """Periodic redistribution (RDY rotation when max_in_flight < connections)."""
         interval = min(5.0, self.config.low_rdy_idle_timeout / 2)
@@ -642,6 +788,7 @@ class Consumer:
 
     # --- discovery ---
 
+    @trio.lowlevel.enable_ki_protection
     async def _discovery(self) -> None:
         config = self.config
         async with httpx.AsyncClient(
@@ -679,6 +826,9 @@ class Consumer:
             for address in set(self._discovered) - found:
                 log.info("%s no longer has %s: disconnecting", address, self.topic)
                 self._discovered.pop(address).cancel()
+                for session in self._serving:
+                    if session.address == address:
+                        session.scope.cancel()  # its connection is shielded
 
     def _connect_discovered(self, found: set[str]) -> None:
         assert self._nursery is not None
@@ -690,6 +840,7 @@ class Consumer:
             self._discovered[address] = scope
             self._nursery.start_soon(self._discovered_connection, address, scope)
 
+    @trio.lowlevel.enable_ki_protection
     async def _discovered_connection(self, address: str, scope: trio.CancelScope) -> None:
         """One attempt; the next lookupd poll reconnects (per the client guide)."""
         with scope:

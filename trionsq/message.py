@@ -16,6 +16,10 @@ class _Responder(Protocol):
     not wait, so an answer is never cancelled halfway.
     """
 
+    #: the messages handed out (to a handler or through iteration) and not
+    #: answered yet, as an ordered set; the consumer adds, answering removes
+    out: dict[Message, None]
+
     def _finish(self, message: Message) -> None: ...
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None: ...

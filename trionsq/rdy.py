@@ -37,10 +37,24 @@ from typing import Generic, TypeVar
 
 from .backoff import BackoffState
 
-__all__ = ["ConnRdy", "RdyController", "DEFAULT_MAX_RDY_COUNT"]
+__all__ = ["ConnRdy", "RdyController", "DEFAULT_MAX_RDY_COUNT", "STARVED_FRACTION", "starved"]
 
 #: What the guide says to assume when nsqd does not negotiate features.
 DEFAULT_MAX_RDY_COUNT = 2500
+
+#: The client guide's ``is_starved`` threshold, as a fraction of the last RDY sent.
+STARVED_FRACTION = 0.85
+
+
+def starved(in_flight: int, last_rdy: int) -> bool:
+    """The client guide's starvation rule for one connection: ``in_flight``
+    messages held unanswered reach 85% of the last RDY sent to it, so nsqd will
+    send (almost) nothing more until some are answered.
+
+    A connection at RDY 0 holding any message is starved too (go-nsq's rule).
+    """
+    return in_flight > 0 and in_flight >= last_rdy * STARVED_FRACTION
+
 
 K = TypeVar("K", bound=Hashable)
 
@@ -139,11 +153,6 @@ class RdyController(Generic[K]):
     @property
     def total_in_flight(self) -> int:
         return sum(c.in_flight for c in self.conns.values())
-
-    def is_starved(self) -> bool:
-        """The guide's ``is_starved``: some connection has (almost) all the
-        messages its RDY allows in flight, so waiting for more is pointless."""
-        return any(c.in_flight > 0 and c.in_flight >= c.rdy * 0.85 for c in self.conns.values())
 
     # --- decisions ---
 

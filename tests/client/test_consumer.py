@@ -119,6 +119,30 @@ async def test_rdy_ramps_from_one_to_max_in_flight(nursery: trio.Nursery) -> Non
         assert not c.is_starved()
 
 
+async def test_is_starved_counts_what_was_handed_out_against_the_last_rdy(
+    nursery: trio.Nursery,
+) -> None:
+    # The guide's rule, per connection: messages in flight at the application
+    # against the last RDY sent.  Messages received but still waiting in the
+    # consumer are not the application's: with them, it is not starved.
+    node = MiniNSQD(nursery)
+    node.put(*[b"%d" % i for i in range(10)])
+    async with consumer(node, max_in_flight=10, backoff=False) as c:
+        await wait_for(lambda: c.stats.received == 10)
+        assert node.conns[0].record.rdys[-1] == 10
+        assert not c.is_starved()  # ten received, none handed out
+        taken = [await c.__anext__() for _ in range(8)]
+        assert c.stats.connections["nsqd:4150"].handed_out == 8
+        assert not c.is_starved()  # 8 < 0.85 x 10
+        taken.append(await c.__anext__())
+        assert c.is_starved()  # 9 >= 8.5: nsqd sends nothing more until answers
+        await taken[0].finish()
+        assert not c.is_starved()
+        for message in taken[1:]:
+            await message.finish()
+        assert c.stats.connections["nsqd:4150"].handed_out == 0
+
+
 async def test_give_up_after_max_attempts(nursery: trio.Nursery) -> None:
     node = MiniNSQD(nursery)
     (dead,) = node.put(b"poison", attempts=6)
@@ -150,7 +174,7 @@ async def test_give_up_default_logs_a_warning(
     assert any("giving up" in r.message for r in caplog.records)
 
 
-async def test_close_waits_for_handlers_and_never_fins_unfinished(
+async def test_close_waits_for_handlers_then_requeues_what_they_hold(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     node = MiniNSQD(nursery)
@@ -170,14 +194,14 @@ async def test_close_waits_for_handlers_and_never_fins_unfinished(
         start = trio.current_time()
     elapsed = trio.current_time() - start
     # CLS first, then the slow handler finished during the drain, the stuck one
-    # was cancelled at the deadline without an answer.
+    # was cancelled at the deadline and its message requeued at once.
     assert elapsed == pytest.approx(10, abs=0.1)
     assert sorted(node.fins) == sorted([fast, slow])
-    assert stuck not in node.fins and all(r[0] != stuck for r in node.reqs)
+    assert node.reqs == [(stuck, 0)]
     record = node.conns[0].record
     names = [type(cmd).__name__ for cmd in record.commands]
-    assert names.index("Cls") < len(names) - 1  # the FIN of "slow" came after CLS
-    assert c.stats.finished == 2
+    assert names[names.index("Cls") :] == ["Cls", "Fin", "Req"]
+    assert c.stats.finished == 2 and c.stats.requeued == 1
 
 
 async def test_messages_buffered_at_close_are_requeued(nursery: trio.Nursery) -> None:
@@ -190,11 +214,11 @@ async def test_messages_buffered_at_close_are_requeued(nursery: trio.Nursery) ->
     assert node.fins == []
 
 
-async def test_cancellation_closes_without_finishing(
+async def test_cancellation_requeues_at_once_what_handlers_held(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     node = MiniNSQD(nursery)
-    node.put(b"x")
+    (held,) = node.put(b"x")
     entered = trio.Event()
 
     async def handler(message: trionsq.Message) -> None:
@@ -202,10 +226,13 @@ async def test_cancellation_closes_without_finishing(
         await trio.sleep_forever()
 
     with trio.move_on_after(5):
-        async with consumer(node, handler=handler):
+        async with consumer(node, handler=handler, close_timeout=30):
             await entered.wait()
             await trio.sleep_forever()
-    assert node.fins == [] and node.reqs == []
+    # Cancelled at 5 s: no close_timeout wait, the cancelled handler's message
+    # went back with no delay.
+    assert trio.current_time() == pytest.approx(5, abs=0.01)
+    assert node.fins == [] and node.reqs == [(held, 0)]
     await wait_for(lambda: not node.live)
 
 

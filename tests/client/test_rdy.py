@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trionsq import BackoffState
-from trionsq.rdy import RdyController
+from trionsq.rdy import RdyController, starved
 
 
 def bootstrapped(max_in_flight: int, names: list[str], max_rdy: int = 2500) -> RdyController[str]:
@@ -114,14 +114,16 @@ def test_backoff_modes() -> None:
     assert values(rdy) == {"a": 2, "b": 2, "c": 2}
 
 
-def test_is_starved() -> None:
-    rdy = bootstrapped(10, ["a", "b"])
-    assert not rdy.is_starved()
-    for _ in range(4):
-        rdy.on_message("a", 1.0)
-    assert not rdy.is_starved()  # 4 < 0.85 x 5
-    rdy.on_message("a", 1.0)
-    assert rdy.is_starved()
+def test_starved_follows_the_guide() -> None:
+    # in flight against the last RDY sent: 85% or more (and something held)
+    assert not starved(0, 5)
+    assert not starved(4, 5)  # 4 < 0.85 x 5
+    assert starved(5, 5)
+    assert not starved(2124, 2500)
+    assert starved(2125, 2500)
+    # RDY 0 (backoff, rotation) with a message held: nothing more comes
+    assert starved(1, 0)
+    assert not starved(0, 0)
 
 
 def test_zero_max_in_flight_pauses_everything() -> None:
