@@ -329,7 +329,8 @@ class FlagSet:
                     previous.append(converted)
                 else:
                     previous.extend(converted)
-                    previous.sort()  # nsqd's FloatArray keeps its values sorted
+                    # nsqd's FloatArray keeps its values sorted, largest first
+                    previous.sort(reverse=True)
             else:
                 values[name] = converted
         return values, rest

@@ -68,7 +68,7 @@ def test_values_and_units() -> None:
     assert options.max_msg_size == 1024 * 1024
     assert options.output_buffer_timeout == 0.25
     assert options.snappy is False
-    assert options.e2e_processing_latency_percentiles == [0.5, 0.99, 1.0]
+    assert options.e2e_processing_latency_percentiles == [1.0, 0.99, 0.5]  # largest first
     assert options.log_level == "warn"
     assert options.tls_min_version == "tls1.2"
     assert options.node_id == 7

@@ -152,5 +152,7 @@ def mask_text_stats(text: str) -> str:
         ):
             line = re.sub(r"\t\d+$", "\t<n>", line)
         line = re.sub(r"connected: \S+$", "connected: <duration>", line)
+        # a client's "hostname:port", the port its own
+        line = re.sub(r"^(\s+\[V2 [^ ]*):\d+ ", r"\1:<port> ", line)
         lines.append(line)
     return "\n".join(lines)
