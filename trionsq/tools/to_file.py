@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -189,7 +190,10 @@ class FileLogger:
     """One topic's output file: naming, writing, syncing, rotating, closing.
 
     Synchronous and small: file writes are local and quick, and keeping them in
-    the event loop keeps the order of writes and FINs obvious.
+    the event loop keeps the order of writes and FINs obvious.  Writes are
+    buffered in memory and reach the file (and the gzip stream) in one call per
+    sync or rotation: a message is only worth a file write once it is about to
+    be synced, and one large write costs what one small one does.
     """
 
     def __init__(self, opts: FileOptions, topic: str) -> None:
@@ -200,16 +204,30 @@ class FileLogger:
         self.path: Path | None = None
         self.rev = 0
         self.opened_at = 0.0
-        self.size = 0
+        self.size = 0  # of the current file, uncompressed, buffered bytes included
         self.written = 0  # bytes written into the current file by us
         self.files_written = 0
+        self.syncs = 0
         self._raw: IO[bytes] | None = None
         self._gzip: gzip.GzipFile | None = None
+        self._buffer: list[bytes] = []
+        self._named_at = -1
+        self._current = ""
+        self._check_at = 0.0  # when (time.time()) to ask needs_rotation again
+        self._size_limit = opts.rotate_size if opts.rotate_size > 0 else math.inf
         #: called with each file's final path once it is closed (and moved)
         self.on_closed: Callable[[Path], None] | None = None
 
     def current_filename(self) -> str:
-        return self.template.replace("<DATETIME>", time.strftime(self.opts.datetime_format))
+        # Asked for every message: strftime once a second is enough (its
+        # finest unit is the second).
+        now = int(time.time())
+        if now != self._named_at:
+            self._named_at = now
+            self._current = self.template.replace(
+                "<DATETIME>", time.strftime(self.opts.datetime_format, time.localtime(now))
+            )
+        return self._current
 
     def needs_rotation(self) -> bool:
         if self._raw is None:
@@ -258,6 +276,7 @@ class FileLogger:
         self._raw = raw
         self.path = path
         self.written = 0
+        self._check_at = 0.0
         self._gzip = self._new_gzip() if self.opts.gzip else None
 
     def _new_gzip(self) -> gzip.GzipFile:
@@ -265,32 +284,53 @@ class FileLogger:
         return gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=self.opts.gzip_level)
 
     def write(self, body: bytes) -> None:
-        if self.needs_rotation():
-            self._open_file()
-        data = body + b"\n"
+        """Add a message (and its newline) to the current file."""
+        # Whether to rotate is asked once a second (a new <DATETIME>, or the
+        # rotation interval) or past the size limit, not for every message.
+        now = time.time()
+        if self.size > self._size_limit or now >= self._check_at:
+            if self.needs_rotation():
+                self._open_file()
+            self._check_at = math.floor(now) + 1.0
+            if self.opts.rotate_interval > 0:
+                left = self.opened_at + self.opts.rotate_interval - time.monotonic()
+                self._check_at = min(self._check_at, now + max(0.0, left))
+        self._buffer.append(body)
+        size = len(body) + 1
+        self.size += size
+        self.written += size
+
+    def _flush_buffer(self) -> None:
+        if not self._buffer:
+            return
+        self._buffer.append(b"")  # the last newline
+        data = b"\n".join(self._buffer)
+        self._buffer.clear()
         if self._gzip is not None:
             self._gzip.write(data)
         else:
             assert self._raw is not None
             self._raw.write(data)
-        self.size += len(data)
-        self.written += len(data)
 
     def sync(self) -> None:
         """Make everything written so far durable (ends the gzip member)."""
         if self._raw is None:
             return
+        self._flush_buffer()
         if self._gzip is not None:
             self._gzip.close()  # a complete member, with its checksum
             self._gzip = self._new_gzip()
         self._raw.flush()
         os.fsync(self._raw.fileno())
+        self.syncs += 1
 
     def close(self) -> None:
         """Sync, close, and move the file from the work dir to the output dir."""
         raw, path = self._raw, self.path
+        self._check_at = 0.0  # the next write opens a file
         if raw is None or path is None:
             return
+        self._flush_buffer()
         if self._gzip is not None:
             self._gzip.close()
             self._gzip = None
@@ -330,6 +370,100 @@ class FileLogger:
                 self._open_file()
 
 
+#: The client guide's starvation threshold: a connection with this share of its
+#: RDY in flight gets (almost) nothing more until some are finished.
+STARVED_SHARE = 0.85
+
+
+class _Archiver:
+    """Writes one topic's messages and finishes them in synced batches.
+
+    nsq_to_file's rule: a message is finished only once the file holding it is
+    synced, and a batch is synced when it reaches ``--max-in-flight``, on every
+    ``--sync-interval`` tick, and when the consumer is *starved*: the messages
+    held for the next sync are (almost) all nsqd lets the connection have in
+    flight, so waiting longer would bring nothing.  That is the client guide's
+    ``is_starved`` asked of the messages this tool holds, per connection,
+    against the RDY last sent on it; counting instead every message the
+    consumer has received would include those it has not handed out yet, and
+    with a large ``--max-in-flight`` the tool would sync after nearly every
+    message.  When nothing arrives for :data:`IDLE_SYNC` seconds, what is held
+    is synced too (nsq_to_file waits for its next tick).
+    """
+
+    def __init__(
+        self, consumer: Consumer, logger: FileLogger, batch: int, progress: Progress
+    ) -> None:
+        self.consumer = consumer
+        self.logger = logger
+        self.batch = batch
+        self.progress = progress
+        self.pending: list[Message] = []
+        #: messages held per nsqd, and the count at which that nsqd may be starved
+        self._held: dict[str, int] = {}
+        self._limits: dict[str, float] = {}
+        self.received = 0
+        self._counted = 0  # of ``received``, in the progress counters
+
+    def _refresh_limits(self) -> None:
+        self._limits = {
+            address: max(1.0, conn.rdy * STARVED_SHARE)
+            for address, conn in self.consumer.stats.connections.items()
+        }
+
+    def starved(self) -> bool:
+        """Whether the messages held are what keeps nsqd from sending more."""
+        self._refresh_limits()
+        return any(self._held.get(a, 0) >= limit for a, limit in self._limits.items())
+
+    def add(self, message: Message) -> bool:
+        """Write ``message``; returns whether a sync is due now."""
+        self.logger.write(message.body)
+        self.pending.append(message)
+        self.received += 1
+        held = self._held.get(message.address, 0) + 1
+        self._held[message.address] = held
+        if len(self.pending) >= self.batch:
+            return True
+        # The limits change only when RDY does: look again when one is reached.
+        if held >= self._limits.get(message.address, 0.0):
+            return self.starved()
+        return False
+
+    async def sync_and_finish(self) -> None:
+        """Sync the file, then FIN every message it holds.
+
+        Nothing here yields (FIN only queues a command; the shield keeps a
+        cancellation from cutting the batch in half), so the pump and the
+        ticker never see a batch half finished.
+        """
+        if not self.pending:
+            return
+        self.progress.add("written", self.received - self._counted)
+        self._counted = self.received
+        try:
+            self.logger.sync()
+        except OSError as exc:
+            raise ToolError(f"{self.logger.topic}: cannot sync {self.logger.path}: {exc}") from None
+        pending, self.pending = self.pending, []
+        self._held.clear()
+        with trio.CancelScope(shield=True):
+            for message in pending:
+                await message.finish()
+        self.progress.add("finished", len(pending))
+        self._refresh_limits()  # RDY may have moved (an nsqd came or went)
+
+    async def requeue_pending(self) -> None:
+        """Written but not durable: back to nsqd (a duplicate, never a loss)."""
+        self.progress.add("written", self.received - self._counted)
+        self._counted = self.received
+        pending, self.pending = self.pending, []
+        self._held.clear()
+        with trio.CancelScope(shield=True):
+            for message in pending:
+                await message.requeue(0, backoff=False)
+
+
 async def _archive(
     topic: str,
     channel: str,
@@ -341,94 +475,57 @@ async def _archive(
 ) -> None:
     logger = FileLogger(files, topic)
     logger.on_closed = lambda path: progress.add("files")
-    pending: list[Message] = []
-    batch = options["max_in_flight"]
-
-    async def sync_and_finish() -> None:
-        if not pending:
-            return
-        try:
-            logger.sync()
-        except OSError as exc:
-            raise ToolError(f"{topic}: cannot sync {logger.path}: {exc}") from None
-        # Shielded: a FIN cut in half by the stop signal would leave the
-        # consumer waiting for a message it thinks is still unanswered.
-        with trio.CancelScope(shield=True):
-            for message in pending:
-                await message.finish()
-        progress.add("finished", len(pending))
-        pending.clear()
-
     try:
         async with Consumer(topic, channel, **options) as consumer:
+            archiver = _Archiver(consumer, logger, options["max_in_flight"], progress)
             try:
-                await _pump(
-                    consumer, logger, pending, batch, sync_interval, stop, sync_and_finish, progress
-                )
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_ticks, archiver, sync_interval)
+
+                    async def on_stop() -> None:
+                        await stop.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(on_stop)
+                    await _pump(consumer, archiver)
+                    nursery.cancel_scope.cancel()
                 # Stopping: what was written is synced and finished before the CLS.
-                await sync_and_finish()
+                await archiver.sync_and_finish()
             except BaseException:
-                # Written but not durable: back to nsqd (a duplicate, never a loss),
-                # while the connections are still up.
-                with trio.CancelScope(shield=True):
-                    for message in pending:
-                        await message.requeue(0, backoff=False)
+                await archiver.requeue_pending()
                 raise
     finally:
         logger.close()
 
 
-async def _pump(
-    consumer: Consumer,
-    logger: FileLogger,
-    pending: list[Message],
-    batch: int,
-    sync_interval: float,
-    stop: trio.Event,
-    sync_and_finish: Callable[[], Awaitable[None]],
-    progress: Progress,
-) -> None:
-    """Write messages as they come; sync and finish in batches, when idle, on ticks."""
+async def _pump(consumer: Consumer, archiver: _Archiver) -> None:
+    """Write messages as they come; sync when a batch is due."""
+    add = archiver.add
+    async for message in consumer:
+        try:
+            due = add(message)
+        except OSError as exc:
+            with trio.CancelScope(shield=True):
+                await message.requeue(0, backoff=False)
+            raise ToolError(f"{archiver.logger.topic}: cannot write: {exc}") from None
+        if due:
+            await archiver.sync_and_finish()
+
+
+async def _ticks(archiver: _Archiver, sync_interval: float) -> None:
+    """Sync on every ``--sync-interval`` tick (rotating by time even without
+    traffic), and when nothing arrived for :data:`IDLE_SYNC` seconds."""
     next_tick = trio.current_time() + sync_interval
-    stopped = trio.CancelScope()
-
-    async def on_stop() -> None:
-        await stop.wait()
-        stopped.cancel()
-
-    async with trio.open_nursery() as watcher:
-        watcher.start_soon(on_stop)
-        with stopped:
-            while True:
-                deadline = next_tick
-                if pending:
-                    deadline = min(deadline, trio.current_time() + IDLE_SYNC)
-                message: Message | None = None
-                with trio.move_on_at(deadline):
-                    try:
-                        message = await consumer.__anext__()
-                    except StopAsyncIteration:
-                        break
-                if message is None:
-                    # Idle, or the sync timer: write out what is held.
-                    if trio.current_time() >= next_tick:
-                        next_tick = trio.current_time() + sync_interval
-                        await sync_and_finish()
-                        logger.rotate_if_needed()
-                    await sync_and_finish()
-                    continue
-                if pending and logger.needs_rotation():
-                    await sync_and_finish()
-                try:
-                    logger.write(message.body)
-                except OSError as exc:
-                    await message.requeue(0, backoff=False)
-                    raise ToolError(f"{logger.topic}: cannot write: {exc}") from None
-                pending.append(message)
-                progress.add("written")
-                if len(pending) >= batch or consumer.is_starved():
-                    await sync_and_finish()
-        watcher.cancel_scope.cancel()
+    seen = archiver.received
+    while True:
+        await trio.sleep_until(min(next_tick, trio.current_time() + IDLE_SYNC))
+        if trio.current_time() >= next_tick:
+            next_tick = trio.current_time() + sync_interval
+            await archiver.sync_and_finish()
+            archiver.logger.rotate_if_needed()
+        elif archiver.received == seen:
+            await archiver.sync_and_finish()
+        seen = archiver.received
 
 
 async def run(args: argparse.Namespace, prepared: dict[str, Any]) -> int:
