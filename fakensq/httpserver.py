@@ -13,6 +13,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -219,13 +220,18 @@ class HTTPServer:
         if "content-type" not in names and response.body:
             # Go sniffs the type of a body written without one; none for no body.
             headers.append(("Content-Type", _sniff(response.body)))
+        # An empty Content-Type means "send none" (Go sends none for a body
+        # written through a compressing writer after the headers).
+        headers = [(k, v) for k, v in headers if v or k.lower() != "content-type"]
         headers.append(("Content-Length", str(len(response.body))))
         headers.append(("Date", formatdate(usegmt=True)))
         if self.server_name:
             headers.append(("Server", self.server_name))
         if conn.their_state is h11.ERROR or conn.their_state is h11.SEND_BODY:
             headers.append(("Connection", "close"))
-        out = conn.send(h11.Response(status_code=response.status, headers=headers))
+        # The reason phrase Go's net/http sends ("404 Not Found"): Go clients show it.
+        reason = _REASONS.get(response.status, b"")
+        out = conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
         if not head and response.body:
             out += conn.send(h11.Data(data=response.body))
         out += conn.send(h11.EndOfMessage())
@@ -324,6 +330,9 @@ def parse_go_query(raw: str) -> tuple[dict[str, list[str]], str | None]:
             continue
         query.setdefault(key, []).append(value)
     return query, error
+
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
 def _sniff(body: bytes) -> str:
