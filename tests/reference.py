@@ -115,11 +115,12 @@ def free_port() -> int:
 
 
 class RealDaemon:
-    """A real nsqd or nsqlookupd on fixed loopback ports, restartable.
+    """A real nsqd, nsqlookupd or nsqadmin on fixed loopback ports, restartable.
 
     ``flags`` are passed as they are (``"--mem-queue-size=0"``); the addresses,
-    ``--broadcast-address`` and, for nsqd, ``--data-path`` are added.  Output goes
-    to ``log_path`` (read it when a test fails).
+    ``--broadcast-address`` and, for nsqd, ``--data-path`` are added (nsqadmin
+    gets only ``--http-address``).  Output goes to ``log_path`` (read it when a
+    test fails).
     """
 
     def __init__(
@@ -149,6 +150,8 @@ class RealDaemon:
 
     @property
     def argv(self) -> list[str]:
+        if self.name == "nsqadmin":  # HTTP only
+            return [str(self.path), f"--http-address={self.http_address}", *self.flags]
         argv = [
             str(self.path),
             f"--tcp-address={self.tcp_address}",
@@ -259,3 +262,9 @@ def open_nsqd(*flags: str, **kwargs: object) -> AbstractAsyncContextManager[Real
 def open_nsqlookupd(*flags: str, **kwargs: object) -> AbstractAsyncContextManager[RealDaemon]:
     """``async with open_nsqlookupd() as lookupd:`` a started real nsqlookupd."""
     return _open("nsqlookupd", flags, **kwargs)
+
+
+def open_nsqadmin(*flags: str, **kwargs: object) -> AbstractAsyncContextManager[RealDaemon]:
+    """``async with open_nsqadmin("--lookupd-http-address=...") as admin:`` a started
+    real nsqadmin (``admin.http_address``)."""
+    return _open("nsqadmin", flags, **kwargs)
