@@ -1,51 +1,272 @@
-"""``fakensq admin``: the admin web server against running nsqlookupd/nsqd.
+"""``fakensq admin``: nsqadmin v1.3.0's command line, serving fakensq's admin.
 
 ::
 
     fakensq admin --lookupd-http-address 127.0.0.1:4161 --http-address 127.0.0.1:4171
 
-Flags as nsqadmin's (``--lookupd-http-address`` and ``--nsqd-http-address`` may be
-given several times); SIGTERM and SIGINT stop it cleanly.
+Every flag of ``nsqadmin --help`` is accepted, with Go's flag syntax
+(``-flag=value``, ``--flag value``), nsqadmin's defaults and its ``--config``
+file (TOML, nsqadmin's option names; a flag given on the command line wins).
+Where a flag only matters to nsqadmin's own web pages, its help says what it
+does here.  Like nsqadmin, it logs on stderr (``HTTP: listening on ADDR``),
+exits 2 on a bad flag, 1 when it cannot start (``FATAL: ...``), and 0 after
+SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import signal
 import sys
+import tomllib
 from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 import trio
 
-from ..flags import FlagError, FlagSet, HelpRequested
+from ..cli import GoLogFormatter, _daemon_flagset, version_string
+from ..flags import FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
+from .options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
 
-__all__ = ["admin_flagset", "admin_main"]
+__all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]
+
+log = logging.getLogger("fakensq.admin")
 
 
-def admin_flagset() -> FlagSet:
-    """The flags of ``fakensq admin`` (nsqadmin's names)."""
-    fs = FlagSet("fakensq admin")
+def admin_flagset(defaults: AdminOptions | None = None) -> FlagSet:
+    """The flags of ``fakensq admin``: nsqadmin v1.3.0's, with its defaults."""
+    o = defaults or AdminOptions()
+    fs = _daemon_flagset("nsqadmin", o.log_level)  # version, config, log-*, verbose
     fs.add_string(
         "http-address",
-        "127.0.0.1:4171",
-        "<addr>:<port> to listen on for HTTP clients (nsqadmin's default is 0.0.0.0:4171; "
-        "loopback here, as the pages can delete topics)",
-        "http",
+        o.http_address,
+        "<addr>:<port> to listen on for HTTP clients",
+        "http_address",
+    )
+    fs.add_string("base-path", o.base_path, "URL base path", "base_path")
+    fs.add_string(
+        "dev-static-dir",
+        o.dev_static_dir,
+        "(development use only) here: a folder whose files replace the pages' "
+        "admin.js/admin.css/chart.js",
+        "dev_static_dir",
+    )
+    fs.add_string(
+        "graphite-url",
+        o.graphite_url,
+        "graphite HTTP address (here: /api/graphite asks it for rates; the pages' "
+        "charts come from the admin's own polling of /stats)",
+        "graphite_url",
+    )
+    fs.add_bool(
+        "proxy-graphite", o.proxy_graphite, "proxy HTTP requests to graphite", "proxy_graphite"
+    )
+    fs.add_string(
+        "statsd-counter-format",
+        o.statsd_counter_format,
+        "The counter stats key formatting applied by the implementation of statsd. If no "
+        "formatting is desired, set this to an empty string. (here: only reported by "
+        "/config; nsqadmin's pages use it to name graphite series)",
+        "statsd_counter_format",
+    )
+    fs.add_string(
+        "statsd-gauge-format",
+        o.statsd_gauge_format,
+        "The gauge stats key formatting applied by the implementation of statsd. If no "
+        "formatting is desired, set this to an empty string. (here: only reported by /config)",
+        "statsd_gauge_format",
+    )
+    fs.add_string(
+        "statsd-prefix",
+        o.statsd_prefix,
+        "prefix used for keys sent to statsd (%s for host replacement, must match nsqd) "
+        "(here: only reported by /config)",
+        "statsd_prefix",
+    )
+    fs.add_duration(
+        "statsd-interval",
+        o.statsd_interval,
+        "time interval nsqd is configured to push to statsd (must match nsqd) "
+        "(here: the window /api/graphite asks graphite for)",
+        "statsd_interval",
     )
     fs.add_list(
         "lookupd-http-address",
         "lookupd HTTP address (may be given multiple times)",
-        "lookupd_http_addresses",
+        "nsqlookupd_http_addresses",
     )
     fs.add_list(
         "nsqd-http-address",
         "nsqd HTTP address (may be given multiple times)",
         "nsqd_http_addresses",
     )
+    fs.add_duration(
+        "http-client-connect-timeout",
+        o.http_client_connect_timeout,
+        "timeout for HTTP connect",
+        "http_client_connect_timeout",
+    )
+    fs.add_duration(
+        "http-client-request-timeout",
+        o.http_client_request_timeout,
+        "timeout for HTTP request",
+        "http_client_request_timeout",
+    )
+    fs.add_bool(
+        "http-client-tls-insecure-skip-verify",
+        o.http_client_tls_insecure_skip_verify,
+        "configure the HTTP client to skip verification of TLS certificates",
+        "http_client_tls_insecure_skip_verify",
+    )
+    fs.add_string(
+        "http-client-tls-root-ca-file",
+        o.http_client_tls_root_ca_file,
+        "path to CA file for the HTTP client",
+        "http_client_tls_root_ca_file",
+    )
+    fs.add_string(
+        "http-client-tls-cert",
+        o.http_client_tls_cert,
+        "path to certificate file for the HTTP client",
+        "http_client_tls_cert",
+    )
+    fs.add_string(
+        "http-client-tls-key",
+        o.http_client_tls_key,
+        "path to key file for the HTTP client",
+        "http_client_tls_key",
+    )
+    fs.add_string(
+        "allow-config-from-cidr",
+        o.allow_config_from_cidr,
+        "A CIDR from which to allow HTTP requests to the /config endpoint",
+        "allow_config_from_cidr",
+    )
+    fs.add_string(
+        "notification-http-endpoint",
+        o.notification_http_endpoint,
+        "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
+        "notification_http_endpoint",
+    )
+    fs.add_string(
+        "acl-http-header",
+        o.acl_http_header,
+        "HTTP header to check for authenticated admin users",
+        "acl_http_header",
+    )
+    fs.add_list(
+        "admin-user",
+        "admin user (may be given multiple times; if specified, only these users will be "
+        "able to perform privileged actions; acl-http-header is used to determine the "
+        "authenticated user)",
+        "admin_users",
+    )
     return fs
 
 
+class ConfigError(Exception):
+    """The ``--config`` file cannot be read (nsqadmin exits 1 with this text)."""
+
+
+_LIST_FIELDS = {"nsqlookupd_http_addresses", "nsqd_http_addresses", "admin_users"}
+_DURATION_FIELDS = {"statsd_interval", "http_client_connect_timeout", "http_client_request_timeout"}
+_BOOL_FIELDS = {"proxy_graphite", "http_client_tls_insecure_skip_verify"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """options.Resolve's conversion of a config value; FlagValueError if it cannot."""
+    if name in _DURATION_FIELDS:
+        # Go durations as strings, or integer milliseconds.
+        if isinstance(value, str):
+            return parse_go_duration(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value / 1000.0
+        raise FlagValueError(f"invalid time.Duration value type {type(value).__name__}")
+    if name in _LIST_FIELDS:
+        if not isinstance(value, list):
+            raise FlagValueError(f"invalid []string value type {type(value).__name__}")
+        return [str(v) for v in value]
+    if name in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise FlagValueError(f"invalid bool value type {type(value).__name__}")
+        return value
+    if not isinstance(value, str):
+        raise FlagValueError(f"invalid string value type {type(value).__name__}")
+    return value
+
+
+def _load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(
+            f"failed to load config file {path} - {go_file_error(path, exc)}"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"failed to load config file {path} - toml: {exc}") from None
+    if "log_level" in raw:  # nsqadmin's config.Validate
+        level = str(raw["log_level"]).lower()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"failed parsing log_level {raw['log_level']}")
+        raw["log_level"] = level
+    fields = set(AdminOptions.__dataclass_fields__)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            continue  # nsqadmin ignores keys it has no option for
+        try:
+            values[key] = _coerce(key, value)
+        except FlagValueError as exc:
+            # options.Resolve logs it and keeps the default.
+            when = datetime.now().strftime("%Y/%m/%d %H:%M:%S")
+            print(
+                f"{when} ERROR: Resolve failed to coerce value {value} for field {key} - {exc}",
+                file=sys.stderr,
+            )
+    return values
+
+
+def admin_options_from_flags(values: dict[str, Any]) -> AdminOptions:
+    """:class:`AdminOptions` from parsed flags: a flag given on the command line
+    wins over the ``--config`` file, which wins over nsqadmin's defaults."""
+    resolved: dict[str, Any] = {}
+    if values.get("config"):
+        resolved.update(_load_config(values["config"]))
+    fs = admin_flagset()
+    for name, value in values.items():
+        dest = fs.flags[name].dest
+        if dest is not None:
+            resolved[dest] = value
+    return AdminOptions(**resolved)
+
+
+def _setup_logging(options: AdminOptions) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(GoLogFormatter(options.log_prefix))
+    root = logging.getLogger("fakensq")
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(
+        {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}.get(
+            options.log_level, logging.ERROR
+        )
+    )
+    root.propagate = False
+    return handler
+
+
+def _fatal(prefix: str, message: str) -> int:
+    when = datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")
+    print(f"{prefix}{when} FATAL: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
 def admin_main(argv: Sequence[str]) -> int:
-    """Run the admin server until SIGTERM/SIGINT; 2 on bad flags, 1 if it cannot start."""
+    """Run the admin server until SIGTERM/SIGINT, as ``nsqadmin`` runs."""
     fs = admin_flagset()
     try:
         values, _ = fs.parse(argv)
@@ -55,30 +276,62 @@ def admin_main(argv: Sequence[str]) -> int:
     except FlagError as exc:
         sys.stderr.write(f"{exc}\n{fs.usage()}")
         return 2
-    lookupds = list(values.get("lookupd-http-address", []))
-    nsqds = list(values.get("nsqd-http-address", []))
-    if not lookupds and not nsqds:
-        sys.stderr.write("fakensq admin: --lookupd-http-address or --nsqd-http-address required\n")
-        return 2
-
-    async def run() -> None:
-        from .server import Admin
-
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with Admin(
-                lookupd_http_addresses=lookupds,
-                nsqd_http_addresses=nsqds,
-                http_address=values.get("http-address", "127.0.0.1:4171"),
-            ) as admin:
-                print(f"admin: {admin.url}", flush=True)
-                async for _ in signals:
-                    return
+    if values.get("version"):
+        print(version_string("nsqadmin"), flush=True)
+        return 0
+    prefix = values.get("log-prefix", AdminOptions.log_prefix)
+    try:
+        options = admin_options_from_flags(values)
+    except ConfigError as exc:
+        return _fatal(prefix, str(exc))
+    from .server import client_tls_context
 
     try:
-        trio.run(run)
-    except (OSError, BaseExceptionGroup) as exc:
+        options.validate()
+        client_tls_context(options)
+    except OptionsError as exc:
+        return _fatal(options.log_prefix, f"failed to instantiate nsqadmin - {exc}")
+    _setup_logging(options)
+    log.info(version_string("nsqadmin"))
+    try:
+        split_host_port(options.http_address)
+    except ValueError as exc:
+        return _fatal(
+            options.log_prefix, _listen_failed(options.http_address, f"listen tcp: {exc}")
+        )
+    try:
+        trio.run(_serve, options)
+    except (OSError, OptionsError, BaseExceptionGroup) as exc:
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
-        sys.stderr.write(f"fakensq admin: failed to start - {exc}\n")
-        return 1
+        if isinstance(exc, OptionsError):
+            return _fatal(options.log_prefix, f"failed to instantiate nsqadmin - {exc}")
+        return _fatal(
+            options.log_prefix, _listen_failed(options.http_address, _os_error(options, exc))
+        )
     return 0
+
+
+def _listen_failed(address: str, why: str) -> str:
+    return f"failed to instantiate nsqadmin - listen ({address}) failed - {why}"
+
+
+def _os_error(options: AdminOptions, exc: BaseException) -> str:
+    """Go's text for a listen that failed."""
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return f"listen tcp {options.http_address}: bind: address already in use"
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return f"listen tcp {options.http_address}: bind: cannot assign requested address"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"listen tcp {options.http_address}: {exc.strerror.lower()}"
+    return str(exc)
+
+
+async def _serve(options: AdminOptions) -> None:
+    from .server import Admin
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with Admin(options=options) as admin:
+            async for _ in signals:
+                break
+            log.info("HTTP: closing %s", admin.listen_address)
