@@ -1,4 +1,4 @@
-"""The admin web server: pages, their JSON feed, nsqadmin's actions, fault controls.
+"""The admin web server: nsqadmin's HTTP API, the pages, fault controls.
 
 ::
 
@@ -15,46 +15,59 @@ need the in-process :class:`fakensq.Cluster`.
 
 from __future__ import annotations
 
-import functools
-import json
+import gzip
 import logging
+import mimetypes
+import os
+import ssl
 import time
-from collections import deque
+import zlib
 from collections.abc import Callable, Sequence
 from importlib import resources
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import httpx
 import trio
 
+from ..flags import format_go_duration
 from ..httpserver import HTTPServer, Request, Response
 from . import views
-from .data import REQUEST_TIMEOUT, Reader, Snapshot
-from .views import Event, FaultCaps
+from .api import NSQAdminAPI, respond_v1, v1_error
+from .data import Reader, Snapshot
+from .gojson import GoJSONError
+from .history import History
+from .options import AdminOptions, OptionsError, go_file_error, normalize_base_path
+from .routing import Router
+from .timeline import Event, Timeline
+from .views import FaultCaps
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
 
-__all__ = ["Admin", "ActionError"]
+__all__ = ["Admin", "ActionError", "WATCH_INTERVAL", "client_tls_context"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fakensq.admin")
 
-#: How often the timeline's watcher reads the cluster.
+#: How often the admin reads the cluster (timeline, charts).
 WATCH_INTERVAL = 0.5
-#: Timeline entries kept.
-TIMELINE_SIZE = 500
 
-_STATIC = {
-    "/static/admin.js": ("admin.js", "text/javascript; charset=utf-8"),
-    "/static/admin.css": ("admin.css", "text/css; charset=utf-8"),
-}
+_OWN_ASSETS = ("admin.js", "admin.css")
 
 
-@functools.cache
-def _static(name: str) -> bytes:
-    # Read once: a few kilobytes of package data, not worth a thread per request.
+def _static(name: str, dev_dir: str) -> bytes | None:
+    """A static asset: from --dev-static-dir when given, else the package's."""
+    if "/" in name or name in ("", ".", ".."):
+        return None
+    if dev_dir:
+        try:
+            with open(os.path.join(dev_dir, name), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+    if name not in _OWN_ASSETS:
+        return None
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
@@ -64,59 +77,135 @@ class ActionError(Exception):
 
 def _split_host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port or 0)
+    return host.strip("[]") or "0.0.0.0", int(port or 0)
+
+
+def client_tls_context(options: AdminOptions) -> ssl.SSLContext | bool:
+    """The HTTP client's TLS settings (--http-client-tls-*), as nsqadmin builds them."""
+    if not (
+        options.http_client_tls_root_ca_file
+        or options.http_client_tls_cert
+        or options.http_client_tls_insecure_skip_verify
+    ):
+        return True
+    context = ssl.create_default_context()
+    if options.http_client_tls_insecure_skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    ca_file = options.http_client_tls_root_ca_file
+    if ca_file:
+        try:
+            with open(ca_file, "rb") as f:
+                pem = f.read()
+        except OSError as exc:
+            raise OptionsError(
+                f"failed to read TLS root CA file {ca_file} - {go_file_error(ca_file, exc)}"
+            ) from None
+        try:
+            context.load_verify_locations(cadata=pem.decode("ascii", "replace"))
+        except (ssl.SSLError, ValueError):
+            raise OptionsError(f"failed to AppendCertsFromPEM {ca_file}") from None
+    if options.http_client_tls_cert:
+        try:
+            context.load_cert_chain(options.http_client_tls_cert, options.http_client_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise OptionsError(
+                f"failed to LoadX509KeyPair {options.http_client_tls_cert}, "
+                f"{options.http_client_tls_key} - {exc}"
+            ) from None
+    return context
 
 
 class Admin:
     """The admin server; an async context manager, or run ``serve`` in a nursery.
 
-    ``lookupd_http_addresses`` and ``nsqd_http_addresses`` are what nsqadmin's
-    ``--lookupd-http-address`` and ``--nsqd-http-address`` are.  With ``cluster``
-    (a running :class:`fakensq.Cluster`), its nodes are read (those flags are not
-    needed) and the fault controls are on.
+    ``options`` are nsqadmin's (:class:`AdminOptions`, what ``fakensq admin``'s
+    flags set); ``lookupd_http_addresses``, ``nsqd_http_addresses`` and
+    ``http_address`` override theirs.  Without ``options`` it listens on
+    ``127.0.0.1:4171`` (the command line, as nsqadmin, on every interface).
+    With ``cluster`` (a running :class:`fakensq.Cluster`) its nodes are read and
+    the fault controls are on.
     """
 
     def __init__(
         self,
         *,
+        options: AdminOptions | None = None,
         lookupd_http_addresses: Sequence[str] = (),
         nsqd_http_addresses: Sequence[str] = (),
         cluster: Cluster | None = None,
-        http_address: str = "127.0.0.1:4171",
+        http_address: str | None = None,
         watch_interval: float = WATCH_INTERVAL,
     ) -> None:
-        self._lookupds = list(lookupd_http_addresses)
-        self._nsqds = list(nsqd_http_addresses)
+        opts = (
+            options.replace()
+            if options is not None
+            else AdminOptions(http_address="127.0.0.1:4171")
+        )
+        if lookupd_http_addresses:
+            opts.nsqlookupd_http_addresses = list(lookupd_http_addresses)
+        if nsqd_http_addresses:
+            opts.nsqd_http_addresses = list(nsqd_http_addresses)
+        if http_address is not None:
+            opts.http_address = http_address
+        opts.base_path = normalize_base_path(opts.base_path)
+        self.options = opts
         self.cluster = cluster
-        self.http_address = http_address
         self.watch_interval = watch_interval
-        self.events: deque[Event] = deque(maxlen=TIMELINE_SIZE)
+        self.timeline = Timeline()
+        self.history = History()
         self.server = HTTPServer(self.handle, server_name="fakensq-admin")
+        self.api: NSQAdminAPI | None = None
         self._client: httpx.AsyncClient | None = None
         self._reader: Reader | None = None
-        self._last: Snapshot | None = None
+        self._router: Router | None = None
         self._cm: Any = None
         self._nursery: trio.Nursery | None = None
+        self.latest: Snapshot | None = None
 
     # -- running ------------------------------------------------------------------
 
     @property
-    def url(self) -> str:
-        """``http://host:port`` of the running server."""
+    def listen_address(self) -> str:
+        """``host:port`` the server listens on."""
         if self.server.address is None:
             raise RuntimeError("the admin server is not running")
         host, port = self.server.address
-        return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def url(self) -> str:
+        """``http://host:port[base path]`` of the running server (every interface
+        is reached through loopback)."""
+        if self.server.address is None:
+            raise RuntimeError("the admin server is not running")
+        host, port = self.server.address
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        base = "" if self.options.base_path == "/" else self.options.base_path
+        return f"http://{'[' + host + ']' if ':' in host else host}:{port}{base}"
+
+    @property
+    def events(self) -> Sequence[Event]:
+        """The timeline's entries, oldest first."""
+        return self.timeline.events
 
     @property
     def lookupd_http_addresses(self) -> list[str]:
+        """The nsqlookupds nsqadmin reads (the cluster's, with a cluster)."""
         if self.cluster is not None:
-            return self.cluster.lookupd_http_addresses
-        return self._lookupds
+            return list(self.cluster.lookupd_http_addresses)
+        return self.options.nsqlookupd_http_addresses
 
     @property
     def nsqd_http_addresses(self) -> list[str]:
-        return self._nsqds
+        """The nsqds nsqadmin reads directly (a cluster without nsqlookupd: its nsqds)."""
+        if self.cluster is not None:
+            return (
+                []
+                if self.cluster.lookupd_http_addresses
+                else list(self.cluster.nsqd_http_addresses)
+            )
+        return self.options.nsqd_http_addresses
 
     @property
     def caps(self) -> FaultCaps:
@@ -126,11 +215,35 @@ class Admin:
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started`` gets the URL."""
-        host, port = _split_host_port(self.http_address)
-        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+        if self.cluster is None:
+            # nsqadmin refuses both kinds of address at once; here the pages read
+            # both, and the API, as nsqadmin's code does, prefers the lookupds.
+            both = self.options.nsqd_http_addresses and self.options.nsqlookupd_http_addresses
+            self.options.replace(
+                nsqd_http_addresses=[] if both else self.options.nsqd_http_addresses
+            ).validate()
+        host, port = _split_host_port(self.options.http_address)
+        timeout = httpx.Timeout(
+            self.options.http_client_request_timeout,
+            connect=self.options.http_client_connect_timeout,
+        )
+        async with (
+            httpx.AsyncClient(timeout=timeout, verify=client_tls_context(self.options)) as client,
+            trio.open_nursery() as nursery,
+        ):
             self._client = client
             self._reader = Reader(client)
+            self.api = NSQAdminAPI(
+                self.options,
+                client,
+                lookupds=lambda: self.lookupd_http_addresses,
+                nsqds=lambda: self.nsqd_http_addresses,
+                on_action=self._on_api_action,
+            )
+            self._router = self._routes(self.api)
+            await nursery.start(self.api.run_notifier)
             await nursery.start(self.server.serve, host, port)
+            log.info("HTTP: listening on %s", self.listen_address)
             nursery.start_soon(self._watch)
             task_status.started(self.url)
 
@@ -161,102 +274,209 @@ class Admin:
         """The cluster as it is now (read afresh through the HTTP APIs)."""
         assert self._reader is not None
         cluster_nsqds = self.cluster.nsqd_http_addresses if self.cluster is not None else []
-        snap = await self._reader.snapshot(
-            self.lookupd_http_addresses, self._nsqds, cluster_nsqds=cluster_nsqds
+        return await self._reader.snapshot(
+            self.lookupd_http_addresses,
+            self.options.nsqd_http_addresses if self.cluster is None else [],
+            cluster_nsqds=cluster_nsqds,
         )
-        return snap
 
     def record(self, kind: str, text: str) -> None:
         """Add a timeline entry."""
-        self.events.append(Event(time.time(), kind, text))
+        self.timeline.record(kind, text)
 
     async def _watch(self) -> None:
-        """Read the cluster every ``watch_interval`` and put what changed on the timeline."""
+        """Read the cluster every ``watch_interval``: the timeline and the charts."""
         while True:
+            epoch = self.timeline.epoch
             try:
                 snap = await self.snapshot()
             except Exception:  # a bug here must not take the pages down
                 log.exception("admin watcher failed")
             else:
-                if self._last is not None:
-                    for text in _changes(self._last, snap):
-                        self.record("effect", text)
-                self._last = snap
+                self.timeline.observe(snap, epoch)
+                self.history.add(snap)
+                self.latest = snap
             await trio.sleep(self.watch_interval)
 
     # -- HTTP -----------------------------------------------------------------------
 
+    def _bp(self, path: str) -> str:
+        base = self.options.base_path.rstrip("/")
+        return (base + path) if path != "/" else (base or "/")
+
+    def _routes(self, api: NSQAdminAPI) -> Router:
+        router = Router(self._not_found)
+        bp = self._bp
+        router.add("GET", bp("/ping"), self._ping)
+        for page in (
+            "/",
+            "/topics",
+            "/topics/:topic",
+            "/topics/:topic/:channel",
+            "/nodes",
+            "/nodes/:node",
+            "/counter",
+            "/lookup",
+            "/timeline",
+        ):
+            router.add("GET", bp(page), self._page)
+        router.add("GET", bp("/static/:asset"), self._asset)
+        router.add("GET", bp("/fonts/:asset"), self._asset)
+        router.add("GET", bp("/api/live/*page"), self._live)
+        router.add("POST", bp("/api/action"), self._action)
+        api.routes(router, bp)
+        return router
+
     async def handle(self, request: Request) -> Response:
-        """Route one request: static files, pages, their JSON twins, actions."""
+        """Route one request (logged as nsqadmin logs them)."""
+        assert self._router is not None
+        started = time.perf_counter()
+        response = _as_go_sends(request, await self._router.route(request))
+        log.info(
+            "%d %s %s (%s) %s",
+            response.status,
+            request.method,
+            request.path + (f"?{request.raw_query}" if request.raw_query else ""),
+            request.remote_addr,
+            format_go_duration(time.perf_counter() - started),
+        )
+        return response
+
+    async def _not_found(self, request: Request, params: dict[str, str]) -> Response:
+        if params.get("status") == "405":
+            return v1_error(405, "METHOD_NOT_ALLOWED")
+        return v1_error(404, "NOT_FOUND")
+
+    async def _ping(self, request: Request, params: dict[str, str]) -> Response:
+        return Response(200, b"OK")  # Go sniffs its type
+
+    async def _asset(self, request: Request, params: dict[str, str]) -> Response:
+        name = params["asset"]
+        body = _static(name, self.options.dev_static_dir)
+        if body is None:
+            return Response(404, b"NOT_FOUND")  # PlainText: Go sniffs its type
+        ctype, _ = mimetypes.guess_type(name)
+        if ctype is not None and (ctype.startswith("text/") or ctype.endswith("javascript")):
+            ctype += "; charset=utf-8"
+        headers = [("Cache-Control", "no-cache")]
+        if ctype:
+            headers.append(("Content-Type", ctype))
+        return Response(200, body, headers)
+
+    def _page_path(self, request: Request) -> str:
+        base = self.options.base_path.rstrip("/")
         path = request.path
-        if path in _STATIC:
-            name, ctype = _STATIC[path]
-            body = _static(name)
-            return Response(200, body, [("Content-Type", ctype), ("Cache-Control", "no-cache")])
-        if path == "/ping":
-            return Response.text("OK")
-        if path == "/":
-            return Response(302, b"", [("Location", "/nodes")])
-        if path == "/api/action":
-            if request.method != "POST":
-                return Response.json({"message": "METHOD_NOT_ALLOWED"}, 405)
-            return await self._action(request)
-        live = path.startswith("/api/live/")
-        page_path = "/" + path[len("/api/live/") :] if live else path
-        if request.method not in ("GET", "HEAD"):
-            return Response.json({"message": "METHOD_NOT_ALLOWED"}, 405)
-        build = self._page_builder(page_path)
+        from urllib.parse import unquote
+
+        path = unquote(path)
+        if base and path.startswith(base):
+            path = path[len(base) :]
+        return path or "/"
+
+    async def _page(self, request: Request, params: dict[str, str]) -> Response:
+        path = self._page_path(request)
+        build = self._page_builder(path)
         if build is None:
-            return Response(404, b"<h1>404 not found</h1>", [("Content-Type", "text/html")])
+            return v1_error(404, "NOT_FOUND")
         page = build(await self.snapshot())
-        if live:
-            return Response.json({"title": page.title, "sections": page.sections})
-        html = views.render_page(page, nav=self._nav(), current=page_path)
+        html = views.render_page(
+            page,
+            nav=self._nav(),
+            current=path,
+            base=self._bp("/").rstrip("/"),
+            admin=self.api is not None and self.api.is_admin(request),
+        )
         return Response(200, html.encode(), [("Content-Type", "text/html; charset=utf-8")])
 
+    async def _live(self, request: Request, params: dict[str, str]) -> Response:
+        path = "/" + params["page"]
+        build = self._page_builder(path)
+        if build is None:
+            return v1_error(404, "NOT_FOUND")
+        page = build(await self.snapshot())
+        return Response.json({"title": page.title, "sections": page.sections})
+
     def _nav(self) -> list[tuple[str, str]]:
-        caps = self.caps
+        bp = self._bp
         return [
-            ("Nodes", "/nodes"),
-            ("Topics", "/topics"),
-            ("Faults & timeline" if caps.any else "Timeline", "/timeline"),
+            ("Topics", bp("/topics")),
+            ("Nodes", bp("/nodes")),
+            ("Counter", bp("/counter")),
+            ("Lookup", bp("/lookup")),
+            ("Faults & timeline" if self.caps.any else "Timeline", bp("/timeline")),
         ]
 
     def _page_builder(self, path: str) -> Callable[[Snapshot], views.Page] | None:
-        parts = [unquote(p) for p in path.strip("/").split("/")]
+        from urllib.parse import unquote
+
+        parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
         caps = self.caps
+        history = self.history
+        if parts == [] or parts == ["topics"]:
+            return lambda s: views.topics_page(s, history)
         if parts == ["nodes"]:
             return lambda s: views.nodes_page(s, caps)
+        if len(parts) == 2 and parts[0] == "nodes":
+            return lambda s: views.node_page(s, parts[1])
+        if parts == ["counter"]:
+            return views.counter_page
+        if parts == ["lookup"]:
+            return views.lookup_page
         if parts == ["timeline"]:
-            return lambda s: views.timeline_page(s, caps, list(self.events), self.active_faults())
-        if parts == ["topics"]:
-            return views.topics_page
+            return lambda s: views.timeline_page(
+                s, caps, list(self.timeline.events), self.active_faults()
+            )
         if len(parts) == 2 and parts[0] == "topics":
-            return lambda s: views.topic_page(s, parts[1])
+            return lambda s: views.topic_page(s, parts[1], history)
         if len(parts) == 3 and parts[0] == "topics":
-            return lambda s: views.channel_page(s, parts[1], parts[2], caps)
+            return lambda s: views.channel_page(s, parts[1], parts[2], caps, history)
         return None
 
     # -- actions ------------------------------------------------------------------
 
-    async def _action(self, request: Request) -> Response:
+    def _on_api_action(self, action: str, what: str) -> None:
+        self.timeline.record("action", f"{action.replace('_', ' ')} {what} (API)")
+
+    async def _action(self, request: Request, params: dict[str, str]) -> Response:
+        import json
+
         try:
             args = json.loads(request.body or b"{}")
             if not isinstance(args, dict):
                 raise ValueError("not an object")
         except ValueError:
             return Response.json({"ok": False, "message": "the body must be a JSON object"}, 400)
+        if self.api is not None and not self.api.is_admin(request):
+            return Response.json({"ok": False, "message": "FORBIDDEN"}, 403)
         action = str(args.get("action", ""))
+        fault = action.startswith("fault/")
+        if fault:
+            self.timeline.begin_fault()
+        message = f"{action} failed"
         try:
             ok, message = await self.act(action, args)
         except ActionError as exc:
-            return Response.json({"ok": False, "message": str(exc)}, 400)
-        self.record("fault" if action.startswith("fault/") else "action", message)
+            message = str(exc)
+            return Response.json({"ok": False, "message": message}, 400)
+        finally:
+            if fault:
+                self.timeline.end_fault(message)
+        if not fault:
+            self.record("action", message)
+            kind, _, verb = action.partition("/")
+            if self.api is not None and ok:
+                self.api.notify(
+                    f"{verb}_{kind}",
+                    str(args.get("topic") or ""),
+                    str(args.get("channel") or "") if kind == "channel" else "",
+                    "",
+                    request,
+                )
         result: dict[str, Any] = {"ok": ok, "message": message}
         if ok and action == "topic/delete":
-            result["redirect"] = "/topics"
+            result["redirect"] = self._bp("/topics")
         elif ok and action == "channel/delete":
-            result["redirect"] = views.topic_url(str(args.get("topic")))
+            result["redirect"] = self._bp("/" + views.topic_url(str(args.get("topic"))))
         return Response.json(result, 200 if ok else 502)
 
     async def act(self, action: str, args: dict[str, Any]) -> tuple[bool, str]:
@@ -318,7 +538,7 @@ class Admin:
         async def post(i: int, url: str) -> None:
             where = url.split("/")[2]
             try:
-                response = await client.post(url, timeout=REQUEST_TIMEOUT)
+                response = await client.post(url)
             except httpx.HTTPError as exc:
                 results[i] = (where, type(exc).__name__)
                 return
@@ -335,6 +555,21 @@ class Admin:
             for i, url in enumerate(urls):
                 nursery.start_soon(post, i, url)
         return results
+
+    def _timeout_counts(self, topic: str, channel: str) -> dict[tuple[str, str, str], int]:
+        """Each live nsqd's timeout count of ``topic/channel``, read in-process."""
+        assert self.cluster is not None
+        counts: dict[tuple[str, str, str], int] = {}
+        for i, address in enumerate(self.cluster.nsqd_http_addresses):
+            try:
+                nsqd = self.cluster.nsqd(i)
+            except RuntimeError:
+                continue
+            t = nsqd.topics.get(topic)
+            ch = t.channels.get(channel) if t is not None else None
+            if ch is not None:
+                counts[(address, topic, channel)] = ch.timeout_count
+        return counts
 
     async def _fault(self, verb: str, args: dict[str, Any]) -> tuple[bool, str]:
         """A fault through ``cluster.faults`` (:mod:`fakensq.faults`); nodes are named
@@ -355,7 +590,12 @@ class Admin:
             topic, channel = str(args.get("topic", "")), str(args.get("channel", ""))
             if not topic or not channel:
                 raise ActionError("no topic or channel given")
+            # The effect comes from the counters around the fault itself, not from
+            # whichever poll happens to come next.
+            before = self._timeout_counts(topic, channel)
             count = faults.time_out_in_flight(topic=topic, channel=channel)
+            after = self._timeout_counts(topic, channel)
+            self.timeline.timeouts({k: (before.get(k, 0), n) for k, n in after.items()})
             return True, f"timed out {count} in-flight message(s) of {topic}/{channel}"
         if verb in ("partition-client", "drop-client"):
             client = str(args.get("client", ""))
@@ -379,16 +619,20 @@ class Admin:
         if not 0 <= index < len(addresses[target]):
             raise ActionError(f"no node {index}")
         name = f"{target}-{index}"
-        where = f"{name} ({addresses[target][index]})"
+        address = addresses[target][index]
+        where = f"{name} ({address})"
         try:
             if kind == "kill":
                 await faults.kill(name)
+                self._report_state(target, address, False, "killed")
                 return True, f"killed {where}"
             if kind == "stop":
                 await faults.stop(name)
+                self._report_state(target, address, False, "stopped")
                 return True, f"stopped {where}"
             if kind == "restart":
                 await faults.start(name)
+                self._report_state(target, address, True, "")
                 return True, f"started {where}"
         except (RuntimeError, OSError, ValueError, trio.TooSlowError) as exc:
             return False, f"{kind} {where} failed: {exc or type(exc).__name__}"
@@ -407,11 +651,46 @@ class Admin:
             return True, f"stalled every connection of {where}"
         raise ActionError(f"unknown fault {verb!r}")
 
+    def _report_state(self, target: str, address: str, up: bool, why: str) -> None:
+        """A fault's known effect on a node, on the timeline now."""
+        if target == "nsqd":
+            self.timeline.node_state(address, up, why)
+        else:
+            self.timeline.lookupd_state(address, up)
+
     def active_faults(self) -> list[dict[str, Any]]:
         """The faults in force (``cluster.faults.active``), described."""
         if self.cluster is None:
             return []
         return [f.describe() for f in self.cluster.faults.active]
+
+
+def _as_go_sends(request: Request, response: Response) -> Response:
+    """The answer as nsqadmin's server sends it: compressed when the client takes
+    gzip (or deflate); a body whose handler set no Content-Type gets the one Go
+    sniffs, or, when compressed, none at all (Go writes the headers first)."""
+    typed = any(k.lower() == "content-type" for k, _ in response.headers)
+    encoding = ""
+    for token in request.headers.get("accept-encoding", "").split(","):
+        if token.strip() in ("gzip", "deflate"):
+            encoding = token.strip()
+            break
+    if encoding:
+        if encoding == "gzip":
+            body = gzip.compress(response.body, mtime=0)
+        else:
+            packer = zlib.compressobj(wbits=-15)  # raw deflate, as Go's flate
+            body = packer.compress(response.body) + packer.flush()
+        headers = [*response.headers, ("Content-Encoding", encoding), ("Vary", "Accept-Encoding")]
+        if not typed:
+            headers.append(("Content-Type", ""))
+        return Response(response.status, body, headers)
+    if not typed:
+        sniffed = "text/plain; charset=utf-8" if response.body else ""
+        return Response(
+            response.status, response.body, [*response.headers, ("Content-Type", sniffed)]
+        )
+    return response
 
 
 def _describe_fault(doc: dict[str, Any]) -> str:
@@ -421,55 +700,4 @@ def _describe_fault(doc: dict[str, Any]) -> str:
     return f"#{doc['id']} {doc['kind']} {where}".strip()
 
 
-def _changes(old: Snapshot, new: Snapshot) -> list[str]:
-    """What a user would want on the timeline between two snapshots."""
-    out: list[str] = []
-    old_nodes = {n.address: n for n in old.nodes}
-    for n in new.nodes:
-        before = old_nodes.get(n.address)
-        was_up = before.up if before is not None else False
-        if n.up != was_up:
-            out.append(
-                f"nsqd {n.address} is {'up' if n.up else 'down'}"
-                + ("" if n.up else f" ({n.error})")
-            )
-        elif before is not None and n.up and n.health != before.health:
-            out.append(f"nsqd {n.address} health: {n.health}")
-    old_lk = {lk.address: lk for lk in old.lookupds}
-    for lk in new.lookupds:
-        prev = old_lk.get(lk.address)
-        if prev is None:
-            continue
-        if lk.up != prev.up:
-            out.append(f"nsqlookupd {lk.address} is {'up' if lk.up else 'down'}")
-        elif lk.up and len(lk.nodes) != len(prev.nodes):
-            out.append(
-                f"nsqlookupd {lk.address} lists {len(lk.nodes)} nsqd (was {len(prev.nodes)})"
-            )
-    for name in new.topics.keys() - old.topics.keys():
-        out.append(f"topic {name} appeared")
-    for name in old.topics.keys() - new.topics.keys():
-        out.append(f"topic {name} is gone")
-    for name, t in new.topics.items():
-        before_t = old.topics.get(name)
-        if before_t is None:
-            continue
-        if t.paused != before_t.paused:
-            out.append(f"topic {name} {'paused' if t.paused else 'unpaused'}")
-        for cname, c in t.channels.items():
-            prev_c = before_t.channels.get(cname)
-            label = f"channel {name}/{cname}"
-            if prev_c is None:
-                out.append(f"{label} appeared")
-                continue
-            if c.paused != prev_c.paused:
-                out.append(f"{label} {'paused' if c.paused else 'unpaused'}")
-            if c.timeout_count > prev_c.timeout_count:
-                out.append(
-                    f"{label}: {c.timeout_count - prev_c.timeout_count} message(s) timed out"
-                )
-            if c.client_count != prev_c.client_count:
-                out.append(f"{label}: {c.client_count} client(s) (was {prev_c.client_count})")
-        for cname in before_t.channels.keys() - t.channels.keys():
-            out.append(f"channel {name}/{cname} is gone")
-    return out
+__all__ += ["GoJSONError", "respond_v1"]

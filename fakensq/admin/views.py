@@ -16,9 +16,12 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from .charts import Line, line_chart
 from .data import ChannelTotals, LookupdInfo, NodeInfo, Snapshot, TopicTotals
+from .history import CHART_WINDOW, History
+from .timeline import Event
 
-__all__ = ["Event", "FaultCaps", "Page", "render_page"]
+__all__ = ["Event", "FaultCaps", "Page", "render_page", "Col", "table"]
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,6 @@ class FaultCaps:
     @property
     def any(self) -> bool:
         return self.kill_restart or self.partition or self.stall_heartbeats
-
-
-@dataclass(frozen=True)
-class Event:
-    """One timeline entry: a fault or action taken, or an effect observed."""
-
-    at: float
-    kind: str  # "fault", "action" or "effect"
-    text: str
 
 
 @dataclass
@@ -60,7 +54,8 @@ def e(value: Any) -> str:
 
 
 def topic_url(topic: str) -> str:
-    return "/topics/" + quote(topic, safe="")
+    # Relative to the page's <base href> (nsqadmin's --base-path).
+    return "topics/" + quote(topic, safe="")
 
 
 def channel_url(topic: str, channel: str) -> str:
@@ -76,6 +71,31 @@ def _num(value: int | float) -> str:
 def _td(key: str, value: int | float) -> str:
     # data-v is the exact number (cells show it with thousands separators).
     return f'<td class="num" data-k="{key}" data-v="{value}">{_num(value)}</td>'
+
+
+@dataclass(frozen=True)
+class Col:
+    """A table column: its heading, and whether it holds numbers.
+
+    Numbers are right-aligned, and so is their heading: a heading and its
+    cells come from the same :class:`Col`, so they cannot drift apart."""
+
+    label: str
+    num: bool = False
+
+
+def table(cols: Sequence[Col], rows: Sequence[str], *, empty: str = "", title: str = "") -> str:
+    """A ``<table>`` with ``cols`` as headings and ``rows`` (each ``<tr>...</tr>``
+    with one cell per column); ``empty`` is shown in a row of its own when
+    there are no rows."""
+    head = "".join(
+        f'<th class="num">{e(c.label)}</th>' if c.num else f"<th>{e(c.label)}</th>" for c in cols
+    )
+    body = "".join(rows)
+    if not body and empty:
+        body = f'<tr><td colspan="{len(cols)}" class="muted">{e(empty)}</td></tr>'
+    heading = f"<h2>{e(title)}</h2>" if title else ""
+    return f"{heading}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _button(
@@ -120,6 +140,10 @@ def nodes_page(snap: Snapshot, caps: FaultCaps) -> Page:
     )
 
 
+def node_url(address: str) -> str:
+    return "nodes/" + quote(address, safe="")
+
+
 def _node_controls(n: NodeInfo, caps: FaultCaps, full: bool) -> str:
     """Fault buttons of an nsqd row: the Nodes page has kill/start, the Faults page all."""
     if n.index is None or not caps.kill_restart:
@@ -157,6 +181,18 @@ def _node_controls(n: NodeInfo, caps: FaultCaps, full: bool) -> str:
     return out
 
 
+_NODE_COLS = (
+    Col("#"),
+    Col("nsqd (HTTP)"),
+    Col("Status"),
+    Col("Version"),
+    Col("Health"),
+    Col("Topics", num=True),
+    Col("Topic names"),
+    Col("Found via"),
+)
+
+
 def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps, *, full: bool = False) -> str:
     rows = []
     for n in nodes:
@@ -169,10 +205,11 @@ def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps, *, full: bool = Fals
         # fakensq's /stats lists the faults in force on the node (real nsqd has none).
         for fault in (n.stats or {}).get("faults") or []:
             health += f' <span class="badge warn">{e(fault.get("kind", "fault"))}</span>'
+        address = f'<a href="{node_url(n.address)}">{e(n.address)}</a>' if n.up else e(n.address)
         rows.append(
             f'<tr data-node="{e(n.address)}" class="{"" if n.up else "is-down"}">'
             f"<td>{e(n.index) if n.index is not None else ''}</td>"
-            f'<td data-k="address">{e(n.address)}</td>'
+            f'<td data-k="address">{address}</td>'
             f"<td>{_status(n.up, n.error)}</td>"
             f'<td data-k="version">{e(n.version)}</td>'
             f'<td data-k="health" class="{health_cls if n.up else "bad"}">{health}</td>'
@@ -182,14 +219,18 @@ def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps, *, full: bool = Fals
             + (f'<td class="controls">{controls}</td>' if caps.kill_restart else "")
             + "</tr>"
         )
-    head = (
-        "<tr><th>#</th><th>nsqd (HTTP)</th><th>Status</th><th>Version</th><th>Health</th>"
-        "<th>Topics</th><th>Topic names</th><th>Found via</th>"
-        + ("<th>Fault</th>" if caps.kill_restart else "")
-        + "</tr>"
-    )
-    body = "".join(rows) or '<tr><td colspan="9" class="muted">no nsqd found</td></tr>'
-    return f"<h2>nsqd nodes</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+    cols = _NODE_COLS + ((Col("Fault"),) if caps.kill_restart else ())
+    return table(cols, rows, empty="no nsqd found", title="nsqd nodes")
+
+
+_LOOKUPD_COLS = (
+    Col("#"),
+    Col("nsqlookupd (HTTP)"),
+    Col("Status"),
+    Col("Nodes", num=True),
+    Col("Registered nsqd (TCP)"),
+    Col("Topics", num=True),
+)
 
 
 def lookupds_table(lookupds: Sequence[LookupdInfo], caps: FaultCaps) -> str:
@@ -225,19 +266,76 @@ def lookupds_table(lookupds: Sequence[LookupdInfo], caps: FaultCaps) -> str:
             + (f'<td class="controls">{controls}</td>' if caps.kill_restart else "")
             + "</tr>"
         )
-    head = (
-        "<tr><th>#</th><th>nsqlookupd (HTTP)</th><th>Status</th><th>Nodes</th>"
-        "<th>Registered nsqd (TCP)</th><th>Topics</th>"
-        + ("<th>Fault</th>" if caps.kill_restart else "")
-        + "</tr>"
+    cols = _LOOKUPD_COLS + ((Col("Fault"),) if caps.kill_restart else ())
+    return table(cols, rows, title="nsqlookupd")
+
+
+def node_page(snap: Snapshot, address: str) -> Page:
+    """One nsqd: its topics, their channels and clients (nsqadmin's node page)."""
+    crumbs = [("Nodes", "nodes"), (address, node_url(address))]
+    node = snap.node(address)
+    if node is None or not node.up:
+        why = f" ({node.error})" if node is not None and node.error else ""
+        return Page(
+            f"nsqd {address}",
+            {"node-summary": f'<p class="muted">nsqd {e(address)} is not reachable{e(why)}.</p>'},
+            crumbs=crumbs,
+        )
+    clients = sum(len(c.get("clients") or []) for t in node.topics for c in t.get("channels") or [])
+    messages = sum(int(t.get("message_count", 0)) for t in node.topics)
+    summary = (
+        f'<div class="summary"><dl><dt>Version</dt><dd data-k="version">{e(node.version)}</dd>'
+        f'<dt>Health</dt><dd data-k="health">{e(node.health)}</dd>'
+        f'<dt>Topics</dt><dd data-k="topic_count">{len(node.topics)}</dd>'
+        f'<dt>Messages</dt><dd data-k="total_messages">{_num(messages)}</dd>'
+        f'<dt>Clients</dt><dd data-k="total_clients">{_num(clients)}</dd></dl></div>'
     )
-    return f"<h2>nsqlookupd</h2><table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+    rows = []
+    for t in node.topics:
+        name = str(t.get("topic_name"))
+        rows.append(
+            f'<tr data-topic="{e(name)}"><td><a href="{topic_url(name)}">{e(name)}</a>'
+            f"{' ' + _PAUSED if t.get('paused') else ''}</td>"
+            f"{_td('depth', int(t.get('depth', 0)))}"
+            f"{_td('backend_depth', int(t.get('backend_depth', 0)))}"
+            f"{_td('message_count', int(t.get('message_count', 0)))}"
+            f"{_td('channel_count', len(t.get('channels') or []))}</tr>"
+        )
+        for c in t.get("channels") or []:
+            cname = str(c.get("channel_name"))
+            rows.append(
+                f'<tr class="sub" data-topic="{e(name)}" data-channel="{e(cname)}"><td>'
+                f'↳ <a href="{channel_url(name, cname)}">{e(cname)}</a>'
+                f"{' ' + _PAUSED if c.get('paused') else ''}</td>"
+                f"{_td('depth', int(c.get('depth', 0)))}"
+                f"{_td('backend_depth', int(c.get('backend_depth', 0)))}"
+                f"{_td('message_count', int(c.get('message_count', 0)))}"
+                f"{_td('client_count', int(c.get('client_count', 0)))}</tr>"
+            )
+    cols = (
+        Col("Topic / channel"),
+        Col("Depth", num=True),
+        Col("Disk depth", num=True),
+        Col("Messages", num=True),
+        Col("Channels / clients", num=True),
+    )
+    return Page(
+        f"nsqd {address}",
+        {
+            "node-summary": summary,
+            "node-topics": table(cols, rows, empty="no topics", title="Topics"),
+        },
+        crumbs=crumbs,
+    )
+
+
+_PAUSED = '<span class="badge warn">paused</span>'
 
 
 # -- topics ---------------------------------------------------------------------
 
 
-def topics_page(snap: Snapshot) -> Page:
+def topics_page(snap: Snapshot, history: History | None = None) -> Page:
     form = (
         '<form class="create" data-action="topic/create" '
         'data-confirm="Create topic {topic}?">'
@@ -246,13 +344,32 @@ def topics_page(snap: Snapshot) -> Page:
         '<input name="channel" placeholder="channel (optional)">'
         "<button>Create</button></form>"
     )
-    return Page("Topics", {"topics": topics_table(snap.topics.values())}, footer=form)
+    sections = {"topics": topics_table(snap.topics.values())}
+    if history is not None:
+        names = [t.name for t in snap.topics.values() if not t.lookupd_only]
+        sections["topics-charts"] = _charts(
+            "topics",
+            history,
+            [(("topic", n), n) for n in names],
+            "per topic",
+        )
+    return Page("Topics", sections, footer=form)
+
+
+_TOPIC_COLS = (
+    Col("Topic"),
+    Col("Depth", num=True),
+    Col("Messages", num=True),
+    Col("Msgs/s", num=True),
+    Col("Channels", num=True),
+    Col("Nodes", num=True),
+)
 
 
 def topics_table(topics: Iterable[TopicTotals]) -> str:
     rows = []
     for t in topics:
-        flag = ' <span class="badge warn">paused</span>' if t.paused else ""
+        flag = " " + _PAUSED if t.paused else ""
         if t.lookupd_only:
             flag += ' <span class="badge muted">lookupd only</span>'
         rows.append(
@@ -262,17 +379,12 @@ def topics_table(topics: Iterable[TopicTotals]) -> str:
             f"{_td('rate', round(t.rate, 1))}{_td('channel_count', len(t.channels))}"
             f"{_td('node_count', len(t.per_node))}</tr>"
         )
-    head = (
-        "<tr><th>Topic</th><th>Depth</th><th>Messages</th><th>Msgs/s</th><th>Channels</th>"
-        "<th>Nodes</th></tr>"
-    )
-    body = "".join(rows) or '<tr><td colspan="6" class="muted">no topics</td></tr>'
-    return f"<table><thead>{head}</thead><tbody>{body}</tbody></table>"
+    return table(_TOPIC_COLS, rows, empty="no topics")
 
 
-def topic_page(snap: Snapshot, name: str) -> Page:
+def topic_page(snap: Snapshot, name: str, history: History | None = None) -> Page:
     t = snap.topics.get(name)
-    crumbs = [("Topics", "/topics"), (name, topic_url(name))]
+    crumbs = [("Topics", "topics"), (name, topic_url(name))]
     if t is None:
         return Page(
             f"Topic {name}",
@@ -286,16 +398,18 @@ def topic_page(snap: Snapshot, name: str) -> Page:
         '<input name="channel" placeholder="channel" required>'
         "<button>Create</button></form>"
     )
-    return Page(
-        f"Topic {name}",
-        {
-            "topic-summary": topic_summary(t, snap.producers(name)),
-            "topic-nodes": topic_nodes(t),
-            "channels": channels_table(t),
-        },
-        footer=form,
-        crumbs=crumbs,
-    )
+    sections = {"topic-summary": topic_summary(t, snap.producers(name))}
+    if history is not None:
+        sections["topic-charts"] = _charts(
+            "topic",
+            history,
+            [(("topic", name), f"{name} (topic)")]
+            + [(("channel", name, c), c) for c in t.channels],
+            "per channel",
+        )
+    sections["topic-nodes"] = topic_nodes(t)
+    sections["channels"] = channels_table(t)
+    return Page(f"Topic {name}", sections, footer=form, crumbs=crumbs)
 
 
 def topic_summary(t: TopicTotals, producers: Sequence[str]) -> str:
@@ -330,21 +444,27 @@ def topic_summary(t: TopicTotals, producers: Sequence[str]) -> str:
     )
 
 
+_TOPIC_NODE_COLS = (
+    Col("nsqd"),
+    Col("Depth", num=True),
+    Col("Disk depth", num=True),
+    Col("Messages", num=True),
+    Col("Channels", num=True),
+    Col("Paused"),
+)
+
+
 def topic_nodes(t: TopicTotals) -> str:
-    rows = "".join(
-        f'<tr data-node="{e(addr)}"><td>{e(addr)}</td>{_td("depth", int(doc.get("depth", 0)))}'
+    rows = [
+        f'<tr data-node="{e(addr)}"><td data-k="node">{e(addr)}</td>'
+        f"{_td('depth', int(doc.get('depth', 0)))}"
         f"{_td('backend_depth', int(doc.get('backend_depth', 0)))}"
         f"{_td('message_count', int(doc.get('message_count', 0)))}"
         f"{_td('channel_count', len(doc.get('channels') or []))}"
-        f"<td>{'paused' if doc.get('paused') else ''}</td></tr>"
+        f'<td data-k="paused">{"paused" if doc.get("paused") else ""}</td></tr>'
         for addr, doc in t.per_node
-    )
-    head = (
-        "<tr><th>nsqd</th><th>Depth</th><th>Disk depth</th><th>Messages</th><th>Channels</th>"
-        "<th>Paused</th></tr>"
-    )
-    body = rows or '<tr><td colspan="6" class="muted">no nsqd holds this topic</td></tr>'
-    return f"<h2>Per node</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+    ]
+    return table(_TOPIC_NODE_COLS, rows, empty="no nsqd holds this topic", title="Per node")
 
 
 _CHANNEL_COLUMNS = (
@@ -361,26 +481,73 @@ _CHANNEL_COLUMNS = (
 def channels_table(t: TopicTotals) -> str:
     rows = []
     for c in t.channels.values():
-        flag = ' <span class="badge warn">paused</span>' if c.paused else ""
+        flag = " " + _PAUSED if c.paused else ""
         cells = "".join(_td(k, getattr(c, k)) for k, _ in _CHANNEL_COLUMNS)
         rows.append(
             f'<tr data-channel="{e(c.name)}"><td><a href="{channel_url(t.name, c.name)}">'
             f"{e(c.name)}</a>{flag}</td>{cells}{_td('rate', round(c.rate, 1))}</tr>"
         )
-    head = (
-        "<tr><th>Channel</th>"
-        + "".join(f"<th>{label}</th>" for _, label in _CHANNEL_COLUMNS)
-        + "<th>Msgs/s</th></tr>"
+    cols = (
+        Col("Channel"),
+        *(Col(label, num=True) for _, label in _CHANNEL_COLUMNS),
+        Col("Msgs/s", num=True),
     )
-    body = "".join(rows) or '<tr><td colspan="9" class="muted">no channels</td></tr>'
-    return f"<h2>Channels</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+    return table(cols, rows, empty="no channels", title="Channels")
+
+
+# -- charts ---------------------------------------------------------------------
+
+
+def _charts(
+    prefix: str,
+    history: History,
+    keys: Sequence[tuple[tuple[str, ...], str]],
+    what: str,
+    *,
+    in_flight: bool = False,
+) -> str:
+    """Message rate and depth (and in flight) of ``keys`` over the last minutes."""
+    now = time.time()
+    series = [history.series(key, name, now=now) for key, name in keys]
+    start = now - CHART_WINDOW
+    charts = [
+        line_chart(
+            f"{prefix}-rate-chart",
+            f"Messages/s {what}",
+            [Line(s.name, s.rate) for s in series],
+            start=start,
+            end=now,
+            unit="/s",
+        ),
+        line_chart(
+            f"{prefix}-depth-chart",
+            f"Depth {what}",
+            [Line(s.name, s.depth) for s in series],
+            start=start,
+            end=now,
+        ),
+    ]
+    if in_flight:
+        charts.append(
+            line_chart(
+                f"{prefix}-in-flight-chart",
+                f"In flight {what}",
+                [Line(s.name, s.in_flight) for s in series],
+                start=start,
+                end=now,
+            )
+        )
+    minutes = int(CHART_WINDOW // 60)
+    return f'<h2>Last {minutes} minutes</h2><div class="charts">{"".join(charts)}</div>'
 
 
 # -- a channel ------------------------------------------------------------------
 
 
-def channel_page(snap: Snapshot, topic: str, name: str, caps: FaultCaps) -> Page:
-    crumbs = [("Topics", "/topics"), (topic, topic_url(topic)), (name, channel_url(topic, name))]
+def channel_page(
+    snap: Snapshot, topic: str, name: str, caps: FaultCaps, history: History | None = None
+) -> Page:
+    crumbs = [("Topics", "topics"), (topic, topic_url(topic)), (name, channel_url(topic, name))]
     t = snap.topics.get(topic)
     c = t.channels.get(name) if t is not None else None
     if c is None:
@@ -389,15 +556,14 @@ def channel_page(snap: Snapshot, topic: str, name: str, caps: FaultCaps) -> Page
             {"channel-summary": f'<p class="muted">Channel {e(name)} does not exist.</p>'},
             crumbs=crumbs,
         )
-    return Page(
-        f"Channel {topic}/{name}",
-        {
-            "channel-summary": channel_summary(topic, c, caps),
-            "channel-nodes": channel_nodes(c),
-            "clients": clients_table(c, caps),
-        },
-        crumbs=crumbs,
-    )
+    sections = {"channel-summary": channel_summary(topic, c, caps)}
+    if history is not None:
+        sections["channel-charts"] = _charts(
+            "channel", history, [(("channel", topic, name), name)], "", in_flight=True
+        )
+    sections["channel-nodes"] = channel_nodes(c)
+    sections["clients"] = clients_table(c, caps)
+    return Page(f"Channel {topic}/{name}", sections, crumbs=crumbs)
 
 
 def channel_summary(topic: str, c: ChannelTotals, caps: FaultCaps) -> str:
@@ -447,18 +613,18 @@ def channel_summary(topic: str, c: ChannelTotals, caps: FaultCaps) -> str:
 
 
 def channel_nodes(c: ChannelTotals) -> str:
-    rows = "".join(
-        f'<tr data-node="{e(addr)}"><td>{e(addr)}</td>'
+    rows = [
+        f'<tr data-node="{e(addr)}"><td data-k="node">{e(addr)}</td>'
         + "".join(_td(k, int(doc.get(k, 0))) for k, _ in _CHANNEL_COLUMNS)
-        + f"<td>{'paused' if doc.get('paused') else ''}</td></tr>"
+        + f'<td data-k="paused">{"paused" if doc.get("paused") else ""}</td></tr>'
         for addr, doc in c.per_node
+    ]
+    cols = (
+        Col("nsqd"),
+        *(Col(label, num=True) for _, label in _CHANNEL_COLUMNS),
+        Col("Paused"),
     )
-    head = (
-        "<tr><th>nsqd</th>"
-        + "".join(f"<th>{label}</th>" for _, label in _CHANNEL_COLUMNS)
-        + "<th>Paused</th></tr>"
-    )
-    return f"<h2>Per node</h2><table><thead>{head}</thead><tbody>{rows}</tbody></table>"
+    return table(cols, rows, title="Per node")
 
 
 def _flags(client: dict[str, Any]) -> str:
@@ -472,6 +638,21 @@ def _flags(client: dict[str, Any]) -> str:
     return ", ".join(parts) or "none"
 
 
+_CLIENT_COLS = (
+    Col("nsqd"),
+    Col("Address"),
+    Col("Hostname"),
+    Col("User agent"),
+    Col("TLS / compression"),
+    Col("Ready", num=True),
+    Col("In flight", num=True),
+    Col("Finished", num=True),
+    Col("Requeued", num=True),
+    Col("Messages", num=True),
+    Col("Connected"),
+)
+
+
 def clients_table(c: ChannelTotals, caps: FaultCaps = FaultCaps()) -> str:
     rows = []
     for addr, doc in c.per_node:
@@ -479,7 +660,7 @@ def clients_table(c: ChannelTotals, caps: FaultCaps = FaultCaps()) -> str:
             since = float(cl.get("connect_ts", 0))
             rows.append(
                 f'<tr data-client="{e(cl.get("remote_address", ""))}">'
-                f"<td>{e(addr)}</td>"
+                f'<td data-k="node">{e(addr)}</td>'
                 f'<td data-k="remote_address">{e(cl.get("remote_address", ""))}</td>'
                 f'<td data-k="hostname">{e(cl.get("hostname", ""))}</td>'
                 f'<td data-k="user_agent">{e(cl.get("user_agent", ""))}</td>'
@@ -493,15 +674,8 @@ def clients_table(c: ChannelTotals, caps: FaultCaps = FaultCaps()) -> str:
                 + (f"<td>{_client_controls(addr, cl)}</td>" if caps.partition else "")
                 + "</tr>"
             )
-    head = (
-        "<tr><th>nsqd</th><th>Address</th><th>Hostname</th><th>User agent</th>"
-        "<th>TLS / compression</th><th>Ready</th><th>In flight</th><th>Finished</th>"
-        "<th>Requeued</th><th>Messages</th><th>Connected</th>"
-        + ("<th>Fault</th>" if caps.partition else "")
-        + "</tr>"
-    )
-    body = "".join(rows) or '<tr><td colspan="11" class="muted">no clients</td></tr>'
-    return f"<h2>Clients</h2><table><thead>{head}</thead><tbody>{body}</tbody></table>"
+    cols = _CLIENT_COLS + ((Col("Fault"),) if caps.partition else ())
+    return table(cols, rows, empty="no clients", title="Clients")
 
 
 def _client_controls(node_address: str, client: dict[str, Any]) -> str:
@@ -520,6 +694,52 @@ def _client_controls(node_address: str, client: dict[str, Any]) -> str:
         client=remote,
         node_address=node_address,
     )
+
+
+# -- counter and lookup -----------------------------------------------------------
+
+
+def counter_page(snap: Snapshot) -> Page:
+    """Messages handled by every channel of the cluster, summed (nsqadmin's counter)."""
+    total = sum(c.message_count for t in snap.topics.values() for c in t.channels.values())
+    rate = sum(c.rate for t in snap.topics.values() for c in t.channels.values())
+    counter = (
+        f'<div class="counter"><span class="big" data-k="message_count" data-v="{total}">'
+        f'{_num(total)}</span><span class="muted">messages processed by all channels'
+        f' · <span data-k="rate">{_num(round(rate, 1))}</span>/s</span></div>'
+    )
+    return Page("Counter", {"counter": counter})
+
+
+def lookup_page(snap: Snapshot) -> Page:
+    """What nsqlookupd knows: its topics, and those no nsqd produces (inactive)."""
+    rows = []
+    for lk in snap.lookupds:
+        if not lk.up:
+            continue
+        for name in lk.topics:
+            t = snap.topics.get(name)
+            active = t is not None and not t.lookupd_only
+            rows.append(
+                f'<tr data-topic="{e(name)}"><td>{e(lk.address)}</td>'
+                f'<td><a href="{topic_url(name)}">{e(name)}</a></td>'
+                f'<td data-k="state">{"active" if active else "inactive (no producer)"}</td></tr>'
+            )
+    if not snap.lookupds:
+        listing = '<p class="muted">No nsqlookupd configured.</p>'
+    else:
+        listing = table(
+            (Col("nsqlookupd"), Col("Topic"), Col("State")), rows, empty="no topics registered"
+        )
+    form = (
+        '<form class="create" data-action="topic/create" '
+        'data-confirm="Create topic {topic}?">'
+        "<h2>Create a topic / channel</h2>"
+        '<input name="topic" placeholder="topic" required pattern="[.a-zA-Z0-9_\\-]+(#ephemeral)?">'
+        '<input name="channel" placeholder="channel (optional)">'
+        "<button>Create</button></form>"
+    )
+    return Page("Lookup", {"lookup": listing}, footer=form)
 
 
 # -- faults and timeline --------------------------------------------------------
@@ -559,10 +779,9 @@ def active_faults(active: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return '<h2>Active faults</h2><p class="muted">none</p>'
     heal_all = _button("Heal all", "fault/heal", "Heal every active fault?", fault="all")
-    return (
-        f"<h2>Active faults</h2><table><thead><tr><th>#</th><th>Kind</th><th>Where</th>"
-        f"<th>{heal_all}</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    )
+    return table(
+        (Col("#"), Col("Kind"), Col("Where"), Col("")), rows, title="Active faults"
+    ).replace("<th></th>", f"<th>{heal_all}</th>", 1)
 
 
 def timeline(events: Sequence[Event]) -> str:
@@ -578,10 +797,23 @@ def timeline(events: Sequence[Event]) -> str:
 # -- the shell ------------------------------------------------------------------
 
 
-def render_page(page: Page, *, nav: Sequence[tuple[str, str]], current: str) -> str:
+def render_page(
+    page: Page,
+    *,
+    nav: Sequence[tuple[str, str]],
+    current: str,
+    base: str = "",
+    admin: bool = True,
+) -> str:
+    """The whole page around ``page``'s sections.  Links inside are relative to
+    ``<base href>`` (nsqadmin's --base-path); without admin rights (--admin-user)
+    the action buttons are hidden, as nsqadmin hides them."""
     here = ' class="here"'
+    base_href = (base.rstrip("/") or "") + "/"
+    current_href = base_href.rstrip("/") + (current if current != "/" else "/topics")
     links = "".join(
-        f'<a href="{href}"{here if href == current else ""}>{e(label)}</a>' for label, href in nav
+        f'<a href="{href}"{here if href == current_href else ""}>{e(label)}</a>'
+        for label, href in nav
     )
     crumbs = " / ".join(f'<a href="{href}">{e(label)}</a>' for label, href in page.crumbs)
     sections = "".join(
@@ -590,10 +822,11 @@ def render_page(page: Page, *, nav: Sequence[tuple[str, str]], current: str) -> 
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<base href="{e(base_href)}">
 <title>{e(page.title)} · fakensq admin</title>
-<link rel="stylesheet" href="/static/admin.css">
-<script src="/static/admin.js" defer></script>
-</head><body>
+<link rel="stylesheet" href="static/admin.css">
+<script src="static/admin.js" defer></script>
+</head><body data-admin="{"true" if admin else "false"}">
 <header><span class="brand">fakensq admin</span><nav>{links}</nav>
 <span id="live" class="muted" aria-live="polite">live</span></header>
 <main>

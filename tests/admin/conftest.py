@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from fakensq import Cluster
 from fakensq.admin import Admin
@@ -207,3 +208,50 @@ class RawConsumer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class AsyncRawConsumer:
+    """The same consumer over a Trio stream, for daemons served by the test's own
+    event loop (fakensq in-process) as well as real ones."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self._buffer = b""
+
+    @classmethod
+    async def connect(
+        cls,
+        tcp_address: str,
+        topic: str,
+        channel: str,
+        rdy: int,
+        *,
+        user_agent: str = "admin-test/1.0",
+    ) -> AsyncRawConsumer:
+        host, _, port = tcp_address.rpartition(":")
+        self = cls(await trio.open_tcp_stream(host, int(port)))
+        body = json.dumps(
+            {"client_id": "admin-test", "hostname": "test-host", "user_agent": user_agent}
+        ).encode()
+        await self.stream.send_all(b"  V2IDENTIFY\n" + struct.pack(">l", len(body)) + body)
+        await self._frame()
+        await self.stream.send_all(f"SUB {topic} {channel}\n".encode())
+        await self._frame()
+        await self.stream.send_all(f"RDY {rdy}\n".encode())
+        return self
+
+    async def _frame(self) -> bytes:
+        size = struct.unpack(">l", await self._read(4))[0]
+        return await self._read(size)
+
+    async def _read(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                raise ConnectionError("nsqd closed the connection")
+            self._buffer += chunk
+        data, self._buffer = self._buffer[:n], self._buffer[n:]
+        return data
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

@@ -96,8 +96,8 @@ async def test_an_action_failing_on_a_node_is_reported() -> None:
 def test_admin_command_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert admin_main(["-h"]) == 0
     assert "-lookupd-http-address" in capsys.readouterr().err
-    assert admin_main([]) == 2
-    assert "required" in capsys.readouterr().err
+    assert admin_main([]) == 1  # nsqadmin: FATAL, exit 1
+    assert "--nsqd-http-address or --lookupd-http-address required" in capsys.readouterr().err
     assert admin_main(["--no-such-flag"]) == 2
 
 
@@ -130,6 +130,7 @@ def test_cluster_command_serves_the_admin() -> None:
 
 
 async def test_admin_command_runs_until_signalled() -> None:
+    """As nsqadmin: it logs where it listens on stderr, and leaves on SIGTERM."""
     async with NSQLookupd(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as lookupd:
         proc = await trio.lowlevel.open_process(
             [
@@ -142,20 +143,25 @@ async def test_admin_command_runs_until_signalled() -> None:
                 "--http-address",
                 "127.0.0.1:0",
             ],
-            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
-        assert proc.stdout is not None
+        assert proc.stderr is not None
         with trio.fail_after(20):
-            out = b""
-            while b"\n" not in out:
-                out += await proc.stdout.receive_some(1024)
-            url = out.decode().split()[1]
+            err = b""
+            while b"HTTP: listening on " not in err or not err.endswith(b"\n"):
+                chunk = await proc.stderr.receive_some(1024)
+                assert chunk, err
+                err += chunk
+            address = err.decode().split("HTTP: listening on ")[1].split()[0]
             async with httpx.AsyncClient() as http:
-                page = await http.get(f"{url}/nodes")
+                page = await http.get(f"http://{address}/nodes")
             assert page.status_code == 200
             assert lookupd.http_address in page.text
             proc.terminate()
             assert await proc.wait() == 0
+            while chunk := await proc.stderr.receive_some(1024):
+                err += chunk
+        assert f"HTTP: closing {address}" in err.decode()
 
 
 def test_client_faults(admin_env: AdminEnv) -> None:

@@ -10,9 +10,14 @@
   var live = document.getElementById("live");
   var flash = document.getElementById("flash");
   var busy = false;
+  // Every URL is under <base href> (nsqadmin's --base-path).
+  var baseEl = document.querySelector("base");
+  var base = (baseEl && baseEl.getAttribute("href")) || "/";
 
   function livePath() {
-    return "/api/live" + window.location.pathname;
+    var page = window.location.pathname;
+    page = page.indexOf(base) === 0 ? page.slice(base.length) : page.replace(/^\//, "");
+    return base + "api/live/" + (page || "topics");
   }
 
   function refresh() {
@@ -56,7 +61,7 @@
   function act(args, button) {
     if (button) button.disabled = true;
     show(true, "working: " + args.action + "…");
-    return fetch("/api/action", {
+    return fetch(base + "api/action", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(args),

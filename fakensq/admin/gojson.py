@@ -1,0 +1,346 @@
+"""JSON as nsqadmin's Go code reads and writes it.
+
+nsqadmin decodes request bodies with ``json.NewDecoder(body).Decode(&struct)``
+and answers its errors verbatim (``{"message":"invalid character 'x' looking
+for beginning of value"}``), and encodes answers with ``encoding/json``.  Scripts
+see both, so both are reproduced here:
+
+- :func:`decode_struct` reads the first JSON value of a body as Go's Decoder
+  does (trailing bytes ignored, keys matched case-insensitively, ``null`` and
+  unknown keys ignored) into string fields, raising :class:`GoJSONError` with
+  Go's message for a syntax error (``EOF``, ``unexpected EOF``, ``invalid
+  character ...``) or a type mismatch (``json: cannot unmarshal ...``);
+- :func:`marshal` writes Python values the way ``encoding/json`` writes Go's
+  (``<``, ``>``, ``&`` escaped, floats in Go's shortest form).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+__all__ = ["GoJSONError", "decode_struct", "marshal", "struct_type_name"]
+
+
+class GoJSONError(ValueError):
+    """A body Go's ``json.Decoder`` rejects; ``str()`` is Go's error text."""
+
+
+_SPACE = b" \t\r\n"
+_DIGITS = b"0123456789"
+_HEX = b"0123456789abcdefABCDEF"
+
+
+def _char_at(data: bytes, pos: int) -> bytes:
+    """The UTF-8 character at ``pos`` (one byte when it is not valid UTF-8)."""
+    for size in (1, 2, 3, 4):
+        try:
+            data[pos : pos + size].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return data[pos : pos + size]
+    return data[pos : pos + 1]
+
+
+def _quote_char(char: bytes) -> str:
+    # encoding/json's quoteChar: the character Go-quoted, in single quotes.
+    if char == b"'":
+        return "'\\''"
+    if char == b'"':
+        return "'\"'"
+    from trionsq.protocol.names import go_quote
+
+    return "'" + go_quote(char)[1:-1] + "'"
+
+
+class _Scan:
+    """Finds the end of the first JSON value, with Go's decoder's error texts."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def fail(self, context: str) -> GoJSONError:
+        if self.pos >= len(self.data):
+            return GoJSONError("unexpected EOF")
+        char = _char_at(self.data, self.pos)
+        return GoJSONError(f"invalid character {_quote_char(char)} {context}")
+
+    def peek(self) -> int | None:
+        return self.data[self.pos] if self.pos < len(self.data) else None
+
+    def skip_space(self) -> None:
+        while self.pos < len(self.data) and self.data[self.pos] in _SPACE:
+            self.pos += 1
+
+    def value(self, context: str = "looking for beginning of value") -> None:
+        self.skip_space()
+        c = self.peek()
+        if c == ord("{"):
+            self.pos += 1
+            self.obj()
+        elif c == ord("["):
+            self.pos += 1
+            self.array()
+        elif c == ord('"'):
+            self.pos += 1
+            self.string()
+        elif c is not None and (c == ord("-") or c in _DIGITS):
+            self.number()
+        elif c in (ord("t"), ord("f"), ord("n")):
+            word = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}[c]
+            self.pos += 1
+            for expected in word[1:]:
+                if self.peek() != expected:
+                    want = _quote_char(bytes([expected]))
+                    raise self.fail(f"in literal {word.decode()} (expecting {want})")
+                self.pos += 1
+        else:
+            raise self.fail(context)
+
+    def obj(self) -> None:
+        self.skip_space()
+        if self.peek() == ord("}"):
+            self.pos += 1
+            return
+        while True:
+            self.skip_space()
+            if self.peek() != ord('"'):
+                raise self.fail("looking for beginning of object key string")
+            self.pos += 1
+            self.string()
+            self.skip_space()
+            if self.peek() != ord(":"):
+                raise self.fail("after object key")
+            self.pos += 1
+            self.value()
+            self.skip_space()
+            c = self.peek()
+            if c == ord(","):
+                self.pos += 1
+                continue
+            if c == ord("}"):
+                self.pos += 1
+                return
+            raise self.fail("after object key:value pair")
+
+    def array(self) -> None:
+        self.skip_space()
+        if self.peek() == ord("]"):
+            self.pos += 1
+            return
+        while True:
+            self.value()
+            self.skip_space()
+            c = self.peek()
+            if c == ord(","):
+                self.pos += 1
+                continue
+            if c == ord("]"):
+                self.pos += 1
+                return
+            raise self.fail("after array element")
+
+    def string(self) -> None:
+        while True:
+            c = self.peek()
+            if c is None:
+                raise self.fail("in string")
+            if c == ord('"'):
+                self.pos += 1
+                return
+            if c < 0x20:
+                raise self.fail("in string")
+            self.pos += 1
+            if c == ord("\\"):
+                e = self.peek()
+                if e is None:
+                    raise self.fail("in string")
+                if e in b'"\\/bfnrt':
+                    self.pos += 1
+                elif e == ord("u"):
+                    digits = self.data[self.pos + 1 : self.pos + 5]
+                    bad = [i for i, h in enumerate(digits) if h not in _HEX]
+                    if bad:
+                        shown = _char_sequence(digits)
+                        raise GoJSONError(f"invalid escape sequence `\\u{shown}` in string")
+                    if len(digits) < 4:
+                        self.pos = len(self.data)
+                        raise self.fail("in string")
+                    self.pos += 5
+                else:
+                    shown = _char_at(self.data, self.pos).decode("utf-8", "replace")
+                    raise GoJSONError(f"invalid escape sequence `\\{shown}` in string")
+
+    def digits(self) -> int:
+        start = self.pos
+        while self.peek() is not None and self.peek() in _DIGITS:  # type: ignore[operator]
+            self.pos += 1
+        return self.pos - start
+
+    def number(self) -> None:
+        # At a top-level number's end Go needs one more byte (or EOF) to know it
+        # ended; either way the value is complete, so nothing more is checked.
+        if self.peek() == ord("-"):
+            self.pos += 1
+            c = self.peek()
+            if c is None or c not in _DIGITS:
+                raise self.fail("in numeric literal")
+        if self.peek() == ord("0"):
+            self.pos += 1
+        else:
+            self.digits()
+        if self.peek() == ord("."):
+            self.pos += 1
+            if self.digits() == 0:
+                raise self.fail("in numeric literal")
+        if self.peek() in (ord("e"), ord("E")):
+            self.pos += 1
+            if self.peek() in (ord("+"), ord("-")):
+                self.pos += 1
+            if self.digits() == 0:
+                raise self.fail("in numeric literal")
+
+
+def _char_sequence(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, _Object):
+        return "object"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def struct_type_name(fields: Sequence[str]) -> str:
+    """Go's name of ``struct { Action string `json:"action"` }``-like types."""
+    parts = [f'{f.capitalize()} string "json:\\"{f}\\""' for f in fields]
+    return "struct { " + "; ".join(parts) + " }"
+
+
+def decode_struct(body: bytes, fields: Sequence[str]) -> dict[str, str]:
+    """``json.NewDecoder(body).Decode(&v)`` into a struct of string ``fields``
+    (lower-case JSON names); the fields' values, "" where not given."""
+    scan = _Scan(body)
+    scan.skip_space()
+    if scan.peek() is None:
+        raise GoJSONError("EOF")
+    scan.value()
+    text = body[: scan.pos].decode("utf-8", "replace")
+    doc = json.loads(text, object_pairs_hook=_Object)
+    result = dict.fromkeys(fields, "")
+    if doc is None:
+        return result
+    if not isinstance(doc, _Object):
+        raise GoJSONError(
+            f"json: cannot unmarshal {_kind(doc)} into Go value of type {struct_type_name(fields)}"
+        )
+    first_error = ""
+    # Keys in order, as Go assigns them (the last of duplicate keys wins); an
+    # exact field name first, else a case-insensitive match.
+    for key, value in doc:
+        name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), "")
+        if not name or value is None:
+            continue
+        if isinstance(value, str):
+            result[name] = value
+        elif not first_error:  # Go keeps decoding and reports the first mismatch
+            first_error = (
+                f"json: cannot unmarshal {_kind(value)} into Go struct field .{name} of type string"
+            )
+    if first_error:
+        raise GoJSONError(first_error)
+    return result
+
+
+class _Object(list[tuple[str, Any]]):
+    """A JSON object as its (key, value) pairs, in order, duplicates kept."""
+
+
+# -- encoding -------------------------------------------------------------------
+
+
+def _go_float(value: float) -> str:
+    # encoding/json's floatEncoder: 'f' form unless the exponent is extreme,
+    # shortest digits, and "e-07" trimmed to "e-7".
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"json: unsupported value: {value}")
+    if value == 0:
+        return "-0" if str(value).startswith("-") else "0"
+    magnitude = abs(value)
+    if 1e-6 <= magnitude < 1e21:
+        text = format(Decimal(repr(value)), "f")
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        return text
+    text = repr(value)
+    mantissa, _, exponent = text.partition("e")
+    if mantissa.endswith(".0"):
+        mantissa = mantissa[:-2]
+    sign = exponent[0]
+    digits = exponent[1:].lstrip("0") or "0"
+    if len(digits) < 2 and sign == "+":
+        digits = digits.rjust(2, "0")
+    return f"{mantissa}e{sign}{digits}"
+
+
+def _go_string(value: str) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def marshal(value: Any) -> bytes:
+    """``json.Marshal`` of the Go value ``value`` stands for (dicts keep their
+    order: Go structs' field order, or sorted keys for Go maps)."""
+    out: list[str] = []
+    _encode(value, out)
+    return "".join(out).encode()
+
+
+def _encode(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(_go_float(value))
+    elif isinstance(value, str):
+        out.append(_go_string(value))
+    elif isinstance(value, dict):
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            if i:
+                out.append(",")
+            out.append(_go_string(str(k)))
+            out.append(":")
+            _encode(v, out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, v in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(v, out)
+        out.append("]")
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__}")
