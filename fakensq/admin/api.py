@@ -28,20 +28,21 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote_plus, unquote_plus, urlencode
+from urllib.parse import quote_plus, urlencode
 
 import httpx
 import trio
 
-from trionsq.protocol.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
+from ..gojson import dumps as marshal
 from ..httpserver import Request, Response
 from .clusterinfo import ClusterInfo, ErrList, Failure, Producer, TopicStats, UpstreamError
-from .gojson import GoJSONError, decode_struct, marshal
+from .jsonbody import GoJSONError, decode_struct
 from .options import LOG_LEVELS, AdminOptions
 
 if TYPE_CHECKING:
-    from .routing import Router
+    from ..router import Router
 
 __all__ = ["NSQAdminAPI", "respond_v1", "v1_error"]
 
@@ -97,27 +98,6 @@ def _check(err: Exception | None, messages: list[str], what: str) -> None:
     raise HTTPError(502, f"UPSTREAM_ERROR: {err}")
 
 
-def parse_query(raw: str) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``, with its errors (``invalid semicolon separator
-    in query``, ``invalid URL escape "%zz"``)."""
-    values: dict[str, list[str]] = {}
-    for part in raw.split("&"):
-        if not part:
-            continue
-        if ";" in part:
-            raise ValueError("invalid semicolon separator in query")
-        key, _, value = part.partition("=")
-        for text in (key, value):
-            i = text.find("%")
-            while i >= 0:
-                chunk = text[i : i + 3]
-                if len(chunk) < 3 or not all(c in "0123456789abcdefABCDEF" for c in chunk[1:]):
-                    raise ValueError(f"invalid URL escape {go_quote(chunk)}")
-                i = text.find("%", i + 3)
-        values.setdefault(unquote_plus(key), []).append(unquote_plus(value))
-    return values
-
-
 class NSQAdminAPI:
     """The handlers of nsqadmin's API over ``options`` (which ``PUT /config`` changes)."""
 
@@ -144,10 +124,12 @@ class NSQAdminAPI:
     def routes(self, router: Router, bp: Callable[[str], str]) -> None:
         """Register nsqadmin's API routes on ``router`` under the base path ``bp``."""
 
-        def wrap(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Response]]:
-            async def run(request: Request, params: dict[str, str]) -> Response:
+        def wrap(
+            handler: Callable[..., Awaitable[Any]],
+        ) -> Callable[[Request], Awaitable[Response]]:
+            async def run(request: Request) -> Response:
                 try:
-                    return respond_v1(await handler(request, **params))
+                    return respond_v1(await handler(request, **request.params))
                 except HTTPError as exc:
                     return v1_error(exc.status, exc.text)
 
@@ -248,10 +230,9 @@ class NSQAdminAPI:
 
     async def topics(self, request: Request) -> Any:
         messages: list[str] = []
-        try:
-            params = parse_query(request.raw_query)
-        except ValueError as exc:
-            raise HTTPError(400, str(exc)) from None
+        if request.query_error:  # http_api.NewReqParams: url.ParseQuery's error
+            raise HTTPError(400, request.query_error)
+        params = request.query
         if self.lookupds:
             topics, err = await self.ci.lookupd_topics(self.lookupds)
         else:
@@ -469,10 +450,9 @@ class NSQAdminAPI:
     # -- graphite and /config -----------------------------------------------------------
 
     async def graphite(self, request: Request) -> Any:
-        try:
-            params = parse_query(request.raw_query)
-        except ValueError:
-            raise HTTPError(400, "INVALID_REQUEST") from None
+        if request.query_error:
+            raise HTTPError(400, "INVALID_REQUEST")
+        params = request.query
         if (params.get("metric") or [""])[0] != "rate":
             raise HTTPError(400, "INVALID_ARG_METRIC")
         if "target" not in params:
@@ -502,7 +482,7 @@ class NSQAdminAPI:
             return {"rate": "N/A"}
         return {"rate": f"{rate / max(1, interval):.2f}"}
 
-    async def proxy_graphite(self, request: Request, params: dict[str, str]) -> Response:
+    async def proxy_graphite(self, request: Request) -> Response:
         """``--proxy-graphite``: ``/render`` forwarded to --graphite-url."""
         base = self.options.graphite_url.rstrip("/")
         query = request.raw_query
@@ -575,4 +555,4 @@ def _basic_auth_user(request: Request) -> str:
     return user if sep else ""
 
 
-__all__ += ["HTTPError", "parse_query", "Producer", "UpstreamError"]
+__all__ += ["HTTPError", "Producer", "UpstreamError"]

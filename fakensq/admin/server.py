@@ -33,13 +33,13 @@ import trio
 
 from ..flags import format_go_duration
 from ..httpserver import HTTPServer, Request, Response
+from ..router import Router
 from . import views
 from .api import NSQAdminAPI, respond_v1, v1_error
 from .data import Reader, Snapshot
-from .gojson import GoJSONError
 from .history import History
+from .jsonbody import GoJSONError
 from .options import AdminOptions, OptionsError, go_file_error, normalize_base_path
-from .routing import Router
 from .timeline import Event, Timeline
 from .views import FaultCaps
 
@@ -304,25 +304,31 @@ class Admin:
         base = self.options.base_path.rstrip("/")
         return (base + path) if path != "/" else (base or "/")
 
+    _PAGES = (
+        "/topics",
+        "/topics/:topic",
+        "/topics/:topic/:channel",
+        "/nodes",
+        "/nodes/:node",
+        "/counter",
+        "/lookup",
+        "/timeline",
+    )
+
     def _routes(self, api: NSQAdminAPI) -> Router:
-        router = Router(self._not_found)
+        router = Router(
+            not_found=lambda request: v1_error(404, "NOT_FOUND"),
+            method_not_allowed=lambda request: v1_error(405, "METHOD_NOT_ALLOWED"),
+        )
         bp = self._bp
         router.add("GET", bp("/ping"), self._ping)
-        for page in (
-            "/",
-            "/topics",
-            "/topics/:topic",
-            "/topics/:topic/:channel",
-            "/nodes",
-            "/nodes/:node",
-            "/counter",
-            "/lookup",
-            "/timeline",
-        ):
+        router.add("GET", bp("/"), self._page)
+        for page in self._PAGES:
             router.add("GET", bp(page), self._page)
+            # Each page's JSON twin, which its script polls.
+            router.add("GET", bp("/api/live" + page), self._live)
         router.add("GET", bp("/static/:asset"), self._asset)
         router.add("GET", bp("/fonts/:asset"), self._asset)
-        router.add("GET", bp("/api/live/*page"), self._live)
         router.add("POST", bp("/api/action"), self._action)
         api.routes(router, bp)
         return router
@@ -331,7 +337,7 @@ class Admin:
         """Route one request (logged as nsqadmin logs them)."""
         assert self._router is not None
         started = time.perf_counter()
-        response = _as_go_sends(request, await self._router.route(request))
+        response = _as_go_sends(request, await self._router.handle(request))
         log.info(
             "%d %s %s (%s) %s",
             response.status,
@@ -342,16 +348,11 @@ class Admin:
         )
         return response
 
-    async def _not_found(self, request: Request, params: dict[str, str]) -> Response:
-        if params.get("status") == "405":
-            return v1_error(405, "METHOD_NOT_ALLOWED")
-        return v1_error(404, "NOT_FOUND")
-
-    async def _ping(self, request: Request, params: dict[str, str]) -> Response:
+    async def _ping(self, request: Request) -> Response:
         return Response(200, b"OK")  # Go sniffs its type
 
-    async def _asset(self, request: Request, params: dict[str, str]) -> Response:
-        name = params["asset"]
+    async def _asset(self, request: Request) -> Response:
+        name = request.params["asset"]
         body = _static(name, self.options.dev_static_dir)
         if body is None:
             return Response(404, b"NOT_FOUND")  # PlainText: Go sniffs its type
@@ -365,15 +366,12 @@ class Admin:
 
     def _page_path(self, request: Request) -> str:
         base = self.options.base_path.rstrip("/")
-        path = request.path
-        from urllib.parse import unquote
-
-        path = unquote(path)
+        path = request.path  # already unescaped, as Go's URL.Path
         if base and path.startswith(base):
             path = path[len(base) :]
         return path or "/"
 
-    async def _page(self, request: Request, params: dict[str, str]) -> Response:
+    async def _page(self, request: Request) -> Response:
         path = self._page_path(request)
         build = self._page_builder(path)
         if build is None:
@@ -388,8 +386,8 @@ class Admin:
         )
         return Response(200, html.encode(), [("Content-Type", "text/html; charset=utf-8")])
 
-    async def _live(self, request: Request, params: dict[str, str]) -> Response:
-        path = "/" + params["page"]
+    async def _live(self, request: Request) -> Response:
+        path = self._page_path(request)[len("/api/live") :]
         build = self._page_builder(path)
         if build is None:
             return v1_error(404, "NOT_FOUND")
@@ -407,9 +405,7 @@ class Admin:
         ]
 
     def _page_builder(self, path: str) -> Callable[[Snapshot], views.Page] | None:
-        from urllib.parse import unquote
-
-        parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
+        parts = path.strip("/").split("/") if path.strip("/") else []
         caps = self.caps
         history = self.history
         if parts == [] or parts == ["topics"]:
@@ -437,7 +433,7 @@ class Admin:
     def _on_api_action(self, action: str, what: str) -> None:
         self.timeline.record("action", f"{action.replace('_', ' ')} {what} (API)")
 
-    async def _action(self, request: Request, params: dict[str, str]) -> Response:
+    async def _action(self, request: Request) -> Response:
         import json
 
         try:
@@ -667,8 +663,8 @@ class Admin:
 
 def _as_go_sends(request: Request, response: Response) -> Response:
     """The answer as nsqadmin's server sends it: compressed when the client takes
-    gzip (or deflate); a body whose handler set no Content-Type gets the one Go
-    sniffs, or, when compressed, none at all (Go writes the headers first)."""
+    gzip (or deflate), and then a body whose handler set no Content-Type gets
+    none at all (Go wrote the headers before the compressed body)."""
     typed = any(k.lower() == "content-type" for k, _ in response.headers)
     encoding = ""
     for token in request.headers.get("accept-encoding", "").split(","):

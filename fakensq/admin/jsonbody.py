@@ -1,27 +1,25 @@
-"""JSON as nsqadmin's Go code reads and writes it.
+"""Request bodies as nsqadmin's Go code reads them.
 
 nsqadmin decodes request bodies with ``json.NewDecoder(body).Decode(&struct)``
 and answers its errors verbatim (``{"message":"invalid character 'x' looking
-for beginning of value"}``), and encodes answers with ``encoding/json``.  Scripts
-see both, so both are reproduced here:
-
-- :func:`decode_struct` reads the first JSON value of a body as Go's Decoder
-  does (trailing bytes ignored, keys matched case-insensitively, ``null`` and
-  unknown keys ignored) into string fields, raising :class:`GoJSONError` with
-  Go's message for a syntax error (``EOF``, ``unexpected EOF``, ``invalid
-  character ...``) or a type mismatch (``json: cannot unmarshal ...``);
-- :func:`marshal` writes Python values the way ``encoding/json`` writes Go's
-  (``<``, ``>``, ``&`` escaped, floats in Go's shortest form).
+for beginning of value"}``), so scripts see Go's texts.  :func:`decode_struct`
+reads the first JSON value of a body as Go's Decoder does (trailing bytes
+ignored, keys matched case-insensitively, ``null`` and unknown keys ignored)
+into string fields, raising :class:`GoJSONError` with the message of the Go
+that built nsqadmin v1.3.0 for a syntax error (``EOF``, ``unexpected EOF``,
+``invalid character 'x' looking for beginning of value``, ``invalid escape
+sequence `\\x` in string``) or a type mismatch (``json: cannot unmarshal
+number into Go struct field .action of type string``).  (Answers are written
+with :mod:`fakensq.gojson`.)
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
-__all__ = ["GoJSONError", "decode_struct", "marshal", "struct_type_name"]
+__all__ = ["GoJSONError", "decode_struct", "struct_type_name"]
 
 
 class GoJSONError(ValueError):
@@ -265,82 +263,3 @@ def decode_struct(body: bytes, fields: Sequence[str]) -> dict[str, str]:
 
 class _Object(list[tuple[str, Any]]):
     """A JSON object as its (key, value) pairs, in order, duplicates kept."""
-
-
-# -- encoding -------------------------------------------------------------------
-
-
-def _go_float(value: float) -> str:
-    # encoding/json's floatEncoder: 'f' form unless the exponent is extreme,
-    # shortest digits, and "e-07" trimmed to "e-7".
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"json: unsupported value: {value}")
-    if value == 0:
-        return "-0" if str(value).startswith("-") else "0"
-    magnitude = abs(value)
-    if 1e-6 <= magnitude < 1e21:
-        text = format(Decimal(repr(value)), "f")
-        if "." in text:
-            text = text.rstrip("0").rstrip(".")
-        return text
-    text = repr(value)
-    mantissa, _, exponent = text.partition("e")
-    if mantissa.endswith(".0"):
-        mantissa = mantissa[:-2]
-    sign = exponent[0]
-    digits = exponent[1:].lstrip("0") or "0"
-    if len(digits) < 2 and sign == "+":
-        digits = digits.rjust(2, "0")
-    return f"{mantissa}e{sign}{digits}"
-
-
-def _go_string(value: str) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
-
-
-def marshal(value: Any) -> bytes:
-    """``json.Marshal`` of the Go value ``value`` stands for (dicts keep their
-    order: Go structs' field order, or sorted keys for Go maps)."""
-    out: list[str] = []
-    _encode(value, out)
-    return "".join(out).encode()
-
-
-def _encode(value: Any, out: list[str]) -> None:
-    if value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif isinstance(value, int):
-        out.append(str(value))
-    elif isinstance(value, float):
-        out.append(_go_float(value))
-    elif isinstance(value, str):
-        out.append(_go_string(value))
-    elif isinstance(value, dict):
-        out.append("{")
-        for i, (k, v) in enumerate(value.items()):
-            if i:
-                out.append(",")
-            out.append(_go_string(str(k)))
-            out.append(":")
-            _encode(v, out)
-        out.append("}")
-    elif isinstance(value, list | tuple):
-        out.append("[")
-        for i, v in enumerate(value):
-            if i:
-                out.append(",")
-            _encode(v, out)
-        out.append("]")
-    else:
-        raise TypeError(f"cannot encode {type(value).__name__}")
