@@ -68,6 +68,8 @@ def publish(http_address: str, topic: str, bodies: list[bytes]) -> None:
 
 
 def create_channel(http_address: str, topic: str, channel: str) -> None:
+    # nsqd answers 404 TOPIC_NOT_FOUND to a channel of a topic it does not have.
+    httpx.post(f"http://{http_address}/topic/create", params={"topic": topic}).raise_for_status()
     httpx.post(
         f"http://{http_address}/channel/create", params={"topic": topic, "channel": channel}
     ).raise_for_status()

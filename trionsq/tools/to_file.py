@@ -217,6 +217,8 @@ class FileLogger:
         self._size_limit = opts.rotate_size if opts.rotate_size > 0 else math.inf
         #: called with each file's final path once it is closed (and moved)
         self.on_closed: Callable[[Path], None] | None = None
+        #: called after each sync
+        self.on_synced: Callable[[], None] | None = None
 
     def current_filename(self) -> str:
         # Asked for every message: strftime once a second is enough (its
@@ -277,7 +279,7 @@ class FileLogger:
         self.path = path
         self.written = 0
         self._check_at = 0.0
-        self._gzip = self._new_gzip() if self.opts.gzip else None
+        self._gzip = None  # opened by the first write
 
     def _new_gzip(self) -> gzip.GzipFile:
         assert self._raw is not None
@@ -306,7 +308,9 @@ class FileLogger:
         self._buffer.append(b"")  # the last newline
         data = b"\n".join(self._buffer)
         self._buffer.clear()
-        if self._gzip is not None:
+        if self.opts.gzip:
+            if self._gzip is None:
+                self._gzip = self._new_gzip()
             self._gzip.write(data)
         else:
             assert self._raw is not None
@@ -318,11 +322,15 @@ class FileLogger:
             return
         self._flush_buffer()
         if self._gzip is not None:
-            self._gzip.close()  # a complete member, with its checksum
-            self._gzip = self._new_gzip()
+            # A complete member, with its checksum; the next one starts with
+            # the next write, so a file cut after a sync holds whole members.
+            self._gzip.close()
+            self._gzip = None
         self._raw.flush()
         os.fsync(self._raw.fileno())
         self.syncs += 1
+        if self.on_synced is not None:
+            self.on_synced()
 
     def close(self) -> None:
         """Sync, close, and move the file from the work dir to the output dir."""
@@ -331,6 +339,9 @@ class FileLogger:
         if raw is None or path is None:
             return
         self._flush_buffer()
+        if self.opts.gzip and self._gzip is None and self.written == 0:
+            if not self.opts.skip_empty_files and os.fstat(raw.fileno()).st_size == 0:
+                self._gzip = self._new_gzip()  # an empty file is still valid gzip
         if self._gzip is not None:
             self._gzip.close()
             self._gzip = None
@@ -370,25 +381,16 @@ class FileLogger:
                 self._open_file()
 
 
-#: The client guide's starvation threshold: a connection with this share of its
-#: RDY in flight gets (almost) nothing more until some are finished.
-STARVED_SHARE = 0.85
-
-
 class _Archiver:
     """Writes one topic's messages and finishes them in synced batches.
 
     nsq_to_file's rule: a message is finished only once the file holding it is
     synced, and a batch is synced when it reaches ``--max-in-flight``, on every
-    ``--sync-interval`` tick, and when the consumer is *starved*: the messages
-    held for the next sync are (almost) all nsqd lets the connection have in
-    flight, so waiting longer would bring nothing.  That is the client guide's
-    ``is_starved`` asked of the messages this tool holds, per connection,
-    against the RDY last sent on it; counting instead every message the
-    consumer has received would include those it has not handed out yet, and
-    with a large ``--max-in-flight`` the tool would sync after nearly every
-    message.  When nothing arrives for :data:`IDLE_SYNC` seconds, what is held
-    is synced too (nsq_to_file waits for its next tick).
+    ``--sync-interval`` tick, and when the consumer is starved
+    (:meth:`Consumer.is_starved`: the messages handed out, which are those held
+    here, reach 85% of the RDY last sent on a connection, so nsqd sends nothing
+    more until some are finished).  When nothing arrives for :data:`IDLE_SYNC`
+    seconds, what is held is synced too (nsq_to_file waits for its next tick).
     """
 
     def __init__(
@@ -399,36 +401,15 @@ class _Archiver:
         self.batch = batch
         self.progress = progress
         self.pending: list[Message] = []
-        #: messages held per nsqd, and the count at which that nsqd may be starved
-        self._held: dict[str, int] = {}
-        self._limits: dict[str, float] = {}
         self.received = 0
         self._counted = 0  # of ``received``, in the progress counters
-
-    def _refresh_limits(self) -> None:
-        self._limits = {
-            address: max(1.0, conn.rdy * STARVED_SHARE)
-            for address, conn in self.consumer.stats.connections.items()
-        }
-
-    def starved(self) -> bool:
-        """Whether the messages held are what keeps nsqd from sending more."""
-        self._refresh_limits()
-        return any(self._held.get(a, 0) >= limit for a, limit in self._limits.items())
 
     def add(self, message: Message) -> bool:
         """Write ``message``; returns whether a sync is due now."""
         self.logger.write(message.body)
         self.pending.append(message)
         self.received += 1
-        held = self._held.get(message.address, 0) + 1
-        self._held[message.address] = held
-        if len(self.pending) >= self.batch:
-            return True
-        # The limits change only when RDY does: look again when one is reached.
-        if held >= self._limits.get(message.address, 0.0):
-            return self.starved()
-        return False
+        return len(self.pending) >= self.batch or self.consumer.is_starved()
 
     async def sync_and_finish(self) -> None:
         """Sync the file, then FIN every message it holds.
@@ -446,19 +427,16 @@ class _Archiver:
         except OSError as exc:
             raise ToolError(f"{self.logger.topic}: cannot sync {self.logger.path}: {exc}") from None
         pending, self.pending = self.pending, []
-        self._held.clear()
         with trio.CancelScope(shield=True):
             for message in pending:
                 await message.finish()
         self.progress.add("finished", len(pending))
-        self._refresh_limits()  # RDY may have moved (an nsqd came or went)
 
     async def requeue_pending(self) -> None:
         """Written but not durable: back to nsqd (a duplicate, never a loss)."""
         self.progress.add("written", self.received - self._counted)
         self._counted = self.received
         pending, self.pending = self.pending, []
-        self._held.clear()
         with trio.CancelScope(shield=True):
             for message in pending:
                 await message.requeue(0, backoff=False)
@@ -475,6 +453,7 @@ async def _archive(
 ) -> None:
     logger = FileLogger(files, topic)
     logger.on_closed = lambda path: progress.add("files")
+    logger.on_synced = lambda: progress.add("syncs")
     try:
         async with Consumer(topic, channel, **options) as consumer:
             archiver = _Archiver(consumer, logger, options["max_in_flight"], progress)
@@ -534,7 +513,7 @@ async def run(args: argparse.Namespace, prepared: dict[str, Any]) -> int:
     await check_sources(Config(**options))
     progress = Progress(
         f"to-file {','.join(args.topic)}",
-        ["written", "finished", "files"],
+        ["written", "finished", "files", "syncs"],
         rate_of="written",
         backlog=lambda: progress.counts["written"] - progress.counts["finished"],
         interval=args.status_every,
