@@ -168,7 +168,12 @@ class HTTPServer:
                     conn.start_next_cycle()
                 except h11.LocalProtocolError:
                     return
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            h11.LocalProtocolError,
+            _CloseAfterResponse,
+        ):
             return
         except ssl.SSLError as exc:
             log.debug("TLS error from %s: %s", remote, exc)
@@ -231,11 +236,23 @@ class HTTPServer:
             headers.append(("Connection", "close"))
         # The reason phrase Go's net/http sends ("404 Not Found"): Go clients show it.
         reason = _REASONS.get(response.status, b"")
+        if conn.their_http_version == b"1.0":
+            # Go answers an HTTP/1.0 request in HTTP/1.0, with no Connection
+            # header, and closes; h11 would answer in 1.1 with one.
+            lines = [f"HTTP/1.0 {response.status} {reason.decode()}"]
+            lines += [f"{name}: {value}" for name, value in headers]
+            data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            await stream.send_all(data + (b"" if head else response.body))
+            raise _CloseAfterResponse()
         out = conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
         if not head and response.body:
             out += conn.send(h11.Data(data=response.body))
         out += conn.send(h11.EndOfMessage())
         await stream.send_all(out)
+
+
+class _CloseAfterResponse(Exception):
+    """The response is written; close the connection."""
 
 
 class BadRequest(Exception):

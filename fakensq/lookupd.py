@@ -65,10 +65,12 @@ log = logging.getLogger("fakensq.nsqlookupd")
 
 MAGIC_V1: Final = b"  V1"
 
-# nsqlookupd reads commands with an unbounded bufio.Reader; a bound keeps a
-# misbehaving client from growing our memory forever.
-_MAX_LINE: Final = 64 * 1024
-_MAX_IDENTIFY_BODY: Final = 1024 * 1024
+# nsqlookupd reads commands and IDENTIFY bodies unbounded; bounds keep a
+# misbehaving client from growing our memory forever, far above what any nsqd
+# sends (a longer line closes the connection; a larger body is read, dropped
+# and refused as undecodable).
+_MAX_LINE: Final = 8 * 1024 * 1024
+_MAX_IDENTIFY_BODY: Final = 16 * 1024 * 1024
 _READ_SIZE: Final = 16 * 1024
 # time.Time{}.UnixNano() as Go computes it: /debug shows it for never-tombstoned producers.
 _GO_ZERO_TIME_UNIX_NANO: Final = -6795364578871345152
@@ -281,6 +283,18 @@ class _FatalClientError(Exception):
         self.description = description
 
 
+# Go's unicode.IsSpace (strings.TrimSpace): Python's whitespace but \x1c-\x1f.
+_GO_SPACE: Final = (
+    "\t\n\v\f\r \x85\xa0\u1680"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+    + "\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+class _SilentClose(Exception):
+    """Close the connection without an answer."""
+
+
 class _LineReader:
     """Buffered reads of lines and exact byte counts off a stream."""
 
@@ -307,6 +321,16 @@ class _LineReader:
             start = len(self.buf)
             if len(self.buf) > _MAX_LINE or not await self._fill():
                 return None
+
+    async def discard(self, n: int) -> bool:
+        """Read and drop ``n`` bytes; False at EOF."""
+        while n > 0:
+            if not self.buf and not await self._fill():
+                return False
+            taken = min(n, len(self.buf))
+            del self.buf[:taken]
+            n -= taken
+        return True
 
     async def read_exactly(self, n: int) -> bytes | None:
         while len(self.buf) < n:
@@ -355,12 +379,9 @@ def _decode_peer_json(body: bytes, peer: PeerInfo) -> None:
         if value is None:
             continue
         if kind is int:
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            # Go decodes only an integer literal into an int (4150.0 and 1e3 fail).
+            if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(name)
-            if isinstance(value, float):
-                if not value.is_integer():
-                    raise ValueError(name)
-                value = int(value)
             if not -(1 << 63) <= value < (1 << 63):
                 raise ValueError(name)
         elif not isinstance(value, str):
@@ -612,9 +633,12 @@ class NSQLookupd:
                 raw = await reader.read_line()
                 if raw is None:
                     break
-                params = raw.decode("utf-8", "surrogateescape").strip().split(" ")
+                line = raw.decode("utf-8", "surrogateescape").strip(_GO_SPACE)
+                params = line.split(" ")
                 try:
                     response, peer = await self._exec(params, reader, remote, peer)
+                except _SilentClose:
+                    break
                 except _FatalClientError as err:
                     self._logf(logging.ERROR, f"[{remote}] - {err}")
                     await stream.send_all(
@@ -671,7 +695,15 @@ class NSQLookupd:
         if size_bytes is None:
             raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body size")
         (size,) = struct.unpack(">l", size_bytes)
-        body = await reader.read_exactly(size) if 0 <= size <= _MAX_IDENTIFY_BODY else None
+        if size < 0:
+            # nsqlookupd v1.3.0 panics here (make with a negative length) and
+            # its process dies: the connection closes with no answer.
+            raise _SilentClose()
+        if size > _MAX_IDENTIFY_BODY:
+            if not await reader.discard(size):
+                raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body")
+            raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+        body = await reader.read_exactly(size)
         if body is None:
             raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body")
         new_peer = PeerInfo(id=remote)

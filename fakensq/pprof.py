@@ -51,13 +51,16 @@ _DESCRIPTIONS = {
     "cmdline": "The command line invocation of the current program",
     "goroutine": "Stack traces of all current goroutines. Use debug=2 as a query "
     "parameter to export in the same format as an unrecovered panic.",
+    "goroutineleak": "Stack traces of all leaked goroutines. Use debug=2 as a query "
+    "parameter to export in the same format as an unrecovered panic.",
     "heap": "A sampling of memory allocations of live objects. You can specify the gc "
     "GET parameter to run GC before taking the heap sample.",
     "mutex": "Stack traces of holders of contended mutexes",
     "profile": "CPU profile. You can specify the duration in the seconds GET parameter. "
     "After you get the profile file, use the go tool pprof command to investigate "
     "the profile.",
-    "symbol": "Maps given program counters to function names. Counts returned are always 1.",
+    "symbol": "Maps given program counters to function names. Counters can be specified "
+    "in a GET raw query or POST body, multiple counters are separated by '+'.",
     "threadcreate": "Stack traces that led to the creation of new OS threads",
     "trace": "A trace of execution of the current program. You can specify the duration "
     "in the seconds GET parameter. After you get the trace file, use the go tool "
@@ -278,6 +281,7 @@ def _counts() -> dict[str, int]:
         "block": 0,
         "cmdline": 0,
         "goroutine": len(stacks),
+        "goroutineleak": 0,  # Trio tasks cannot leak unseen: a nursery holds each
         "heap": heap,
         "mutex": 0,
         "profile": 0,
@@ -287,13 +291,18 @@ def _counts() -> dict[str, int]:
     }
 
 
+def _template_escape(text: str) -> str:
+    # html/template's escaping of text: quotes as numeric references.
+    return html.escape(text, quote=False).replace('"', "&#34;").replace("'", "&#39;")
+
+
 async def _index(request: Request) -> Response:
     rows = "".join(
         f"<tr><td>{count}</td><td><a href='{name}?debug=1'>{name}</a></td></tr>\n"
         for name, count in _counts().items()
     )
     descriptions = "".join(
-        f"<li><div class=profile-name>{name}: </div> {html.escape(text)}</li>\n"
+        f"<li><div class=profile-name>{name}: </div> {_template_escape(text)}</li>\n"
         for name, text in _DESCRIPTIONS.items()
     )
     page = (

@@ -23,7 +23,15 @@ from trionsq.transport import parse_address
 
 from .session import READ_TIMEOUT
 
-__all__ = ["HEADERS", "outcome", "raw", "request", "state", "mask_text_stats"]
+__all__ = [
+    "HEADERS",
+    "outcome",
+    "raw",
+    "request",
+    "state",
+    "mask_text_stats",
+    "mask_pprof_index",
+]
 
 #: The response headers a client may act on (the rest, such as Date, vary).
 HEADERS = (
@@ -156,3 +164,11 @@ def mask_text_stats(text: str) -> str:
         line = re.sub(r"^(\s+\[V2 [^ ]*):\d+ ", r"\1:<port> ", line)
         lines.append(line)
     return "\n".join(lines)
+
+
+def mask_pprof_index(body: bytes) -> bytes:
+    """The ``/debug/pprof`` index with its counts (of goroutines, threads...)
+    masked: those are the process's own."""
+    import re
+
+    return re.sub(rb"<tr><td>\d+</td>", b"<tr><td>n</td>", body)
