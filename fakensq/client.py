@@ -51,6 +51,7 @@ from trionsq.protocol.frames import (
 )
 
 from .auth import AuthError, AuthState, query_auth
+from .gotls import cipher_suite_text
 from .options import TLS_NOT_REQUIRED, VERSION
 
 if TYPE_CHECKING:
@@ -356,8 +357,9 @@ class ClientConnection:
     async def _identify(self, body: bytes) -> None:
         opts = self.nsqd.options
         data = _decode_identify(body)
-        self.client_id = data.get("client_id") or data.get("short_id") or ""
-        self.hostname = data.get("hostname") or data.get("long_id") or ""
+        # (v1.3.0 no longer reads the short_id/long_id of older clients)
+        self.client_id = data.get("client_id", "")
+        self.hostname = data.get("hostname", "")
         self.user_agent = data.get("user_agent", "")
         try:
             self._apply_identify(data)
@@ -716,11 +718,12 @@ class ClientConnection:
             except (ssl.SSLError, trio.NeedHandshakeError, ValueError):
                 return info
             if cipher:
-                info["tls_cipher_suite"] = cipher[0]
+                info["tls_cipher_suite"] = cipher_suite_text(cipher[0])
             info["tls_version"] = _TLS_VERSIONS.get(version or "", version or "")
             if alpn:
                 info["tls_negotiated_protocol"] = alpn
-                info["tls_negotiated_protocol_is_mutual"] = True
+            # Go: "NegotiatedProtocolIsMutual is always true" (deprecated field).
+            info["tls_negotiated_protocol_is_mutual"] = True
         return info
 
 
@@ -746,7 +749,7 @@ def _remote_address(stream: trio.abc.Stream) -> str:
 
 # --- IDENTIFY's JSON, decoded as Go's encoding/json fills identifyDataV2 ---
 
-_STR_FIELDS = ("client_id", "hostname", "user_agent", "short_id", "long_id")
+_STR_FIELDS = ("client_id", "hostname", "user_agent")
 _BOOL_FIELDS = ("feature_negotiation", "tls_v1", "snappy", "deflate")
 _INT_FIELDS = {
     "heartbeat_interval": 64,

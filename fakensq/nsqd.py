@@ -31,6 +31,7 @@ from .auth import AuthHandler
 from .channel import Channel
 from .client import ClientConnection
 from .diskqueue import DiskBackedQueue
+from .gotls import prefer_go_cipher_suites
 from .hooks import NodeHooks
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
@@ -293,6 +294,8 @@ class NSQD:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
+        # nsqd is a Go server: it picks the cipher suite in Go's order.
+        prefer_go_cipher_suites(ctx)
         versions = {
             "ssl3.0": ssl.TLSVersion.TLSv1,
             "tls1.0": ssl.TLSVersion.TLSv1,

@@ -182,7 +182,9 @@ class RealDaemon:
                         f"{self.name} exited with {self.process.returncode}: {self.log()[-2000:]}"
                     )
                 try:
-                    if client.get(f"http://{self.http_address}/ping").status_code == 200:
+                    # Any answer will do: with --tls-required=true nsqd answers
+                    # plain HTTP with 403 TLS_REQUIRED.
+                    if client.get(f"http://{self.http_address}/ping").status_code < 500:
                         return
                 except httpx.TransportError:
                     pass

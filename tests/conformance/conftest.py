@@ -103,6 +103,8 @@ class Target:
     fake: Any = None
     #: A folder of this run's own (certificates, files...).
     tmp: Path = Path(".")
+    #: The HTTPS address (nsqd with a TLS certificate), else "".
+    https_address: str = ""
     #: Every session opened on this target, in order.
     sessions: list[Session] = field(default_factory=list)
 
@@ -136,11 +138,17 @@ class Target:
                     await trio.sleep(0.01)  # polling another process's state
 
     async def stats(self, **params: str) -> Any:
-        """``/stats?format=json`` (with ``params``), parsed."""
+        """``/stats?format=json`` (with ``params``), parsed (over HTTPS when nsqd
+        requires TLS for HTTP too)."""
+        query = {"format": "json", **params}
         async with self.http() as http:
-            r = await http.get("/stats", params={"format": "json", **params})
-            r.raise_for_status()
-            return r.json()
+            r = await http.get("/stats", params=query)
+        if r.status_code == 403 and self.https_address and b"TLS_REQUIRED" in r.content:
+            base = f"https://{self.https_address}"
+            async with httpx.AsyncClient(base_url=base, verify=False, timeout=READ_TIMEOUT) as h:
+                r = await h.get("/stats", params=query)
+        r.raise_for_status()
+        return r.json()
 
 
 Scenario = Callable[[Target], Awaitable[Any]]
@@ -319,6 +327,14 @@ class Conformance:
                     )
                     lookupd = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
                 flags = [*flags, f"--lookupd-tcp-address={lookupd.tcp_address}"]
+            https = ""
+            if name == "nsqd" and any(f.lstrip("-").startswith("tls-cert") for f in flags):
+                # With a certificate nsqd also serves HTTPS, by default on the
+                # fixed port 4152: give it a free one.
+                https = f"127.0.0.1:{reference.free_port()}"
+                normalizer.alias(https, "<nsqd:https>")
+                normalizer.alias(int(https.rpartition(":")[2]), "<nsqd:https_port>")
+                flags = [*flags, f"--https-address={https}"]
             if name == "nsqlookupd":
                 if kind == "fakensq":
                     target = await stack.enter_async_context(_fake_lookupd(flags, normalizer))
@@ -335,6 +351,7 @@ class Conformance:
                 target = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
             target.lookupd = lookupd
             target.tmp = tmp
+            target.https_address = https
             target.transcript = Transcript()
             try:
                 with trio.fail_after(SCENARIO_TIMEOUT):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -80,8 +81,10 @@ class Session:
         self.stream: trio.abc.Stream = stream
         self.transcript = transcript
         self.normalizer = normalizer
-        self._parser = FrameParser(max_frame_size=64 * 1024 * 1024)
-        self._frames: list[Frame] = []
+        # Decoded bytes not yet split into frames: frames are taken one at a
+        # time, so that when IDENTIFY switches on compression, the bytes after
+        # its answer are still here to be decoded by the new codec.
+        self._buffer = bytearray()
         self._encoder: Encoder | None = None
         self._decoder: Decoder | None = None
         self.closed = False
@@ -142,14 +145,35 @@ class Session:
         raw = bytes(data)
         if self._decoder is not None:
             raw = self._decoder.decode(raw)
-        self._frames.extend(self._parser.feed(raw))
+        self._buffer += raw
         return True
 
+    def _take_frame(self) -> Frame | None:
+        if len(self._buffer) < 4:
+            return None
+        (size,) = struct.unpack_from(">l", self._buffer)
+        if len(self._buffer) < 4 + size:
+            return None
+        data = bytes(self._buffer[: 4 + size])
+        del self._buffer[: 4 + size]
+        (frame,) = FrameParser(max_frame_size=max(size, 4)).feed(data)
+        return frame
+
     async def _next_frame(self) -> Frame | None:
-        while not self._frames:
+        while True:
+            frame = self._take_frame()
+            if frame is not None:
+                return frame
             if self.closed or not await self._fill():
                 return None
-        return self._frames.pop(0)
+
+    def _switch_codec(self, encoder: Encoder, decoder: Decoder) -> None:
+        # What arrived after the answer to IDENTIFY is already compressed.
+        pending = bytes(self._buffer)
+        self._buffer.clear()
+        self._encoder, self._decoder = encoder, decoder
+        if pending:
+            self._buffer += decoder.decode(pending)
 
     def _record(self, frame: Frame | None) -> Entry:
         entry: Entry
@@ -252,20 +276,17 @@ class Session:
         doc = entry[2]
         if doc.get("tls_v1"):
             assert ssl_context is not None, "the server offers TLS: give ssl_context"
-            assert not self._frames and not self._parser.buffered
+            assert not self._buffer, "nsqd sends nothing before the TLS handshake"
             tls = trio.SSLStream(self.stream, ssl_context, server_hostname="127.0.0.1")
             with trio.fail_after(READ_TIMEOUT):
                 await tls.do_handshake()
             self.stream = tls
             await self.read(1)
         if doc.get("snappy"):
-            assert not self._frames and not self._parser.buffered
-            self._encoder, self._decoder = SnappyEncoder(), SnappyDecoder()
+            self._switch_codec(SnappyEncoder(), SnappyDecoder())
             await self.read(1)
         elif doc.get("deflate"):
-            assert not self._frames and not self._parser.buffered
-            self._encoder = DeflateEncoder(doc["deflate_level"])
-            self._decoder = DeflateDecoder()
+            self._switch_codec(DeflateEncoder(doc["deflate_level"]), DeflateDecoder())
             await self.read(1)
         return entry
 
