@@ -1,0 +1,258 @@
+"""An nsqd for the front ends' end-to-end tests: fakensq's, and the real v1.3.0.
+
+``daemon`` is parametrized over both (the real one skips with a reason where
+its binaries are absent).  Either can be killed (SIGKILL for the real one,
+:meth:`fakensq.Cluster.kill_nsqd` for fakensq) and started again on the same
+ports; ``stats`` reads its ``/stats`` JSON.  Options use fakensq's names
+(seconds for times) and are translated into the real daemon's flags.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import pytest
+import trustme
+
+from fakensq.cluster import Cluster
+from fakensq.threaded import BackgroundNode
+from tests import reference
+from trionsq import BackoffPolicy
+
+#: Reconnect quickly after a restart (the default waits seconds).
+FAST_RECONNECT = BackoffPolicy(base=0.05, max=0.2, multiplier=2.0, jitter=0.0)
+
+
+class Daemon(Protocol):
+    kind: str
+    tcp_address: str
+    http_address: str
+
+    def kill(self) -> None: ...
+
+    def start(self) -> None: ...
+
+
+class FakeDaemon:
+    kind = "fakensq"
+
+    def __init__(self, root: Path, options: dict[str, Any]) -> None:
+        self._node: BackgroundNode[Cluster] = BackgroundNode(
+            lambda: Cluster(nsqd=1, lookupd=0, nsqd_options=options, data_root=str(root)),
+            name="fakensq-cluster",
+        )
+        cluster = self._node.start()
+        self.cluster = cluster
+        self.tcp_address = cluster.nsqd_tcp_addresses[0]
+        self.http_address = cluster.nsqd_http_addresses[0]
+
+    def kill(self) -> None:
+        self._node.call(self.cluster.kill_nsqd, 0)
+
+    def start(self) -> None:
+        self._node.call(self.cluster.start_nsqd, 0)
+
+    def close(self) -> None:
+        self._node.stop()
+
+
+def _flags(options: dict[str, Any]) -> list[str]:
+    flags = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "auth_http_addresses":
+            flags += [f"--auth-http-address={address}" for address in value]
+        elif name in ("msg_timeout", "max_req_timeout"):
+            flags.append(f"{flag}={int(value * 1000)}ms")
+        else:
+            flags.append(f"{flag}={value}")
+    return flags
+
+
+class RealDaemon:
+    kind = "nsqd"
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._daemon = reference.RealDaemon("nsqd", _flags(options))
+        self._daemon.start()
+        self.tcp_address = self._daemon.tcp_address
+        self.http_address = self._daemon.http_address
+
+    def kill(self) -> None:
+        self._daemon.kill()
+
+    def start(self) -> None:
+        self._daemon.start()
+
+    def close(self) -> None:
+        self._daemon.close()
+
+
+@dataclass
+class Nsqds:
+    """Starts daemons of one kind; all are closed after the test."""
+
+    kind: str
+    root: Path
+    started: list[FakeDaemon | RealDaemon] = field(default_factory=list)
+
+    def __call__(self, **options: Any) -> Daemon:
+        daemon: FakeDaemon | RealDaemon
+        if self.kind == "fakensq":
+            root = self.root / f"fake-{len(self.started)}"
+            root.mkdir()
+            daemon = FakeDaemon(root, options)
+        else:
+            daemon = RealDaemon(options)
+        self.started.append(daemon)
+        return daemon
+
+
+@pytest.fixture(params=["fakensq", "nsqd"])
+def nsqds(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Nsqds]:
+    """``nsqds(**options)`` starts an nsqd of the parametrized kind."""
+    if request.param == "nsqd":
+        reference.require("nsqd")
+    factory = Nsqds(request.param, tmp_path)
+    try:
+        yield factory
+    finally:
+        for daemon in reversed(factory.started):
+            daemon.close()
+
+
+@pytest.fixture
+def daemon(nsqds: Nsqds) -> Daemon:
+    """One nsqd with default options, fakensq's or the real one."""
+    return nsqds()
+
+
+def stats(daemon: Daemon, topic: str, channel: str | None = None) -> dict[str, Any]:
+    """The topic's (or channel's) entry of nsqd's /stats JSON ({} if absent)."""
+    response = httpx.get(f"http://{daemon.http_address}/stats?format=json&topic={topic}")
+    response.raise_for_status()
+    for entry in response.json().get("topics") or []:
+        if entry["topic_name"] != topic:
+            continue
+        if channel is None:
+            return dict(entry)
+        for chan in entry.get("channels") or []:
+            if chan["channel_name"] == channel:
+                return dict(chan)
+    return {}
+
+
+def wait_until(predicate: Callable[[], bool], limit: float = 20.0) -> None:
+    """Poll a condition spread over client and server (real sockets, no virtual time)."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {limit} s")
+        time.sleep(0.005)
+
+
+@dataclass
+class Tls:
+    """A CA, nsqd's certificate files, and a client context trusting the CA."""
+
+    cert: str
+    key: str
+    client: ssl.SSLContext
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key = directory / "server.pem", directory / "server.key"
+    server.private_key_pem.write_to_path(str(key))
+    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return Tls(str(cert), str(key), client)
+
+
+class AuthServer:
+    """nsqd's auth server (``--auth-http-address``): grants everything to one secret."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+        self.seen: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                query = httpx.URL(self.path).params
+                outer.seen.append(query.get("secret", ""))
+                if query.get("secret") != outer.secret:
+                    self.send_response(403)
+                    self.end_headers()
+                    return
+                body = json.dumps(
+                    {
+                        "ttl": 3600,
+                        "identity": "tester",
+                        "authorizations": [
+                            {
+                                "topic": ".*",
+                                "channels": [".*"],
+                                "permissions": ["subscribe", "publish"],
+                            }
+                        ],
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def auth_server() -> Iterator[AuthServer]:
+    server = AuthServer("open-sesame")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def no_threads_left() -> Iterator[None]:
+    """Fails the test if it leaves a thread behind (the daemons' are allowed)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        left = [
+            t
+            for t in set(threading.enumerate()) - before
+            if t.is_alive() and not t.name.startswith(("fakensq", "Thread-"))
+        ]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert not left, f"threads left behind: {left}"

@@ -1,0 +1,341 @@
+"""trionsq.blocking end to end, on fakensq and on the real nsqd v1.3.0."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+import trionsq
+from trionsq import blocking
+
+from .conftest import FAST_RECONNECT, AuthServer, Daemon, Nsqds, Tls, stats, wait_until
+
+pytestmark = pytest.mark.usefixtures("no_threads_left")
+
+
+def consume(
+    daemon: Daemon, count: int, topic: str = "topic", **options: Any
+) -> list[blocking.Message]:
+    """Iterate until ``count`` messages came, finishing each."""
+    got: list[blocking.Message] = []
+    options.setdefault("max_in_flight", 16)
+    with blocking.Consumer(topic, "chan", nsqd_tcp_addresses=[daemon.tcp_address], **options) as c:
+        if count == 0:
+            return got
+        for message in c:
+            message.finish()
+            got.append(message)
+            if len(got) == count:
+                break
+    return got
+
+
+def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.publish("topic", b"one")
+        producer.multi_publish("topic", [b"two", b"three"])
+        producer.deferred_publish("topic", b"later", 0.2)
+        # Many threads share the producer's pipelined window...
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: producer.publish("topic", b"t%d" % i), range(40)))
+        # ...and one thread can keep many publishes in flight.
+        futures = [producer.publish_async("topic", b"f%d" % i) for i in range(40)]
+        assert [f.result(10) for f in futures] == [None] * 40
+        assert producer.flush(10)
+        assert producer.stats.published == 84 and producer.stats.in_flight == 0
+    expected = {b"one", b"two", b"three", b"later"}
+    expected |= {b"t%d" % i for i in range(40)} | {b"f%d" % i for i in range(40)}
+    got = consume(daemon, len(expected))
+    assert sorted(m.body for m in got) == sorted(expected)
+    assert all(m.attempts == 1 and len(m.id) == 16 and m.has_responded for m in got)
+    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    assert stats(daemon, "topic", "chan")["depth"] == 0
+
+
+def test_a_handler_on_a_pool_of_threads(daemon: Daemon) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.multi_publish("topic", [b"%d" % i for i in range(60)])
+    seen: list[bytes] = []
+    threads: set[str] = set()
+    lock = threading.Lock()
+    running = 0
+    most = 0
+
+    def handler(message: blocking.Message) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            threads.add(threading.current_thread().name)
+        time.sleep(0.005)  # blocking work, in a thread of the pool
+        with lock:
+            running -= 1
+            seen.append(message.body)
+            if len(seen) == 60:
+                consumer.stop()
+
+    consumer = blocking.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], handler=handler, concurrency=4
+    )
+    with consumer:
+        assert consumer.config.max_in_flight == 4  # follows concurrency
+        assert consumer.run(timeout=20)
+    assert sorted(seen) == sorted(b"%d" % i for i in range(60))
+    assert 1 < most <= 4 and len(threads) <= 4
+    assert consumer.stats.finished == 60
+    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+
+
+def test_requeue_touch_and_give_up(daemon: Daemon) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.publish("topic", b"again")
+        producer.publish("topic", b"poison")
+    given_up: list[tuple[bytes, int, str]] = []
+    bodies: list[tuple[bytes, int]] = []
+
+    def give_up(message: blocking.Message) -> None:
+        given_up.append((message.body, message.attempts, threading.current_thread().name))
+
+    with blocking.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=[daemon.tcp_address],
+        max_in_flight=2,
+        max_attempts=2,
+        backoff=False,
+        give_up=give_up,
+    ) as consumer:
+        for message in consumer:
+            bodies.append((message.body, message.attempts))
+            if message.body == b"again" and message.attempts == 1:
+                message.touch()
+                message.requeue(0)
+                message.finish()  # the first answer wins
+                assert message.responded == "requeued"
+            elif message.body == b"poison":
+                message.requeue(0)
+            else:
+                message.finish()
+            if (b"again", 2) in bodies and (b"poison", 2) in bodies:
+                break
+        wait_until(lambda: bool(given_up))  # the third delivery goes to give_up
+    assert (b"again", 1) in bodies and (b"again", 2) in bodies
+    assert [(b, a) for b, a, _ in given_up] == [(b"poison", 3)]
+    assert given_up[0][2].endswith("-helper")  # not on the loop's thread
+    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+
+
+def test_a_failing_handler_requeues_with_backoff(daemon: Daemon) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.publish("topic", b"fails once")
+    attempts: list[int] = []
+    states: list[str] = []
+
+    def handler(message: blocking.Message) -> None:
+        attempts.append(message.attempts)
+        if message.attempts == 1:
+            raise RuntimeError("not yet")
+        consumer.stop()
+
+    consumer = blocking.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=[daemon.tcp_address],
+        handler=handler,
+        backoff=trionsq.BackoffPolicy(base=0.1, max=0.2, jitter=0.0),
+        default_requeue_delay=0.05,
+    )
+    with consumer:
+        wait_until(lambda: consumer.stats.requeued == 1)
+        states.append(consumer.stats.backoff_state)
+        assert consumer.run(timeout=20)
+    assert attempts == [1, 2]
+    assert states[0] != trionsq.BackoffState.NORMAL.value
+    assert consumer.stats.finished == 1
+
+
+def test_leaving_the_loop_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.multi_publish("topic", [b"%d" % i for i in range(30)])
+    first: list[bytes] = []
+    with blocking.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=10
+    ) as consumer:
+        for message in consumer:
+            first.append(message.body)
+            if len(first) == 3:
+                unfinished = message  # handed out, never settled
+                break
+            message.finish()
+        wait_until(lambda: consumer.stats.received >= 10)
+        started = time.monotonic()
+    took = time.monotonic() - started
+    assert took < 2.0, f"leaving took {took:.2f} s"
+    assert unfinished.responded == "requeued"
+    # Nothing of it is in flight at nsqd; every message is there for the next consumer.
+    channel = stats(daemon, "topic", "chan")
+    assert channel["in_flight_count"] == 0 and channel["timeout_count"] == 0
+    rest = consume(daemon, 28)
+    assert sorted([*first[:2], *(m.body for m in rest)]) == sorted(b"%d" % i for i in range(30))
+
+
+def test_a_stuck_handler_gets_close_timeout_then_its_message_is_requeued(daemon: Daemon) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.multi_publish("topic", [b"stuck", b"quick"])
+    release = threading.Event()
+    started = threading.Event()
+    handled: list[bytes] = []
+
+    def handler(message: blocking.Message) -> None:
+        if message.body == b"stuck":
+            started.set()
+            release.wait(20)
+        handled.append(message.body)
+
+    consumer = blocking.Consumer(
+        "topic",
+        "chan",
+        nsqd_tcp_addresses=[daemon.tcp_address],
+        handler=handler,
+        concurrency=2,
+        close_timeout=0.3,
+    )
+    with consumer:
+        assert started.wait(10)
+        wait_until(lambda: b"quick" in handled)
+        begin = time.monotonic()
+        threading.Timer(1.0, release.set).start()  # lets the thread end after the close
+    took = time.monotonic() - begin
+    assert 0.25 < took < 3.0, f"leaving took {took:.2f} s"
+    assert consumer.stats.finished == 1
+    got = consume(daemon, 1)
+    assert [(m.body, m.attempts) for m in got] == [(b"stuck", 2)]
+
+
+def test_ctrl_c_in_the_main_thread_closes_promptly_and_requeues(daemon: Daemon) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.multi_publish("topic", [b"a", b"b", b"c"])
+    held: list[blocking.Message] = []
+
+    def interrupt() -> None:
+        wait_until(lambda: len(held) >= 2)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    helper = threading.Thread(target=interrupt)
+    helper.start()
+    begin = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with blocking.Consumer(
+            "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=3
+        ) as consumer:
+            for message in consumer:
+                held.append(message)  # never settled: Ctrl-C comes meanwhile
+    helper.join()
+    assert time.monotonic() - begin < 5.0
+    assert all(m.responded == "requeued" for m in held)
+    assert consumer.closed
+    assert stats(daemon, "topic", "chan")["in_flight_count"] == 0
+    assert sorted(m.body for m in consume(daemon, 3)) == [b"a", b"b", b"c"]
+
+
+def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
+    daemon = nsqds()
+    received: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(message: blocking.Message) -> None:
+        with lock:
+            received.append(message.body)
+
+    with (
+        blocking.Producer([daemon.tcp_address], connect_timeout=1.0) as producer,
+        blocking.Consumer(
+            "topic",
+            "chan",
+            nsqd_tcp_addresses=[daemon.tcp_address],
+            handler=handler,
+            reconnect_backoff=FAST_RECONNECT,
+        ) as consumer,
+    ):
+        consumer.wait_connected(timeout=10)
+        producer.multi_publish("topic", [b"before-%d" % i for i in range(5)])
+        wait_until(lambda: len(received) == 5)
+        daemon.kill()
+        with pytest.raises(trionsq.NSQConnectionError):
+            producer.publish("topic", b"lost")  # nobody there
+        daemon.start()
+        # The producer reconnects on its next publish; the consumer on its own.
+        producer.multi_publish("topic", [b"after-%d" % i for i in range(5)])
+        wait_until(lambda: len(received) == 10)
+    assert sorted(received) == sorted(
+        [b"before-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(5)]
+    )
+
+
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+def test_tls_compression_and_auth(
+    nsqds: Nsqds, tls: Tls, auth_server: AuthServer, compression: str
+) -> None:
+    daemon = nsqds(tls_cert=tls.cert, tls_key=tls.key, auth_http_addresses=[auth_server.address])
+    options: dict[str, Any] = {"tls": tls.client, "auth_secret": "open-sesame", compression: True}
+    with blocking.Producer([daemon.tcp_address], **options) as producer:
+        producer.multi_publish("topic", [b"z" * 5000, b"secret"])
+    got = consume(daemon, 2, **options)
+    assert sorted(m.body for m in got) == [b"secret", b"z" * 5000]
+    assert set(auth_server.seen) == {"open-sesame"}
+
+
+def test_nsqd_refusals_are_typed_and_the_producer_goes_on(nsqds: Nsqds) -> None:
+    daemon = nsqds(max_msg_size=10)
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        with pytest.raises(trionsq.BadMessageError):
+            producer.publish("topic", b"x" * 100)
+        future = producer.publish_async("topic", b"y" * 100)
+        with pytest.raises(trionsq.BadMessageError):
+            future.result(10)
+        with pytest.raises(trionsq.BadTopicError):
+            producer.publish("bad topic!", b"x")
+        producer.publish("topic", b"fits")
+    assert [m.body for m in consume(daemon, 1)] == [b"fits"]
+
+
+def test_closed_clients_raise_and_never_hang(daemon: Daemon) -> None:
+    producer = blocking.Producer([daemon.tcp_address])
+    with pytest.raises(RuntimeError, match="start"):
+        producer.publish("topic", b"x")
+    with producer:
+        producer.publish("topic", b"x")
+    for call in (
+        lambda: producer.publish("topic", b"x"),
+        lambda: producer.publish_async("topic", b"x"),
+        lambda: producer.multi_publish("topic", [b"x"]),
+    ):
+        with pytest.raises(blocking.ClientClosedError):
+            call()
+    assert isinstance(blocking.ClientClosedError("x"), trionsq.ConnectionClosedError)
+    consumer = blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address])
+    with consumer:
+        pass
+    with pytest.raises(blocking.ClientClosedError):
+        next(iter(consumer))
+    with pytest.raises(blocking.ClientClosedError):
+        consumer.wait_connected(1)
+    with pytest.raises(RuntimeError, match="only once"):
+        consumer.start()
+
+
+async def test_blocking_calls_from_a_trio_task_raise_at_once(daemon: Daemon) -> None:
+    producer = blocking.Producer([daemon.tcp_address])
+    with pytest.raises(blocking.BlockingInTrioError, match="inside a Trio run"):
+        producer.start()
+    consumer = blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address])
+    with pytest.raises(blocking.BlockingInTrioError):
+        consumer.start()

@@ -1,0 +1,404 @@
+"""The asyncio Consumer: ``async for message in consumer:`` or a handler, in asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+from ..bridge import LoopPost
+from ..config import Config
+from ..consumer import ConsumerStats
+from ..hosted import ClientClosedError
+from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..trio_thread import ForkedError, LoopStoppedError
+from .lifecycle import LoopCalls, enter, leave
+
+__all__ = ["Consumer", "Message"]
+
+log = logging.getLogger("trionsq.aio")
+
+R = TypeVar("R")
+
+#: ``async for`` hands out this many ready messages between two yields to the
+#: asyncio loop (which delivers the next batches meanwhile).
+_YIELD_EVERY = 256
+
+
+class Message(HandedMessage):
+    """One delivery of a message, as :class:`trionsq.Message` but for asyncio.
+
+    Exactly one of :meth:`finish` and :meth:`requeue` takes effect (the first);
+    later calls of either do nothing.  They return at once: the client's loop
+    sends the command.  Messages are never touched automatically.
+    """
+
+    __slots__ = ()
+
+    async def finish(self) -> None:
+        """FIN: nsqd forgets the message."""
+        self._finish()
+
+    async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        """REQ: nsqd redelivers the message after ``delay`` seconds (``None``:
+        from the attempts); ``backoff=True`` counts it as a handler failure."""
+        self._requeue(delay, backoff)
+
+    async def touch(self) -> None:
+        """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
+        self._touch()
+
+
+#: ``handler(message)``: sync or async; returning finishes, raising requeues.
+Handler = Callable[[Message], Awaitable[object] | object]
+GiveUp = Callable[[Message], Awaitable[object] | object]
+
+
+class Consumer:
+    """Consumes ``topic`` on ``channel`` from asyncio code.
+
+    ::
+
+        async with trionsq.aio.Consumer("topic", "channel", nsqd_tcp_addresses=[...]) as c:
+            async for message in c:
+                ...
+                await message.finish()
+
+    or pass ``handler`` (a coroutine function or a plain one, run as tasks of the
+    asyncio loop, at most ``max_in_flight`` at once): returning finishes the
+    message, raising requeues it with backoff.  ``give_up`` is called likewise
+    for messages past ``max_attempts``.  The options and guarantees are
+    :class:`trionsq.Consumer`'s: one trionsq Consumer does the work, in a Trio loop
+    on a thread started by the ``async with`` and joined before it is left.
+
+    Leaving hands out nothing more and requeues at once (REQ 0, no backoff) what
+    was received and not handed out, and what ``async for`` handed out and
+    nobody settled; handler tasks still running get ``close_timeout`` seconds,
+    then are cancelled and their messages requeued.  When the task holding the
+    ``async with`` is cancelled nothing waits.  No task, thread or Trio run of
+    the consumer outlives the block.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        handler: Handler | None = None,
+        give_up: GiveUp | None = None,
+        config: Config | None = None,
+        rng: random.Random | None = None,
+        **options: Any,
+    ) -> None:
+        if handler is not None and not callable(handler):
+            raise TypeError("handler must be callable")
+        if give_up is not None and not callable(give_up):
+            raise TypeError("give_up must be callable")
+        config = Config(**options) if config is None else config.replace(**options)
+        self._handler = handler
+        self._user_give_up = give_up
+        self._hosted = HostedConsumer(
+            topic,
+            channel,
+            config,
+            wrap=Message,
+            deliver=self._deliver,
+            on_end=self._on_end,
+            give_up=self._give_up if give_up is not None else None,
+            rng=rng,
+            name="trionsq-asyncio-consumer",
+        )
+        self.topic = topic
+        self.channel = channel
+        self.config = self._hosted.consumer.config
+        self._state = "new"  # new, opening, open, closing, closed
+        self._stopping = False
+        self._end: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._calls: LoopCalls | None = None
+        self._arrivals: LoopPost[Message] | None = None
+        self._exited: asyncio.Future[None] | None = None
+        self._ready: deque[Message] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._idle_workers = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._since_yield = 0
+
+    def __repr__(self) -> str:
+        return f"<aio.Consumer {self.topic}/{self.channel} {self._state}>"
+
+    # --- life ---
+
+    async def __aenter__(self) -> Consumer:
+        if self._state != "new":
+            raise RuntimeError("a Consumer can be entered only once")
+        self._state = "opening"
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._calls = LoopCalls(loop)
+        self._arrivals = LoopPost(loop, self._arrive)
+        try:
+            self._exited = await enter(self._hosted, self._calls)
+        except BaseException:
+            self._state = "closed"
+            raise
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        interrupted = exc_type is not None and issubclass(
+            exc_type, asyncio.CancelledError | KeyboardInterrupt
+        )
+        await self.aclose(interrupted=interrupted)
+
+    async def aclose(self, *, interrupted: bool = False) -> None:
+        """Close as described in the class doc (what leaving the block does);
+        ``interrupted=True`` does not wait for running handlers."""
+        if self._state != "open":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        self._stopping = True
+        self._wake_all()
+        hosted, exited = self._hosted, self._exited
+        assert exited is not None and self._arrivals is not None
+        try:
+            try:
+                await self._call(hosted.stop_delivery)
+                undelivered = list(self._ready) + self._arrivals.take_all()
+                self._ready.clear()
+                await self._end_workers(0.0 if interrupted else self.config.close_timeout)
+                await self._call(hosted.finish, undelivered, 0.0)
+            except LoopStoppedError:
+                pass  # the loop ended already
+            await leave(hosted.runner, exited, lambda: None)
+        except asyncio.CancelledError:
+            hosted.request_close()
+            await self._cancel_tasks()
+            await leave(hosted.runner, exited, lambda: None)
+            raise
+        finally:
+            self._state = "closed"
+            await self._cancel_tasks()
+
+    async def _end_workers(self, grace: float) -> None:
+        """Let handler tasks finish their messages (up to ``grace`` s), then cancel them."""
+        running = {task for task in self._workers if not task.done()}
+        if running and grace > 0:
+            await asyncio.wait(running, timeout=grace)
+        await self._cancel_tasks()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in (*self._workers, *self._tasks) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    async def _call(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """``await fn(*args)`` in the consumer's Trio loop."""
+        assert self._loop is not None and self._calls is not None
+        future: asyncio.Future[R] = self._loop.create_future()
+        calls = self._calls
+
+        def done(result: outcome.Outcome[R]) -> None:
+            calls.outcome(future, result)
+
+        cancel = self._hosted.runner.submit(fn, *args, done=done)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            cancel()
+            raise
+
+    def _check_open(self) -> None:
+        if self._state == "open":
+            if self._hosted.runner.forked:
+                raise ForkedError("this Consumer was opened before a fork()")
+            return
+        if self._state in ("new", "opening"):
+            raise RuntimeError("use the Consumer inside 'async with'")
+        raise ClientClosedError("the Consumer is closed")
+
+    # --- delivery ---
+
+    def _deliver(self, message: HandedMessage) -> None:
+        # In the Trio loop's thread.
+        assert self._arrivals is not None
+        self._arrivals.put(message)  # type: ignore[arg-type]
+
+    def _arrive(self, message: Message) -> None:
+        # In the asyncio loop.
+        self._ready.append(message)
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        if self._handler is not None and not self._stopping:
+            self._start_worker()
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _on_end(self, error: BaseException | None) -> None:
+        # In the Trio loop's thread, as the consumer's service ends.
+        if error is not None and self._calls is not None:
+            log.error("the consumer's loop failed: %r", error)
+            self._calls.put((self._ended, error))
+
+    def _ended(self, error: BaseException) -> None:
+        self._end = error
+        self._wake_all()
+
+    async def _next(self) -> Message:
+        ready = self._ready
+        while not ready:
+            if self._stopping:
+                raise StopAsyncIteration
+            if self._end is not None:
+                raise self._end
+            assert self._loop is not None
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(waiter)
+            await waiter
+            self._since_yield = 0
+        if self._stopping:
+            raise StopAsyncIteration
+        return ready.popleft()
+
+    def __aiter__(self) -> Consumer:
+        if self._handler is not None:
+            raise RuntimeError("a Consumer with a handler cannot be iterated")
+        return self
+
+    async def __anext__(self) -> Message:
+        self._check_open()
+        self._since_yield += 1
+        if self._since_yield >= _YIELD_EVERY:
+            self._since_yield = 0
+            await asyncio.sleep(0)
+        return await self._next()
+
+    # --- handlers ---
+
+    def _start_worker(self) -> None:
+        if len(self._workers) >= max(1, self.config.max_in_flight) or self._loop is None:
+            return
+        task = self._loop.create_task(self._worker(), name="trionsq-handler")
+        self._workers.add(task)
+        task.add_done_callback(self._workers.discard)
+
+    async def _worker(self) -> None:
+        handler = self._handler
+        assert handler is not None
+        while True:
+            try:
+                message = await self._next()
+            except StopAsyncIteration:
+                return
+            try:
+                result = handler(message)
+                if result is not None and inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                message._requeue(0, False)  # cut off by the close: back at once
+                raise
+            except Exception as exc:
+                log.warning("handler failed for %r: %r", message, exc, exc_info=True)
+                message._requeue(None, True)
+            else:
+                message._finish()
+
+    async def _give_up(self, message: HandedMessage) -> None:
+        """In the Trio loop: run the user's give_up in the asyncio loop, wait for it."""
+        assert self._calls is not None and self._loop is not None
+        done = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+        loop = self._loop
+
+        def notify() -> None:
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        def start(_: object) -> None:
+            task = loop.create_task(self._run_give_up(message, notify))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        self._calls.put((start, None))
+        await done.wait()
+
+    async def _run_give_up(self, message: HandedMessage, notify: Callable[[], None]) -> None:
+        assert self._user_give_up is not None
+        try:
+            result = self._user_give_up(message)  # type: ignore[arg-type]
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("give_up callback failed for %r", message)
+        finally:
+            notify()
+
+    # --- control and state ---
+
+    async def wait_connected(self) -> None:
+        """Wait until at least one nsqd subscription is up."""
+        self._check_open()
+        await self._call(self._hosted.consumer.wait_connected)
+
+    async def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change ``max_in_flight`` at run time (0 pauses the flow)."""
+        self._check_open()
+        await self._call(self._hosted.consumer.set_max_in_flight, max_in_flight)
+
+    def is_starved(self) -> bool:
+        """See :meth:`trionsq.Consumer.is_starved`."""
+        self._check_open()
+        return self._hosted.runner.run_sync(self._hosted.consumer.is_starved)
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the underlying Consumer's counters."""
+        runner = self._hosted.runner
+        if runner.alive:
+            try:
+                return runner.run_sync(lambda: self._hosted.consumer.stats)
+            except LoopStoppedError:
+                pass
+        return self._hosted.consumer.stats
+
+    @property
+    def connections(self) -> list[str]:
+        """Addresses of the nsqds currently subscribed to."""
+        runner = self._hosted.runner
+        if runner.alive:
+            try:
+                return runner.run_sync(lambda: self._hosted.consumer.connections)
+            except LoopStoppedError:
+                pass
+        return []

@@ -1,0 +1,154 @@
+"""The asyncio Producer: ``await producer.publish(...)`` in an asyncio program."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from .. import producer as _core
+from ..config import Config
+from ..hosted import ClientClosedError, HostedProducer
+from ..trio_thread import ForkedError, LoopStoppedError
+from .lifecycle import LoopCalls, enter, leave
+
+__all__ = ["Producer"]
+
+
+class _Reply:
+    """A publish's answer, carried into the asyncio loop."""
+
+    __slots__ = ("calls", "future")
+
+    def __init__(self, calls: LoopCalls, future: asyncio.Future[None]) -> None:
+        self.calls = calls
+        self.future = future
+
+    def set_result(self, value: None) -> None:
+        self.calls.future(self.future, None, value)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.calls.future(self.future, error, None)
+
+
+class Producer:
+    """Publishes to nsqd from asyncio code; each call returns once nsqd acknowledged.
+
+    ::
+
+        async with trionsq.aio.Producer(["127.0.0.1:4150"]) as producer:
+            await producer.publish("topic", b"body")
+
+    It takes the options of :class:`trionsq.Producer` and keeps its guarantees:
+    one trionsq Producer does the work, in a Trio loop on a thread this object
+    starts when the ``async with`` is entered and joins before it is left.
+    Concurrent publishes (from any tasks of the asyncio loop) share the
+    connection and are pipelined, at most ``publish_window`` awaiting nsqd's
+    answer at once.  nsqd's refusals raise their typed errors; a call on a closed
+    producer raises :class:`~trionsq.hosted.ClientClosedError`.  Cancelling a
+    task that awaits a publish stops the wait; the publish itself, handed over
+    already, is not taken back.
+
+    Leaving the ``async with`` (also by cancellation) lets the publishes in
+    flight get their answers (up to ``close_timeout``), closes the connection and
+    ends the thread.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: Sequence[str] | None = None,
+        *,
+        config: Config | None = None,
+        **options: Any,
+    ) -> None:
+        self.config = _core.Producer(nsqd_tcp_addresses, config=config, **options).config
+        self._hosted: HostedProducer | None = None
+        self._calls: LoopCalls | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exited: asyncio.Future[None] | None = None
+        self._state = "new"  # new, open, closed
+
+    def __repr__(self) -> str:
+        return f"<aio.Producer {self._state} {list(self.config.nsqd_tcp_addresses)}>"
+
+    async def __aenter__(self) -> Producer:
+        if self._state != "new":
+            raise RuntimeError("a Producer can be entered only once")
+        self._state = "opening"
+        loop = asyncio.get_running_loop()
+        calls = LoopCalls(loop)
+        hosted = HostedProducer(self.config, name="trionsq-asyncio-producer")
+        try:
+            self._exited = await enter(hosted, calls)
+        except BaseException:
+            self._state = "closed"
+            raise
+        self._loop, self._calls, self._hosted = loop, calls, hosted
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close (what leaving the ``async with`` does); idempotent."""
+        hosted, exited = self._hosted, self._exited
+        if self._state == "closed" or hosted is None or exited is None:
+            self._state = "closed"
+            return
+        self._state = "closed"
+        try:
+            await leave(hosted.runner, exited, hosted.request_close)
+        finally:
+            hosted.fail_leftovers()
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    def _job(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[None]:
+        hosted, calls, loop = self._hosted, self._calls, self._loop
+        if self._state != "open" or hosted is None or calls is None or loop is None:
+            if self._state == "closed":
+                raise ClientClosedError("the Producer is closed")
+            raise RuntimeError("use the Producer inside 'async with'")
+        if hosted.runner.forked:
+            raise ForkedError("this Producer was opened before a fork(); open one in this process")
+        future: asyncio.Future[None] = loop.create_future()
+        try:
+            hosted.inbox.put((getattr(hosted.producer, method), args, _Reply(calls, future)))
+        except LoopStoppedError as exc:
+            raise ClientClosedError("the Producer's loop has stopped") from exc
+        return future
+
+    async def publish(self, topic: str, body: bytes) -> None:
+        """PUB one message; returns once nsqd acknowledged it."""
+        await self._job("publish", (topic, body))
+
+    async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
+        """MPUB several messages atomically."""
+        await self._job("multi_publish", (topic, list(bodies)))
+
+    async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
+        """DPUB: the message becomes visible after ``delay`` seconds."""
+        await self._job("deferred_publish", (topic, body, delay))
+
+    @property
+    def stats(self) -> _core.ProducerStats:
+        """The underlying Producer's counters (see :class:`trionsq.ProducerStats`)."""
+        hosted = self._hosted
+        if hosted is None:
+            return _core.ProducerStats(window=self.config.publish_window)
+        return hosted.producer.stats
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd currently connected to, if any."""
+        hosted = self._hosted
+        return None if hosted is None else hosted.producer.address

@@ -1,0 +1,335 @@
+"""The blocking Producer: publish from any thread of a synchronous program."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+from .. import producer as _core
+from ..bridge import Waiter
+from ..config import Config
+from ..hosted import ClientClosedError, HostedProducer, Job
+from ..trio_thread import ForkedError, check_not_in_trio
+
+__all__ = ["Producer"]
+
+AfterFork = Literal["reconnect", "error"]
+
+
+class _Reply(Waiter[None]):
+    """A blocking publish's answer; frees its place in the window when set."""
+
+    __slots__ = ("_free",)
+
+    def __init__(self, free: Any) -> None:
+        super().__init__()
+        self._free = free
+
+    def set_result(self, value: None) -> None:
+        self._free()
+        self._done.release()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._free()
+        self.error = error
+        self._done.release()
+
+
+class _FutureReply:
+    """A ``*_async`` publish's answer, into a :class:`concurrent.futures.Future`."""
+
+    __slots__ = ("_free", "future")
+
+    def __init__(self, free: Any) -> None:
+        self._free = free
+        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # Running from the start: a publish handed over cannot be taken back.
+        self.future.set_running_or_notify_cancel()
+
+    def set_result(self, value: None) -> None:
+        self._free()
+        self.future.set_result(value)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._free()
+        self.future.set_exception(error)
+
+
+class Producer:
+    """Publishes to nsqd from any thread; each call returns once nsqd acknowledged.
+
+    ::
+
+        with trionsq.blocking.Producer(["127.0.0.1:4150"]) as producer:
+            producer.publish("topic", b"body")
+
+    It takes the options of :class:`trionsq.Producer` and keeps its guarantees:
+    one trionsq Producer does the work, in a Trio loop on a thread of this
+    object's own (started by :meth:`start` or ``with``, ended by :meth:`close`).
+    Calls from many threads share its connection and are pipelined, at most
+    ``publish_window`` awaiting nsqd's answer at once (a call waits for a
+    place).  nsqd's refusals raise their typed errors; a connection lost before
+    the answer raises :class:`~trionsq.ConnectionClosedError` (the message may or
+    may not have been published); a call on a closed producer raises
+    :class:`~trionsq.hosted.ClientClosedError`.
+
+    ``timeout`` (seconds) bounds how long a call waits for the answer; past it,
+    :class:`TimeoutError` is raised (the publish is not taken back).  The
+    ``*_async`` methods return a :class:`concurrent.futures.Future` at once (after
+    waiting for a place in the window), so one thread can keep many publishes in
+    flight.
+
+    After ``os.fork()``, a producer started in the parent is dead in the child
+    (threads do not survive a fork): ``after_fork="reconnect"`` (the default)
+    starts a fresh thread and connection in the child on its first call, never
+    using the parent's socket; ``"error"`` raises :class:`~trionsq.ForkedError`.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: Sequence[str] | None = None,
+        *,
+        config: Config | None = None,
+        after_fork: AfterFork = "reconnect",
+        **options: Any,
+    ) -> None:
+        if after_fork not in ("reconnect", "error"):
+            raise ValueError("after_fork must be 'reconnect' or 'error'")
+        # The async Producer validates the arguments (it is not entered here).
+        self.config = _core.Producer(nsqd_tcp_addresses, config=config, **options).config
+        self.after_fork = after_fork
+        self._hosted: HostedProducer | None = None
+        self._state = "new"  # new, open, forked, closed
+        self._pid = os.getpid()
+        self._reset_locks()
+
+    def _reset_locks(self) -> None:
+        # The window on this side: places free and the callers waiting for one,
+        # under the lock that also orders submissions against close().
+        self._lock = threading.Lock()
+        self._free = self.config.publish_window
+        self._waiters: deque[threading.Lock] = deque()
+        self._flushers: list[threading.Lock] = []
+        self._start_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<blocking.Producer {self._state} {list(self.config.nsqd_tcp_addresses)}>"
+
+    # --- life ---
+
+    def start(self) -> Producer:
+        """Start the thread and connect lazily (the first publish connects);
+        returns the producer.  Calling it again while open does nothing."""
+        check_not_in_trio("blocking.Producer.start()")
+        with self._start_lock:
+            if self._state == "closed":
+                raise ClientClosedError("the Producer is closed")
+            if self._state == "open":
+                return self
+            hosted = HostedProducer(self.config, name="trionsq-blocking-producer")
+            hosted.start()
+            hosted.runner.on_fork(self._after_fork_in_child)
+            self._pid = os.getpid()
+            with self._lock:
+                self._hosted = hosted
+                self._state = "open"
+        return self
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the publishes in flight (up to ``close_timeout``), close the
+        connection and end the thread.  Later calls raise ClientClosedError."""
+        check_not_in_trio("blocking.Producer.close()")
+        with self._start_lock:
+            with self._lock:
+                hosted, self._hosted = self._hosted, None
+                self._state = "closed"
+                # Callers waiting for a place: let them see the producer closed.
+                while self._waiters:
+                    self._waiters.popleft().release()
+                for idle in self._flushers:
+                    idle.release()
+                self._flushers.clear()
+            if hosted is not None and not hosted.runner.forked:
+                hosted.close(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    def __enter__(self) -> Producer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _after_fork_in_child(self) -> None:
+        # In the child, right after fork(), with one thread: the parent's locks may
+        # have been held by threads that do not exist here.
+        self._reset_locks()
+        self._hosted = None
+        if self._state == "open":
+            self._state = "forked"
+
+    def _reconnect_after_fork(self) -> None:
+        if self.after_fork == "error":
+            raise ForkedError(
+                f"this Producer was started in process {self._pid}, before a fork(); "
+                f"create (or start) it in this process ({os.getpid()}), or pass "
+                "after_fork='reconnect'"
+            )
+        with self._start_lock:
+            if self._state == "forked":
+                self._state = "new"
+        self.start()
+
+    # --- publishing ---
+
+    def _free_place(self) -> None:
+        # In the loop's thread, as each publish gets its answer.
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().release()  # the place goes to the next caller
+            else:
+                self._free += 1
+                if self._flushers and self._free >= self.config.publish_window:
+                    for idle in self._flushers:
+                        idle.release()
+                    self._flushers.clear()
+
+    def _submit(self, method: str, args: tuple[Any, ...], reply: _Reply | _FutureReply) -> None:
+        check_not_in_trio(f"blocking.Producer.{method}()")
+        lock = self._lock
+        while True:
+            lock.acquire()
+            hosted = self._hosted
+            if hosted is None:
+                lock.release()
+                if self._state == "forked":
+                    self._reconnect_after_fork()
+                    continue
+                if self._state == "new":
+                    raise RuntimeError("start the Producer first (with ... or .start())")
+                raise ClientClosedError("the Producer is closed")
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                job: Job = (getattr(hosted.producer, method), args, reply)
+                try:
+                    hosted.inbox.put(job)
+                finally:
+                    lock.release()
+                return
+            place = threading.Lock()
+            place.acquire()
+            self._waiters.append(place)
+            lock.release()
+            try:
+                place.acquire()  # released with a place handed over, or on close
+            except BaseException:
+                with lock:
+                    try:
+                        self._waiters.remove(place)
+                        handed = False
+                    except ValueError:
+                        handed = True
+                if handed:  # handed over as the wait was interrupted: give it back
+                    self._free_place()
+                raise
+            with lock:
+                hosted = self._hosted
+                if hosted is None or self._state != "open":
+                    closed = True
+                else:
+                    closed = False
+                    job = (getattr(hosted.producer, method), args, reply)
+                    hosted.inbox.put(job)
+            if closed:
+                raise ClientClosedError("the Producer is closed")
+            return
+
+    def _call(self, method: str, args: tuple[Any, ...], timeout: float | None) -> None:
+        reply = _Reply(self._free_place)
+        self._submit(method, args, reply)
+        if not reply.wait(timeout):
+            raise TimeoutError(f"nsqd did not answer within {timeout} s (it may still publish)")
+        reply.unwrap()
+
+    def publish(self, topic: str, body: bytes, *, timeout: float | None = None) -> None:
+        """PUB one message; returns once nsqd acknowledged it."""
+        self._call("publish", (topic, body), timeout)
+
+    def multi_publish(
+        self, topic: str, bodies: Iterable[bytes], *, timeout: float | None = None
+    ) -> None:
+        """MPUB several messages atomically; returns once nsqd acknowledged them."""
+        self._call("multi_publish", (topic, list(bodies)), timeout)
+
+    def deferred_publish(
+        self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
+    ) -> None:
+        """DPUB: the message becomes visible after ``delay`` seconds."""
+        self._call("deferred_publish", (topic, body, delay), timeout)
+
+    def _call_async(self, method: str, args: tuple[Any, ...]) -> concurrent.futures.Future[None]:
+        reply = _FutureReply(self._free_place)
+        self._submit(method, args, reply)
+        return reply.future
+
+    def publish_async(self, topic: str, body: bytes) -> concurrent.futures.Future[None]:
+        """PUB without waiting for the answer: the future completes when nsqd
+        acknowledged (or fails with its error).  Waits only for a window place."""
+        return self._call_async("publish", (topic, body))
+
+    def multi_publish_async(
+        self, topic: str, bodies: Iterable[bytes]
+    ) -> concurrent.futures.Future[None]:
+        """MPUB without waiting for the answer (see :meth:`publish_async`)."""
+        return self._call_async("multi_publish", (topic, list(bodies)))
+
+    def deferred_publish_async(
+        self, topic: str, body: bytes, delay: float
+    ) -> concurrent.futures.Future[None]:
+        """DPUB without waiting for the answer (see :meth:`publish_async`)."""
+        return self._call_async("deferred_publish", (topic, body, delay))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until no publish is awaiting its answer (every place of the
+        window is free); returns False if ``timeout`` passed first."""
+        check_not_in_trio("blocking.Producer.flush()")
+        with self._lock:
+            if self._free >= self.config.publish_window or self._hosted is None:
+                return True
+            idle = threading.Lock()
+            idle.acquire()
+            self._flushers.append(idle)
+        if idle.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return True
+        with self._lock:
+            if idle in self._flushers:
+                self._flushers.remove(idle)
+        return False
+
+    # --- state ---
+
+    @property
+    def stats(self) -> _core.ProducerStats:
+        """The underlying Producer's counters (see :class:`trionsq.ProducerStats`)."""
+        hosted = self._hosted
+        if hosted is None:
+            return _core.ProducerStats(window=self.config.publish_window)
+        return hosted.producer.stats
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd currently connected to, if any."""
+        hosted = self._hosted
+        return None if hosted is None else hosted.producer.address

@@ -1,0 +1,162 @@
+"""Handing work between a Trio loop on its own thread and the threads around it.
+
+Two small pieces the front ends (:mod:`trionsq.blocking`, :mod:`trionsq.aio`) are
+built from:
+
+- :class:`Inbox`: items put from any thread, taken by tasks in the loop.  A put
+  wakes the loop (a write to its wake-up socket) only when no task of the loop
+  is going to look at the inbox anyway, so a stream of puts costs one wake-up
+  per batch, not one per item.
+- :class:`Waiter`: the outcome of one piece of work, waited for by one thread.
+- :class:`LoopPost`: items from the Trio loop's thread into an asyncio loop, a
+  batch per ``call_soon_threadsafe`` rather than one call per item.
+
+Both rely on the GIL making single deque operations and attribute stores
+atomic; the one check-then-act race (a put racing a taker going to sleep) is
+closed by the order of the steps, described at :meth:`Inbox.put`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import trio
+import trio.lowlevel
+
+__all__ = ["Inbox", "LoopPost", "Waiter"]
+
+T = TypeVar("T")
+
+
+class Inbox(Generic[T]):
+    """A FIFO from any thread into a Trio loop.
+
+    ``wake_loop(fn)`` is how a put gets the loop's attention from another thread
+    (``TrioThread.run_sync_soon``); ``fn`` is ``on_wake``, run in the loop, by
+    default waking the task parked in :meth:`wait`.  Owners with several takers
+    pass their own ``on_wake`` and manage :attr:`awake` themselves, keeping the
+    rule stated at :meth:`put`.
+    """
+
+    def __init__(
+        self,
+        wake_loop: Callable[[Callable[[], None]], None],
+        on_wake: Callable[[], None] | None = None,
+    ) -> None:
+        self.items: deque[T] = deque()
+        self._wake_loop = wake_loop
+        self._on_wake = on_wake if on_wake is not None else self._unpark
+        self._lot = trio.lowlevel.ParkingLot()
+        #: True while a wake-up is on its way or a task of the loop will look at
+        #: ``items`` before it sleeps: puts then need not wake the loop.
+        self.awake = False
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def put(self, item: T) -> None:
+        """Add ``item`` (any thread, never blocks).
+
+        The rule that keeps an item from being stranded: a put appends before it
+        reads :attr:`awake`, and a taker clears :attr:`awake` before its last
+        look at the items; so either the taker sees the item, or the put sees
+        :attr:`awake` cleared and wakes the loop.
+        """
+        self.items.append(item)
+        if not self.awake:
+            self.awake = True
+            self._wake_loop(self._on_wake)
+
+    def _unpark(self) -> None:
+        self._lot.unpark_all()
+
+    async def wait(self) -> None:
+        """In the loop, for a single taker: return once there is an item (or
+        the inbox is closed)."""
+        while not self.items and not self.closed:
+            self.awake = False
+            if self.items:  # put between the check above and the store
+                break
+            await self._lot.park()
+        self.awake = True
+
+    def close(self) -> None:
+        """In the loop: :meth:`wait` returns from now on, items or not."""
+        self.closed = True
+        self._lot.unpark_all()
+
+
+class Waiter(Generic[T]):
+    """One outcome, set once from the loop, waited for by one thread."""
+
+    __slots__ = ("_done", "error", "value")
+
+    def __init__(self) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+    def set_result(self, value: T) -> None:
+        self.value = value
+        self._done.release()
+
+    def set_exception(self, error: BaseException) -> None:
+        self.error = error
+        self._done.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the outcome is set (True) or ``timeout`` passes (False).
+
+        A signal handler's exception (``KeyboardInterrupt``) interrupts the wait.
+        """
+        return self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+
+    def unwrap(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
+
+
+class LoopPost(Generic[T]):
+    """Items put from any thread, handed to ``on_item`` in an asyncio loop.
+
+    A put schedules a flush (``call_soon_threadsafe``) only when none is
+    pending: the flush clears the flag before it takes the items, and a put
+    appends before it reads the flag, so no item is left behind.  Puts after the
+    asyncio loop closed are dropped (nobody is left to receive them).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_item: Callable[[T], None]) -> None:
+        self._loop = loop
+        self._on_item = on_item
+        self._items: deque[T] = deque()
+        self._scheduled = False
+
+    def put(self, item: T) -> None:
+        self._items.append(item)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed
+                pass
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        items, on_item = self._items, self._on_item
+        while items:
+            on_item(items.popleft())
+
+    def take_all(self) -> list[T]:
+        """In the asyncio loop: the items not flushed yet (they will not be)."""
+        taken: list[T] = []
+        items = self._items
+        while items:
+            taken.append(items.popleft())
+        return taken

@@ -1,0 +1,341 @@
+"""A :class:`trionsq.Consumer` hosted on its own thread, for the front ends.
+
+The consumer runs in iteration mode in the loop; a pump task hands every
+message it yields, wrapped in the front end's message class (a subclass of
+:class:`HandedMessage`), to ``deliver`` (a quick, non-blocking callable run in
+the loop's thread: a put into a thread queue, or into the asyncio loop).
+Settling a message from any thread claims it (the first of finish and requeue
+wins, under a lock, so every thread agrees on the outcome) and puts it in an
+:class:`~trionsq.bridge.Inbox`, where a settler task applies it to the core
+message in order.
+
+Closing (:meth:`HostedConsumer.stop_delivery`, then :meth:`HostedConsumer.finish`)
+keeps the core's promise of a prompt, lossless exit: nothing more is handed
+out; what the front end received but never handed out is requeued at once; what
+was handed out gets ``grace`` seconds to be settled (0 when nobody can settle it
+any more), then is requeued (REQ 0, no backoff); only then does the core
+consumer leave (CLS, flush, close).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+
+import trio
+
+from .bridge import Inbox
+from .config import Config
+from .consumer import Consumer, ConsumerStats
+from .hosted import tracking_connector
+from .message import Message
+from .trio_thread import LoopStoppedError, TrioThread
+
+__all__ = ["HandedMessage", "HostedConsumer"]
+
+log = logging.getLogger("trionsq.hosted")
+
+FIN = 0
+REQ = 1
+TOUCH = 2
+
+
+class HandedMessage:
+    """A message as a front end hands it out; its settling is thread-safe.
+
+    The first of finish and requeue wins (later calls of either do nothing, as
+    with :class:`trionsq.Message`); the decision is taken at once, in the
+    calling thread, and carried out by the client's loop.
+    """
+
+    __slots__ = (
+        "_backoff",
+        "_core",
+        "_delay",
+        "_hosted",
+        "address",
+        "attempts",
+        "body",
+        "id",
+        "responded",
+        "timestamp",
+    )
+
+    def __init__(self, core: Message, hosted: HostedConsumer) -> None:
+        self._core = core
+        self._hosted = hosted
+        #: the 16-byte message id
+        self.id = core.id
+        self.body = core.body
+        #: deliveries so far, this one included (1 the first time)
+        self.attempts = core.attempts
+        #: when nsqd received the message, in nanoseconds since the epoch
+        self.timestamp = core.timestamp
+        #: the nsqd (``host:port``) that delivered it
+        self.address = core.address
+        #: ``"finished"``, ``"requeued"`` or ``None`` while unanswered
+        self.responded: str | None = None
+        self._delay: float | None = None
+        self._backoff = True
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} id={self.id.decode(errors='replace')} "
+            f"attempts={self.attempts} body={self.body[:32]!r}"
+            f"{'...' if len(self.body) > 32 else ''}>"
+        )
+
+    @property
+    def has_responded(self) -> bool:
+        return self.responded is not None
+
+    def _claim(self, responded: str, delay: float | None = None, backoff: bool = True) -> bool:
+        """Take the decision (any thread); False if one was taken already."""
+        with self._hosted.lock:
+            if self.responded is not None:
+                return False
+            self.responded = responded
+            self._delay = delay
+            self._backoff = backoff
+        return True
+
+    def _send(self, op: int) -> None:
+        try:
+            self._hosted.inbox.put((op, self))
+        except LoopStoppedError as exc:
+            # The client is gone: nsqd will time the message out and redeliver it.
+            log.info("could not answer %r: %s", self, exc)
+
+    def _finish(self) -> None:
+        if self._claim("finished"):
+            self._send(FIN)
+
+    def _requeue(self, delay: float | None, backoff: bool) -> None:
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+        ):
+            raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
+        if self._claim("requeued", delay, backoff):
+            self._send(REQ)
+
+    def _touch(self) -> None:
+        if self.responded is None:
+            self._send(TOUCH)
+
+    async def _apply(self) -> None:
+        """In the loop: carry out the decision on the core message."""
+        if self.responded == "finished":
+            await self._core.finish()
+        elif self.responded == "requeued":
+            await self._core.requeue(self._delay, self._backoff)
+
+
+#: ``deliver(message)``: hand a message to the front end (in the loop's thread).
+Deliver = Callable[[HandedMessage], None]
+#: ``give_up(message)``: the front end's give-up callback, awaited in the loop.
+AsyncGiveUp = Callable[[HandedMessage], Awaitable[object]]
+
+
+class HostedConsumer:
+    """A :class:`trionsq.Consumer` served on its own thread (see the module doc)."""
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        config: Config,
+        *,
+        wrap: Callable[[Message, HostedConsumer], HandedMessage],
+        deliver: Deliver,
+        on_end: Callable[[BaseException | None], None],
+        give_up: AsyncGiveUp | None = None,
+        rng: random.Random | None = None,
+        name: str = "trionsq-consumer",
+    ) -> None:
+        self.runner = TrioThread(name)
+        self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
+        self._give_up = give_up
+        self.consumer = Consumer(
+            topic,
+            channel,
+            config=self.config,
+            give_up=self._give_up_core if give_up is not None else None,
+            rng=rng,
+        )
+        self._wrap = wrap
+        self._deliver = deliver
+        self._on_end = on_end
+        self.inbox: Inbox[tuple[int, HandedMessage]] = Inbox(self.runner.run_sync_soon)
+        #: orders the claims of finish/requeue across threads
+        self.lock = threading.Lock()
+        # Handed out and not settled yet (dict as an ordered set; loop only).
+        self._out: dict[HandedMessage, None] = {}
+        self._pump_scope = trio.CancelScope()
+        self._pump_done: trio.Event | None = None
+        self._settled: trio.Event | None = None
+        self._close_requested: trio.Event | None = None
+        self._served: trio.Event | None = None
+        self._closing = False
+
+    # --- life (from the front end's thread) ---
+
+    def start(self) -> None:
+        """Start the thread and the consumer; blocks until it runs."""
+        self.runner.start()
+        try:
+            self.runner.start_service(self._serve)
+        except BaseException:
+            self.runner.close()
+            raise
+
+    def launch(
+        self,
+        on_started: Callable[[BaseException | None], None],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """Start without blocking; ``on_started(error)`` is called from the loop's
+        thread once the consumer runs (``None``) or failed to start, and
+        ``on_exit()`` once the loop has ended."""
+
+        def ready() -> None:
+            nursery = self.runner._nursery
+            if self.runner.error is not None or nursery is None:
+                on_started(self.runner.error or LoopStoppedError("the loop did not start"))
+                return
+            nursery.start_soon(self._serve_then_report, on_started)
+
+        self.runner.launch(on_ready=ready, on_exit=on_exit)
+
+    async def _serve_then_report(self, on_started: Callable[[BaseException | None], None]) -> None:
+        assert self.runner._nursery is not None
+        try:
+            await self.runner._nursery.start(self._serve)
+        except Exception as exc:
+            on_started(exc)
+            self.runner.request_stop()
+            return
+        on_started(None)
+
+    # --- closing (coroutines run in the loop, in this order) ---
+
+    async def stop_delivery(self) -> None:
+        """Hand out nothing more; returns once the pump has stopped.
+
+        The flow is paused first (RDY 0 everywhere), so that nsqd does not hand
+        the messages requeued next straight back to this closing consumer.
+        """
+        self._closing = True
+        self._pump_scope.cancel()
+        await self.consumer.set_max_in_flight(0)
+        if self._pump_done is not None:
+            await self._pump_done.wait()
+
+    async def finish(self, undelivered: Iterable[HandedMessage], grace: float) -> None:
+        """Requeue ``undelivered`` at once, give the handed-out messages ``grace``
+        seconds to be settled, requeue the rest, and close the core consumer."""
+        self._closing = True
+        for message in undelivered:
+            await self._requeue_now(message)
+        if self._out and grace > 0:
+            with trio.move_on_after(grace):
+                while self._out:
+                    self._settled = trio.Event()
+                    await self._settled.wait()
+        if self._out:
+            log.info("closing: requeueing %d unsettled message(s)", len(self._out))
+            for message in list(self._out):
+                await self._requeue_now(message)
+        await self.aclose()
+
+    async def _requeue_now(self, message: HandedMessage) -> None:
+        if message._claim("requeued", 0, False):
+            self._out.pop(message, None)
+            await message._apply()
+
+    async def aclose(self) -> None:
+        """Ask the service to end (the core consumer leaves) and wait for it."""
+        if self._close_requested is not None and self._served is not None:
+            self._close_requested.set()
+            await self._served.wait()
+
+    def request_close(self) -> None:
+        """From any thread, without waiting: end everything (cancelling)."""
+        self.runner.request_stop()
+
+    # --- the service (in the loop) ---
+
+    async def _serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self._close_requested = trio.Event()
+        self._served = trio.Event()
+        self._pump_done = trio.Event()
+        error: BaseException | None = None
+        try:
+            async with self.consumer:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._settler)
+                    nursery.start_soon(self._pump)
+                    task_status.started()
+                    await self._close_requested.wait()
+                    # Settles put before the close are applied before the core leaves.
+                    self.inbox.close()
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            self._served.set()
+            self._pump_done.set()
+            self._on_end(error)
+            self.runner.request_stop()
+
+    async def _pump(self) -> None:
+        assert self._pump_done is not None
+        deliver, wrap, out = self._deliver, self._wrap, self._out
+        try:
+            with self._pump_scope:
+                async for core in self.consumer:
+                    message = wrap(core, self)
+                    out[message] = None
+                    deliver(message)
+        finally:
+            self._pump_done.set()
+
+    async def _settler(self) -> None:
+        inbox = self.inbox
+        items = inbox.items
+        out = self._out
+        while True:
+            await inbox.wait()
+            if not items:
+                return  # closed, and nothing left to apply
+            while items:
+                op, message = items.popleft()
+                if op == TOUCH:
+                    if not message._core.has_responded:
+                        await message._core.touch()
+                    continue
+                out.pop(message, None)
+                await message._apply()
+            if self._settled is not None and not out:
+                self._settled.set()
+
+    async def _give_up_core(self, core: Message) -> None:
+        assert self._give_up is not None
+        message = self._wrap(core, self)
+        await self._give_up(message)
+        # A decision taken in the callback goes first (the core FINs otherwise).
+        if message.responded is not None:
+            await message._apply()
+
+    # --- state ---
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self.consumer.stats
+
+    @property
+    def unsettled(self) -> int:
+        return len(self._out)
