@@ -1,0 +1,330 @@
+"""trionsq.aio end to end in asyncio programs, on fakensq and on the real nsqd v1.3.0."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+import trionsq
+from trionsq import aio
+
+from .conftest import FAST_RECONNECT, AuthServer, Daemon, Nsqds, Tls, stats, wait_until
+
+pytestmark = pytest.mark.usefixtures("no_threads_left")
+
+T = TypeVar("T")
+
+
+def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run, checking that no task of ours is left when main returns."""
+
+    async def checked() -> T:
+        result = await main()
+        current = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        assert not left, f"tasks left behind: {left}"
+        return result
+
+    return asyncio.run(checked())
+
+
+async def consume(
+    daemon: Daemon, count: int, topic: str = "topic", **options: Any
+) -> list[aio.Message]:
+    got: list[aio.Message] = []
+    options.setdefault("max_in_flight", 16)
+    async with aio.Consumer(
+        topic, "chan", nsqd_tcp_addresses=[daemon.tcp_address], **options
+    ) as consumer:
+        async for message in consumer:
+            await message.finish()
+            got.append(message)
+            if len(got) == count:
+                break
+    return got
+
+
+async def until(predicate: Callable[[], bool], limit: float = 20.0) -> None:
+    async with asyncio.timeout(limit):
+        while not predicate():  # noqa: ASYNC110 - a condition spread over client and server
+            await asyncio.sleep(0.005)
+
+
+def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
+    async def main() -> list[aio.Message]:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.publish("topic", b"one")
+            await producer.multi_publish("topic", [b"two", b"three"])
+            await producer.deferred_publish("topic", b"later", 0.2)
+            await asyncio.gather(*(producer.publish("topic", b"p%d" % i) for i in range(50)))
+            assert producer.stats.published == 54
+        return await consume(daemon, 54)
+
+    got = run(main)
+    expected = {b"one", b"two", b"three", b"later", *(b"p%d" % i for i in range(50))}
+    assert sorted(m.body for m in got) == sorted(expected)
+    assert all(m.attempts == 1 and m.responded == "finished" for m in got)
+    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    assert stats(daemon, "topic", "chan")["depth"] == 0
+
+
+def test_async_and_sync_handlers(daemon: Daemon) -> None:
+    seen: list[bytes] = []
+
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.multi_publish("topic", [b"%d" % i for i in range(40)])
+        done = asyncio.Event()
+        running = 0
+        most = 0
+
+        async def handler(message: aio.Message) -> None:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.005)
+            running -= 1
+            seen.append(message.body)
+            if len(seen) == 40:
+                done.set()
+
+        async with aio.Consumer(
+            "topic",
+            "chan",
+            nsqd_tcp_addresses=[daemon.tcp_address],
+            handler=handler,
+            max_in_flight=8,
+        ):
+            await asyncio.wait_for(done.wait(), 20)
+        assert 1 < most <= 8
+        # A plain function works too (it runs in the asyncio loop).
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.publish("sync", b"s")
+        sync_seen: list[bytes] = []
+        async with aio.Consumer(
+            "sync",
+            "chan",
+            nsqd_tcp_addresses=[daemon.tcp_address],
+            handler=lambda m: sync_seen.append(m.body),
+        ):
+            await until(lambda: sync_seen == [b"s"])
+
+    run(main)
+    assert sorted(seen) == sorted(b"%d" % i for i in range(40))
+
+
+def test_requeue_give_up_and_a_failing_handler(daemon: Daemon) -> None:
+    given_up: list[tuple[bytes, int]] = []
+    attempts: list[int] = []
+
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.publish("topic", b"poison")
+            await producer.publish("fails", b"once")
+
+        async def give_up(message: aio.Message) -> None:
+            await asyncio.sleep(0)
+            given_up.append((message.body, message.attempts))
+
+        async with aio.Consumer(
+            "topic",
+            "chan",
+            nsqd_tcp_addresses=[daemon.tcp_address],
+            max_attempts=2,
+            backoff=False,
+            give_up=give_up,
+        ) as consumer:
+            async for message in consumer:
+                await message.touch()
+                await message.requeue(0)
+                if message.attempts == 2:
+                    break
+            await until(lambda: bool(given_up))
+
+        async def handler(message: aio.Message) -> None:
+            attempts.append(message.attempts)
+            if message.attempts == 1:
+                raise RuntimeError("not yet")
+
+        async with aio.Consumer(
+            "fails",
+            "chan",
+            nsqd_tcp_addresses=[daemon.tcp_address],
+            handler=handler,
+            backoff=trionsq.BackoffPolicy(base=0.1, max=0.2, jitter=0.0),
+            default_requeue_delay=0.05,
+        ) as consumer:
+            await until(lambda: consumer.stats.finished == 1)
+            assert consumer.stats.requeued == 1
+
+    run(main)
+    assert given_up == [(b"poison", 3)]
+    assert attempts == [1, 2]
+    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+
+
+def test_leaving_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
+    async def main() -> tuple[list[bytes], float, aio.Message]:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.multi_publish("topic", [b"%d" % i for i in range(30)])
+        first: list[bytes] = []
+        async with aio.Consumer(
+            "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=10
+        ) as consumer:
+            async for message in consumer:
+                first.append(message.body)
+                if len(first) == 3:
+                    unfinished = message
+                    break
+                await message.finish()
+            await until(lambda: consumer.stats.received >= 10)
+            began = time.monotonic()
+        return first, time.monotonic() - began, unfinished
+
+    first, took, unfinished = run(main)
+    assert took < 2.0, f"leaving took {took:.2f} s"
+    assert unfinished.responded == "requeued"
+    channel = stats(daemon, "topic", "chan")
+    assert channel["in_flight_count"] == 0 and channel["timeout_count"] == 0
+    rest = asyncio.run(consume(daemon, 28))
+    assert sorted([*first[:2], *(m.body for m in rest)]) == sorted(b"%d" % i for i in range(30))
+
+
+def test_cancelling_the_task_that_holds_them_closes_them(daemon: Daemon) -> None:
+    async def main() -> tuple[list[aio.Message], float]:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.multi_publish("topic", [b"a", b"b", b"c"])
+        held: list[aio.Message] = []
+        handler_started = asyncio.Event()
+
+        async def stuck(message: aio.Message) -> None:
+            handler_started.set()
+            await asyncio.sleep(3600)
+
+        async def holder() -> None:
+            async with (
+                aio.Producer([daemon.tcp_address]),
+                aio.Consumer(
+                    "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=3
+                ) as consumer,
+                aio.Consumer(
+                    "other", "chan", nsqd_tcp_addresses=[daemon.tcp_address], handler=stuck
+                ),
+            ):
+                async for message in consumer:
+                    held.append(message)  # never settled
+
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.publish("other", b"x")
+        task = asyncio.create_task(holder())
+        await until(lambda: len(held) == 3)
+        await asyncio.wait_for(handler_started.wait(), 20)
+        began = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return held, time.monotonic() - began
+
+    held, took = run(main)
+    assert took < 3.0, f"closing took {took:.2f} s"
+    assert all(m.responded == "requeued" for m in held)
+    assert stats(daemon, "topic", "chan")["in_flight_count"] == 0
+    assert stats(daemon, "other", "chan")["in_flight_count"] == 0
+    got = asyncio.run(consume(daemon, 3))
+    assert sorted(m.body for m in got) == [b"a", b"b", b"c"]
+    assert [m.attempts for m in asyncio.run(consume(daemon, 1, topic="other"))] == [2]
+
+
+def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
+    daemon = nsqds()
+
+    async def main() -> list[bytes]:
+        received: list[bytes] = []
+        async with (
+            aio.Producer([daemon.tcp_address], connect_timeout=1.0) as producer,
+            aio.Consumer(
+                "topic",
+                "chan",
+                nsqd_tcp_addresses=[daemon.tcp_address],
+                handler=lambda m: received.append(m.body),
+                reconnect_backoff=FAST_RECONNECT,
+            ) as consumer,
+        ):
+            await consumer.wait_connected()
+            await producer.multi_publish("topic", [b"before-%d" % i for i in range(5)])
+            await until(lambda: len(received) == 5)
+            await asyncio.to_thread(daemon.kill)
+            with pytest.raises(trionsq.NSQConnectionError):
+                await producer.publish("topic", b"lost")
+            await asyncio.to_thread(daemon.start)
+            await producer.multi_publish("topic", [b"after-%d" % i for i in range(5)])
+            await until(lambda: len(received) == 10)
+        return received
+
+    received = run(main)
+    assert sorted(received) == sorted(
+        [b"before-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(5)]
+    )
+
+
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+def test_tls_compression_and_auth(
+    nsqds: Nsqds, tls: Tls, auth_server: AuthServer, compression: str
+) -> None:
+    daemon = nsqds(tls_cert=tls.cert, tls_key=tls.key, auth_http_addresses=[auth_server.address])
+    options: dict[str, Any] = {"tls": tls.client, "auth_secret": "open-sesame", compression: True}
+
+    async def main() -> list[aio.Message]:
+        async with aio.Producer([daemon.tcp_address], **options) as producer:
+            await producer.multi_publish("topic", [b"z" * 5000, b"secret"])
+        return await consume(daemon, 2, **options)
+
+    got = run(main)
+    assert sorted(m.body for m in got) == [b"secret", b"z" * 5000]
+    assert set(auth_server.seen) == {"open-sesame"}
+
+
+def test_refusals_are_typed_and_closed_clients_raise(nsqds: Nsqds) -> None:
+    daemon = nsqds(max_msg_size=10)
+
+    async def main() -> None:
+        producer = aio.Producer([daemon.tcp_address])
+        with pytest.raises(RuntimeError, match="async with"):
+            await producer.publish("topic", b"x")
+        async with producer:
+            with pytest.raises(trionsq.BadMessageError):
+                await producer.publish("topic", b"x" * 100)
+            with pytest.raises(trionsq.BadTopicError):
+                await producer.publish("bad topic!", b"x")
+            await producer.publish("topic", b"fits")
+        with pytest.raises(aio.ClientClosedError):
+            await producer.publish("topic", b"x")
+        consumer = aio.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address])
+        async with consumer:
+            pass
+        with pytest.raises(aio.ClientClosedError):
+            await consumer.__anext__()
+        with pytest.raises(RuntimeError, match="only once"):
+            async with consumer:
+                pass
+
+    run(main)
+
+
+def test_no_thread_outlives_the_block(daemon: Daemon) -> None:
+    names: list[str] = []
+
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            names.extend(t.name for t in threading.enumerate())
+            await producer.publish("topic", b"x")
+        left = [t.name for t in threading.enumerate() if t.name.startswith("trionsq")]
+        assert left == []
+
+    run(main)
+    assert "trionsq-asyncio-producer" in names
