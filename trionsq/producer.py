@@ -80,7 +80,8 @@ class Producer:
     connection fails the next publish reconnects, failing over to the others.
     A publish whose connection is lost before its response raises
     :class:`~trionsq.connection.ConnectionClosedError` (it may or may not have
-    been published).  nsqd's refusals raise their typed errors.
+    been published).  nsqd's refusals raise their typed errors (a refused
+    connection too, when every nsqd refused it: ``AuthFailedError``...).
     """
 
     def __init__(
@@ -129,7 +130,7 @@ class Producer:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> bool:
         self._closed = True
         assert self._stack is not None and self._nursery is not None
         # Whatever happens, the nursery must be exited (or Trio's stack breaks).
@@ -139,8 +140,10 @@ class Producer:
                 with trio.CancelScope(shield=True):
                     await self._conn.aclose()
         finally:
-            result = await self._stack.__aexit__(exc_type, exc, tb)
-        return result
+            # The block's exception is not the nursery's: passing it would
+            # wrap it in an exception group.
+            await self._stack.__aexit__(None, None, None)
+        return False  # the block's own exception propagates unchanged
 
     @property
     def stats(self) -> ProducerStats:
@@ -179,6 +182,7 @@ class Producer:
                 return conn
             addresses = self.config.nsqd_tcp_addresses
             failures: list[str] = []
+            refusals: list[NSQErrorResponse] = []
             start = self._index  # read once: _run may move it meanwhile
             for step in range(len(addresses)):
                 index = (start + step) % len(addresses)
@@ -191,11 +195,15 @@ class Producer:
                 except NSQErrorResponse as exc:
                     log.warning("%s refused the connection: %s", addresses[index], exc)
                     failures.append(f"{addresses[index]}: {exc}")
+                    refusals.append(exc)
                     continue
                 self._index = index
                 self._conn = conn
                 self._nursery.start_soon(self._run, conn)
                 return conn
+            if len(refusals) == len(addresses):
+                # Every nsqd answered, and refused (E_AUTH_FAILED...): its typed error.
+                raise refusals[0]
             raise NSQConnectionError("no nsqd reachable (" + "; ".join(failures) + ")")
 
     async def _publish(self, data: bytes, messages: int = 1, batch: bool = False) -> None:

@@ -80,6 +80,10 @@ class Node:
         self._scope: trio.CancelScope | None = None
         self._done: trio.Event | None = None
         self.running = False
+        # One HTTP client for all of this node's queries: a client per query
+        # costs milliseconds of CPU (an SSL context each), which tests that
+        # poll /stats pay many times over on a busy machine.
+        self._http: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
         return f"<{self.kind} {self.name} {self.tcp_address}>"
@@ -121,10 +125,13 @@ class Node:
         self._scope = scope = trio.CancelScope()
         self._done = done = trio.Event()
 
-        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def run(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
             try:
                 with scope:
-                    await node.run(task_status=task_status)
+                    if isinstance(node, NSQD):
+                        await node.run(task_status=task_status)
+                    else:
+                        await node.serve(task_status=task_status)
             finally:
                 done.set()
 
@@ -155,6 +162,8 @@ class Node:
 
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
+            if self._http is not None:
+                await self._http.aclose()
             await self._end(kill=False)
             if self._real is not None:
                 await trio.to_thread.run_sync(self._real.close)
@@ -164,11 +173,16 @@ class Node:
 
     # --- HTTP ---
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0)
+        return self._http
+
     async def get(self, path: str) -> Any:
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            response = await client.get(f"http://{self.http_address}{path}")
-            response.raise_for_status()
-            return response.json()
+        response = await self.http.get(f"http://{self.http_address}{path}")
+        response.raise_for_status()
+        return response.json()
 
 
 class Nsqd(Node):
@@ -188,6 +202,23 @@ class Nsqd(Node):
                         return found
         return None
 
+    async def create_channel(self, topic: str, channel: str) -> None:
+        for path in (
+            f"/topic/create?topic={topic}",
+            f"/channel/create?topic={topic}&channel={channel}",
+        ):
+            response = await self.http.post(f"http://{self.http_address}{path}")
+            response.raise_for_status()
+
+    async def scanned_channel(self, topic: str, channel: str) -> None:
+        """Create the channel and restart nsqd, so that its in-flight timeouts
+        are scanned at once: real nsqd v1.3.0 looks for new channels to scan
+        only every 5 s (its queue-scan-refresh-interval, not a flag), so a
+        message in a fresh channel may outlive msg_timeout by up to 5 s."""
+        await self.create_channel(topic, channel)
+        await self.stop()
+        await self.start()
+
     async def topic_depth(self, topic: str) -> int:
         for t in (await self.stats())["topics"]:
             if t["topic_name"] == topic:
@@ -200,8 +231,7 @@ class Nsqlookupd(Node):
 
     async def producers(self, topic: str) -> list[str]:
         """``host:port`` of the nsqds nsqlookupd lists for ``topic``."""
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            response = await client.get(f"http://{self.http_address}/lookup?topic={topic}")
+        response = await self.http.get(f"http://{self.http_address}/lookup?topic={topic}")
         if response.status_code != 200:
             return []
         return sorted(
