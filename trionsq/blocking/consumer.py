@@ -23,6 +23,8 @@ log = logging.getLogger("trionsq.blocking")
 
 #: how long closing waits for an idle handler thread to notice the end
 _IDLE_JOIN = 5.0
+#: blocking waits wake this often (to let the main thread run signal handlers)
+_SLICE = 0.25
 
 
 class Message(HandedMessage):
@@ -190,10 +192,17 @@ class Consumer:
         """
         check_not_in_trio("blocking.Consumer.run()")
         self._check_open()
-        try:
-            end = self._stop_signal.get(timeout=timeout)
-        except queue.Empty:
-            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # In slices: a signal aimed at another thread still gets its Python
+            # handler run here soon (handlers run between the main thread's steps).
+            left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+            try:
+                end = self._stop_signal.get(timeout=max(0.0, left))
+                break
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
         self._stop_signal.put(end)  # for any other waiter
         if end.error is not None:
             raise end.error
@@ -307,7 +316,14 @@ class Consumer:
         if self._stopping:
             raise StopIteration
         check_not_in_trio("iterating a blocking.Consumer")
-        item = self._queue.get()
+        get = self._queue.get
+        while True:
+            try:
+                item = get(timeout=_SLICE)  # in slices, as in run()
+                break
+            except queue.Empty:
+                if self._stopping:
+                    raise StopIteration from None
         if isinstance(item, _End):
             self._queue.put(item)  # for other iterating threads
             if item.error is not None:
