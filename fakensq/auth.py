@@ -17,10 +17,19 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
-__all__ = ["AuthHandler", "Authorization", "AuthState", "query_auth", "AuthError"]
+__all__ = [
+    "AuthHandler",
+    "Authorization",
+    "AuthState",
+    "query_auth",
+    "auth_query_string",
+    "decode_auth_response",
+    "AuthError",
+]
 
 #: ``handler(query) -> response``: query has remote_ip, tls, secret (and
 #: common_name); the response is the auth server's JSON document.
@@ -61,38 +70,134 @@ class AuthState:
         return any(a.is_allowed(topic, channel) for a in self.authorizations)
 
 
-def parse_auth_response(doc: Any) -> AuthState:
-    """Validate the auth server's answer as nsqd does."""
+class _TypeError(Exception):
+    """A JSON value Go's encoding/json would not put in the field's type."""
+
+
+def _go_field(doc: Mapping[str, Any], name: str) -> Any:
+    # Go matches a JSON key to a field exactly, else case-insensitively.
+    if name in doc:
+        return doc[name]
+    for key, value in doc.items():
+        if isinstance(key, str) and key.lower() == name:
+            return value
+    return None
+
+
+def _go_string(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _TypeError(f"cannot unmarshal {_json_kind(value)} into string")
+    return value
+
+
+def _go_strings(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _TypeError(f"cannot unmarshal {_json_kind(value)} into []string")
+    return [_go_string(item) for item in value]
+
+
+def _go_int(value: Any) -> int:
+    if value is None:
+        return 0
+    # A float here came from a literal with a fraction or an exponent, which
+    # Go refuses for an int field.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _TypeError(f"cannot unmarshal {_json_kind(value)} into int")
+    if not -(1 << 63) <= value < (1 << 63):
+        raise _TypeError("number out of range for int")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+# RE2 (Go's regexp) has no lookaround and no backreferences; Python's re has.
+_NOT_RE2 = re.compile(r"\\[1-9]|\\g<|\(\?(?:=|!|<=|<!|P=)")
+
+
+def _compile_go_regexp(pattern: str) -> None:
+    if _NOT_RE2.search(pattern):
+        raise re.error("invalid or unsupported Perl syntax")
+    re.compile(pattern)
+
+
+def decode_auth_response(doc: Any) -> AuthState:
+    """The auth server's answer, decoded as Go decodes it into nsqd's
+    ``auth.State`` (a wrong type anywhere is an error; unknown keys are not)
+    and validated as nsqd does; raises :class:`AuthError`."""
+    if doc is None:
+        doc = {}
     if not isinstance(doc, Mapping):
-        raise AuthError("auth response is not a JSON object")
+        raise AuthError(f"json: cannot unmarshal {_json_kind(doc)} into auth.State")
     try:
-        ttl = int(doc.get("ttl", 0))
+        ttl = _go_int(_go_field(doc, "ttl"))
+        identity = _go_string(_go_field(doc, "identity"))
+        identity_url = _go_string(_go_field(doc, "identity_url"))
+        raw_auths = _go_field(doc, "authorizations")
+        if raw_auths is not None and not isinstance(raw_auths, list):
+            raise _TypeError(f"cannot unmarshal {_json_kind(raw_auths)} into []Authorization")
         auths: list[Authorization] = []
-        for raw in doc.get("authorizations") or []:
-            auth = Authorization(
-                topic=str(raw.get("topic", "")),
-                channels=[str(c) for c in raw.get("channels") or []],
-                permissions=[str(p) for p in raw.get("permissions") or []],
+        for raw in raw_auths or []:
+            if raw is None:
+                raw = {}
+            if not isinstance(raw, Mapping):
+                raise _TypeError(f"cannot unmarshal {_json_kind(raw)} into Authorization")
+            auths.append(
+                Authorization(
+                    topic=_go_string(_go_field(raw, "topic")),
+                    channels=_go_strings(_go_field(raw, "channels")),
+                    permissions=_go_strings(_go_field(raw, "permissions")),
+                )
             )
-            for p in auth.permissions:
-                if p not in ("subscribe", "publish"):
-                    raise AuthError(f"unknown permission {p}")
-            for pattern in (auth.topic, *auth.channels):
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise AuthError(f"unable to compile {pattern!r} {exc}") from None
-            auths.append(auth)
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise AuthError(f"invalid auth response: {exc}") from None
+    except _TypeError as exc:
+        raise AuthError(f"json: {exc}") from None
+    for auth in auths:
+        for p in auth.permissions:
+            if p not in ("subscribe", "publish"):
+                raise AuthError(f"unknown permission {p}")
+        for pattern in (auth.topic, *auth.channels):
+            try:
+                _compile_go_regexp(pattern)
+            except re.error as exc:
+                raise AuthError(f"unable to compile {pattern!r} {exc}") from None
     if ttl <= 0:
         raise AuthError(f"invalid TTL {ttl} (must be >0)")
-    return AuthState(
-        identity=str(doc.get("identity", "")),
-        identity_url=str(doc.get("identity_url", "")),
-        ttl=ttl,
-        authorizations=auths,
-    )
+    return AuthState(identity=identity, identity_url=identity_url, ttl=ttl, authorizations=auths)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid character in JSON: {name}")
+
+
+def _loads(body: bytes) -> Any:
+    return json.loads(body, parse_constant=_reject_constant)
+
+
+#: What Go's net/http client sends with a request, and nothing more (an auth
+#: server sees the same request from fakensq as from nsqd).
+_GO_CLIENT_HEADERS = {
+    "User-Agent": "Go-http-client/1.1",
+    "Accept": "application/vnd.nsq; version=1.0",  # nsqd's http_api client adds it
+    "Accept-Encoding": "gzip",
+}
+
+
+def auth_query_string(query: dict[str, str]) -> str:
+    """Go's ``url.Values.Encode``: keys sorted, ``QueryEscape``-d values."""
+    return urlencode(sorted(query.items()))
 
 
 async def query_auth(
@@ -103,8 +208,10 @@ async def query_auth(
     method: str = "get",
     connect_timeout: float = 2.0,
     request_timeout: float = 5.0,
+    start: int = 0,
 ) -> AuthState:
-    """Ask the handler, or each auth server in turn until one answers."""
+    """Ask the handler, or the auth servers in turn from the ``start``-th (nsqd
+    starts at a random one) until one answers."""
     if handler is not None:
         try:
             result = handler(dict(query))
@@ -112,20 +219,23 @@ async def query_auth(
                 result = await result
         except Exception as exc:
             raise AuthError(f"auth handler failed: {exc}") from exc
-        return parse_auth_response(result)
+        return decode_auth_response(result)
     last: Exception | None = None
     timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
-    for address in addresses:
-        url = address if "://" in address else f"http://{address}"
+    n = len(addresses)
+    for i in range(n):
+        address = addresses[(start + i) % n]
+        url = address if "://" in address else f"http://{address}/auth"
         try:
-            async with httpx.AsyncClient(timeout=timeout) as http:
+            async with httpx.AsyncClient(timeout=timeout, headers=_GO_CLIENT_HEADERS) as http:
+                del http.headers["connection"]  # httpx's own; Go sends none
                 if method.lower() == "post":
-                    resp = await http.post(f"{url}/auth", data=query)
+                    resp = await http.post(url, content=auth_query_string(query).encode())
                 else:
-                    resp = await http.get(f"{url}/auth", params=query)
+                    resp = await http.get(f"{url}?{auth_query_string(query)}")
             if resp.status_code != 200:
                 raise AuthError(f"got response {resp.status_code} from {url}")
-            return parse_auth_response(json.loads(resp.content))
+            return decode_auth_response(_loads(resp.content))
         except (httpx.HTTPError, ValueError, AuthError) as exc:
             last = exc
     raise AuthError(f"unable to access auth server: {last}")

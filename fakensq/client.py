@@ -49,7 +49,9 @@ from trionsq.protocol.frames import (
     encode_response,
     message_frame_header,
 )
+from trionsq.protocol.names import go_quote
 
+from . import gojson
 from .auth import AuthError, AuthState, query_auth
 from .gotls import cipher_suite_text
 from .options import TLS_NOT_REQUIRED, VERSION
@@ -394,7 +396,7 @@ class ClientConnection:
             "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
         }
         async with self._send_lock:
-            await self._write(encode_response(json.dumps(reply, separators=(",", ":")).encode()))
+            await self._write(encode_response(gojson.dumps(reply)))
             if tls_v1:
                 assert self.nsqd.tls_context is not None
                 tls_stream = trio.SSLStream(self.stream, self.nsqd.tls_context, server_side=True)
@@ -491,7 +493,7 @@ class ClientConnection:
             "identity_url": self.auth_state.identity_url,
             "permission_count": len(self.auth_state.authorizations),
         }
-        await self._send_response(json.dumps(reply, separators=(",", ":")).encode())
+        await self._send_response(gojson.dumps(reply))
 
     async def _query_auth(self) -> AuthState:
         opts = self.nsqd.options
@@ -499,10 +501,9 @@ class ClientConnection:
             "remote_ip": self.remote_address.rpartition(":")[0].strip("[]"),
             "tls": "true" if self.tls else "false",
             "secret": self.auth_secret,
+            "common_name": self._tls_common_name(),  # "" without a client certificate
         }
-        common_name = self._tls_common_name()
-        if common_name:
-            query["common_name"] = common_name
+        addresses = opts.auth_http_addresses
         state = await query_auth(
             opts.auth_http_addresses,
             self.nsqd.auth_handler,
@@ -510,6 +511,7 @@ class ClientConnection:
             method=opts.auth_http_request_method,
             connect_timeout=opts.http_client_connect_timeout,
             request_timeout=opts.http_client_request_timeout,
+            start=self.nsqd.rng.randrange(len(addresses)) if addresses else 0,
         )
         state.expires = trio.current_time() + state.ttl
         return state
@@ -541,7 +543,7 @@ class ClientConnection:
                 raise AuthFailedError("AUTH failed") from None
         if not state.is_allowed(topic, channel):
             raise UnauthorizedError(
-                f"AUTH failed for {verb} on {json.dumps(topic)} {json.dumps(channel)}"
+                f"AUTH failed for {verb} on {go_quote(topic)} {go_quote(channel)}"
             )
 
     # --- the channel's side ---

@@ -398,9 +398,10 @@ def conformance(tmp_path: Path) -> Conformance:
 class AuthServer:
     """One small HTTP auth server for both daemons (nsqd's ``/auth`` protocol).
 
-    ``grants`` maps a secret to the JSON document to answer (a dict) or an HTTP
-    status (an int); unknown secrets get 403.  ``queries`` records what each
-    request asked (method and parameters), to compare what the two nsqds send.
+    ``grants`` maps a secret to the JSON document to answer (a dict), a text
+    body (str) or an HTTP status (an int); unknown secrets get 403, whatever
+    the path.  ``queries`` records each request (method, path, raw query,
+    user agent, body), to compare what the two nsqds send.
     """
 
     def __init__(self) -> None:
@@ -410,13 +411,16 @@ class AuthServer:
 
     async def _handle(self, request: Request) -> Response:
         params = {k: v[0] for k, v in request.query.items()}
-        if request.method == "POST":
-            from urllib.parse import parse_qs
-
-            params.update({k: v[0] for k, v in parse_qs(request.body.decode()).items()})
-        self.queries.append({"method": request.method, "path": request.path, **params})
-        if request.path != "/auth":
-            return Response.json({"message": "NOT_FOUND"}, 404)
+        self.queries.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "query": request.raw_query,  # its order and escaping too
+                "user-agent": request.headers.get("user-agent", ""),
+                "accept": request.headers.get("accept", ""),
+                "body": request.body,
+            }
+        )
         grant = self.grants.get(params.get("secret", ""), 403)
         if isinstance(grant, int):
             return Response.json({"message": "NO"}, grant)

@@ -8,7 +8,7 @@ diff::
 
     ("c", "OK")                         # a response
     ("c", "E_INVALID invalid command X")  # an error frame
-    ("c", "json", {...})                # a JSON response (IDENTIFY, AUTH)
+    ("c", "json", {...}, '{...}')       # a JSON response (IDENTIFY, AUTH), parsed and raw
     ("c", "msg", "<ID1>", 1, b"body")   # a message: alias of its id, attempts, body
     ("c", "heartbeat")
     ("c", "closed")                     # the server closed the connection
@@ -189,7 +189,9 @@ class Session:
         elif frame.is_heartbeat:
             entry = (self.name, "heartbeat")
         elif frame.data[:1] == b"{":
-            entry = (self.name, "json", json.loads(frame.data))
+            # Parsed (readable diffs, normalizable keys) and as sent (Go's
+            # encoding: key order, escapes such as \u0026).
+            entry = (self.name, "json", json.loads(frame.data), _text(frame.data))
         else:
             entry = (self.name, _text(frame.data))
         self.transcript.append(entry)

@@ -36,7 +36,7 @@ async def test_protocol_errors(conformance: Conformance, data: bytes, error: str
 async def test_identify_reply_fields(conformance: Conformance) -> None:
     async def scenario(t: Target) -> Any:
         c = await t.connect()
-        (_, _, doc) = await c.identify(client_id="conformance", feature_negotiation=True)
+        (_, _, doc, _) = await c.identify(client_id="conformance", feature_negotiation=True)
         return doc
 
     _, doc = await conformance.nsqd(scenario)

@@ -54,7 +54,12 @@ async def test_auth_flow(autojump_clock: trio.abc.Clock, nursery: trio.Nursery) 
             "identity_url": "http://x/alice",
             "permission_count": 2,
         }
-        assert queries[-1] == {"remote_ip": "127.0.0.1", "tls": "false", "secret": "good"}
+        assert queries[-1] == {
+            "remote_ip": "127.0.0.1",
+            "tls": "false",
+            "secret": "good",
+            "common_name": "",
+        }
         await c.pub("orders", b"x")
         await c.pub("biglogs", b"unanchored match, as Go's MatchString")
         await c.send(cmds.sub("logs", "c"))
