@@ -236,6 +236,26 @@ async def test_cancellation_requeues_at_once_what_handlers_held(
     await wait_for(lambda: not node.live)
 
 
+async def test_cancellation_during_the_close_timeout_wait_requeues_at_once(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    (held,) = node.put(b"x")
+    entered = trio.Event()
+
+    async def handler(message: trionsq.Message) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    with trio.move_on_after(3):
+        async with consumer(node, handler=handler, close_timeout=30):
+            await entered.wait()
+        # The block ended at once: leaving waits for the handler...
+    # ...until the deadline cancels the wait: then its message goes back.
+    assert trio.current_time() == pytest.approx(3, abs=0.01)
+    assert node.reqs == [(held, 0)] and node.fins == []
+
+
 async def test_reconnects_to_configured_nsqd(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:

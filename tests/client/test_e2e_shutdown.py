@@ -108,6 +108,26 @@ async def test_handler_cancelled_by_the_enclosing_nursery(daemons: Daemons) -> N
     assert sum(c["depth"] for c in channels) == 15
 
 
+async def test_async_for_cancelled_by_the_enclosing_scope(daemons: Daemons) -> None:
+    nsqds = [await daemons.nsqd() for _ in range(2)]
+    for index, nsqd in enumerate(nsqds):
+        await publish(nsqd, "topic", [b"%d-%d" % (index, i) for i in range(5)])
+    held: list[trionsq.Message] = []
+    with trio.move_on_after(30) as scope:
+        async with consumer(nsqds, max_in_flight=4) as c:
+            async for message in c:
+                held.append(message)
+                if len(held) == 2:
+                    cancelled = trio.current_time()
+                    scope.cancel()  # e.g. a deadline: the loop body is cancelled
+                    await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert trio.current_time() - cancelled < PROMPT
+    channels = [await nothing_in_flight(n, "topic", "chan") for n in nsqds]
+    assert sum(c["timeout_count"] for c in channels) == 0
+    assert sum(c["depth"] for c in channels) == 10
+
+
 async def test_running_handlers_get_close_timeout_then_are_requeued(daemons: Daemons) -> None:
     nsqd = await daemons.nsqd()
     await publish(nsqd, "topic", [b"quick", b"slow", b"stuck"])
