@@ -9,7 +9,10 @@ client guide's rules, as implemented here:
   the first ones), never above a connection's ``max_rdy_count``;
 - the sum over connections never exceeds ``max_in_flight``: a raise is only
   decided when ``sum(max(rdy, in_flight))`` stays within it, counting messages
-  still in flight on connections whose RDY was lowered;
+  still in flight on connections whose RDY was lowered (what nsqd sent under
+  the old RDY before reading the lowering can still arrive: the messages in
+  flight may then exceed ``max_in_flight`` for a moment, by what was in
+  transit; the consumer never runs more handlers than ``max_in_flight``);
 - a connection's RDY is re-sent when what remains of it reaches 0 or falls
   below 25% of the last RDY sent;
 - with fewer ``max_in_flight`` than connections, RDY 1 rotates: a connection
