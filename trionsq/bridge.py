@@ -124,34 +124,47 @@ class Waiter(Generic[T]):
 
 
 class LoopPost(Generic[T]):
-    """Items put from any thread, handed to ``on_item`` in an asyncio loop.
+    """Items put from any thread, handed in batches to a callback in an asyncio loop.
 
     A put schedules a flush (``call_soon_threadsafe``) only when none is
     pending: the flush clears the flag before it takes the items, and a put
-    appends before it reads the flag, so no item is left behind.  Puts after the
+    appends before it reads the flag, so no item is left behind.  ``on_items``
+    receives the shared deque and must pop items from its left until it is
+    empty (a put may add more meanwhile: it takes those too).  Puts after the
     asyncio loop closed are dropped (nobody is left to receive them).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_item: Callable[[T], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_items: Callable[[deque[T]], None]
+    ) -> None:
         self._loop = loop
-        self._on_item = on_item
+        self._on_items = on_items
         self._items: deque[T] = deque()
         self._scheduled = False
 
     def put(self, item: T) -> None:
         self._items.append(item)
         if not self._scheduled:
-            self._scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self._flush)
-            except RuntimeError:  # the loop is closed
-                pass
+            self.schedule()
+
+    def add(self, item: T) -> None:
+        """Append without waking the asyncio loop: call :meth:`schedule` after
+        the last item of a batch (one wake-up for the batch)."""
+        self._items.append(item)
+
+    def schedule(self) -> None:
+        """Have the asyncio loop take the items (unless it is about to)."""
+        if self._scheduled:
+            return
+        self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the loop is closed
+            pass
 
     def _flush(self) -> None:
         self._scheduled = False
-        items, on_item = self._items, self._on_item
-        while items:
-            on_item(items.popleft())
+        self._on_items(self._items)
 
     def take_all(self) -> list[T]:
         """In the asyncio loop: the items not flushed yet (they will not be)."""

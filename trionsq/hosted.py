@@ -70,7 +70,12 @@ class HostedProducer:
     fails the rest with :class:`ClientClosedError`.
     """
 
-    def __init__(self, config: Config, name: str = "trionsq-producer") -> None:
+    def __init__(
+        self,
+        config: Config,
+        name: str = "trionsq-producer",
+        end_of_batch: Callable[[], None] | None = None,
+    ) -> None:
         self.runner = TrioThread(name)
         self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
         self.producer = Producer(config=self.config)
@@ -85,6 +90,11 @@ class HostedProducer:
         self._closing = False
         self._close_requested: trio.Event | None = None
         self._served: trio.Event | None = None
+        # Completions of one scheduler pass are followed by one end_of_batch()
+        # (the asyncio front end wakes its loop once for them).
+        self._end_of_batch = end_of_batch
+        self._in_batch = False
+        self._batch_ended = trio.Event()
 
     # --- life (called from the front end's thread) ---
 
@@ -175,6 +185,9 @@ class HostedProducer:
         try:
             async with self.producer, trio.open_nursery() as workers:
                 self._nursery = workers
+                batcher = trio.CancelScope()
+                if self._end_of_batch is not None:
+                    workers.start_soon(self._batcher, batcher)
                 task_status.started()
                 await self._close_requested.wait()
                 self._closing = True
@@ -183,11 +196,25 @@ class HostedProducer:
                     self._wake_workers(len(self.inbox.items))
                 # Jobs already put get their answers; a hung one is cut off.
                 workers.cancel_scope.deadline = trio.current_time() + self.config.close_timeout
+                batcher.cancel()
             self.fail_leftovers()
         finally:
             self._served.set()
             # The producer was the thread's only purpose.
             self.runner.request_stop()
+
+    async def _batcher(self, scope: trio.CancelScope) -> None:
+        """Call ``end_of_batch`` once per scheduler pass that completed jobs."""
+        assert self._end_of_batch is not None
+        try:
+            with scope:
+                while True:
+                    await self._batch_ended.wait()
+                    self._batch_ended = trio.Event()
+                    self._in_batch = False
+                    self._end_of_batch()
+        finally:
+            self._end_of_batch()  # the last completions
 
     def _on_wake(self) -> None:
         """A put found nobody looking at the inbox: get workers going."""
@@ -238,6 +265,12 @@ class HostedProducer:
                         done.set_exception(exc)
                     else:
                         done.set_result(result)
+                    if self._end_of_batch is not None:
+                        if self._closing:  # the batcher is gone: no batching
+                            self._end_of_batch()
+                        elif not self._in_batch:
+                            self._in_batch = True
+                            self._batch_ended.set()
                     self._scanning += 1
                     continue
                 if self._closing:

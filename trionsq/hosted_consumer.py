@@ -50,18 +50,7 @@ class HandedMessage:
     calling thread, and carried out by the client's loop.
     """
 
-    __slots__ = (
-        "_backoff",
-        "_core",
-        "_delay",
-        "_hosted",
-        "address",
-        "attempts",
-        "body",
-        "id",
-        "responded",
-        "timestamp",
-    )
+    __slots__ = ("_backoff", "_core", "_delay", "_hosted", "attempts", "body", "id", "responded")
 
     def __init__(self, core: Message, hosted: HostedConsumer) -> None:
         self._core = core
@@ -71,14 +60,20 @@ class HandedMessage:
         self.body = core.body
         #: deliveries so far, this one included (1 the first time)
         self.attempts = core.attempts
-        #: when nsqd received the message, in nanoseconds since the epoch
-        self.timestamp = core.timestamp
-        #: the nsqd (``host:port``) that delivered it
-        self.address = core.address
         #: ``"finished"``, ``"requeued"`` or ``None`` while unanswered
         self.responded: str | None = None
         self._delay: float | None = None
         self._backoff = True
+
+    @property
+    def timestamp(self) -> int:
+        """When nsqd received the message, in nanoseconds since the epoch."""
+        return self._core.timestamp
+
+    @property
+    def address(self) -> str:
+        """The nsqd (``host:port``) that delivered it."""
+        return self._core.address
 
     def __repr__(self) -> str:
         return (
@@ -151,6 +146,7 @@ class HostedConsumer:
         deliver: Deliver,
         on_end: Callable[[BaseException | None], None],
         give_up: AsyncGiveUp | None = None,
+        end_of_batch: Callable[[], None] | None = None,
         rng: random.Random | None = None,
         name: str = "trionsq-consumer",
     ) -> None:
@@ -166,6 +162,7 @@ class HostedConsumer:
         )
         self._wrap = wrap
         self._deliver = deliver
+        self._end_of_batch = end_of_batch
         self._on_end = on_end
         self.inbox: Inbox[tuple[int, HandedMessage]] = Inbox(self.runner.run_sync_soon)
         #: orders the claims of finish/requeue across threads
@@ -173,6 +170,9 @@ class HostedConsumer:
         # Handed out and not settled yet (dict as an ordered set; loop only).
         self._out: dict[HandedMessage, None] = {}
         self._pump_scope = trio.CancelScope()
+        self._in_batch = False
+        self._batch_ended = trio.Event()
+        self._batcher_scope = trio.CancelScope()
         self._pump_done: trio.Event | None = None
         self._settled: trio.Event | None = None
         self._close_requested: trio.Event | None = None
@@ -278,8 +278,12 @@ class HostedConsumer:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._settler)
                     nursery.start_soon(self._pump)
+                    if self._end_of_batch is not None:
+                        nursery.start_soon(self._batcher)
                     task_status.started()
                     await self._close_requested.wait()
+                    self._pump_scope.cancel()
+                    self._batcher_scope.cancel()
                     # Settles put before the close are applied before the core leaves.
                     self.inbox.close()
         except Exception as exc:
@@ -294,14 +298,30 @@ class HostedConsumer:
     async def _pump(self) -> None:
         assert self._pump_done is not None
         deliver, wrap, out = self._deliver, self._wrap, self._out
+        batched = self._end_of_batch is not None
         try:
             with self._pump_scope:
                 async for core in self.consumer:
                     message = wrap(core, self)
                     out[message] = None
                     deliver(message)
+                    if batched and not self._in_batch:
+                        self._in_batch = True
+                        self._batch_ended.set()
         finally:
             self._pump_done.set()
+
+    async def _batcher(self) -> None:
+        """Call ``end_of_batch`` once per run of deliveries: woken by the first
+        delivery of a run, this task runs in the scheduler pass after the one in
+        which the pump delivered them (the pump does not yield between them)."""
+        assert self._end_of_batch is not None
+        with self._batcher_scope:
+            while True:
+                await self._batch_ended.wait()
+                self._batch_ended = trio.Event()
+                self._in_batch = False
+                self._end_of_batch()
 
     async def _settler(self) -> None:
         inbox = self.inbox
@@ -313,12 +333,17 @@ class HostedConsumer:
                 return  # closed, and nothing left to apply
             while items:
                 op, message = items.popleft()
+                core = message._core
                 if op == TOUCH:
-                    if not message._core.has_responded:
-                        await message._core.touch()
+                    if not core.has_responded:
+                        await core.touch()
                     continue
                 out.pop(message, None)
-                await message._apply()
+                # (message._apply(), inlined: this loop carries every answer)
+                if message.responded == "finished":
+                    await core.finish()
+                else:
+                    await core.requeue(message._delay, message._backoff)
             if self._settled is not None and not out:
                 self._settled.set()
 

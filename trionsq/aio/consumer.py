@@ -113,6 +113,7 @@ class Consumer:
             deliver=self._deliver,
             on_end=self._on_end,
             give_up=self._give_up if give_up is not None else None,
+            end_of_batch=self._end_of_batch,
             rng=rng,
             name="trionsq-asyncio-consumer",
         )
@@ -243,19 +244,30 @@ class Consumer:
     def _deliver(self, message: HandedMessage) -> None:
         # In the Trio loop's thread.
         assert self._arrivals is not None
-        self._arrivals.put(message)  # type: ignore[arg-type]
+        self._arrivals.add(message)  # type: ignore[arg-type]
 
-    def _arrive(self, message: Message) -> None:
-        # In the asyncio loop.
-        self._ready.append(message)
+    def _end_of_batch(self) -> None:
+        # In the Trio loop's thread: one wake-up of the asyncio loop per batch.
+        assert self._arrivals is not None
+        self._arrivals.schedule()
+
+    def _arrive(self, arrived: deque[Message]) -> None:
+        # In the asyncio loop: a batch from the Trio thread.
+        ready = self._ready
+        count = 0
+        while arrived:
+            ready.append(arrived.popleft())
+            count += 1
         waiters = self._waiters
-        while waiters:
+        while waiters and count:
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                return
+                count -= 1
         if self._handler is not None and not self._stopping:
-            self._start_worker()
+            for _ in range(count):  # messages no idle worker will take
+                if not self._start_worker():
+                    break
 
     def _wake_all(self) -> None:
         while self._waiters:
@@ -295,8 +307,11 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
-        self._check_open()
         self._since_yield += 1
+        if self._since_yield < _YIELD_EVERY and self._ready and self._state == "open":
+            if not self._stopping:
+                return self._ready.popleft()  # the common case: one ready
+        self._check_open()
         if self._since_yield >= _YIELD_EVERY:
             self._since_yield = 0
             await asyncio.sleep(0)
@@ -304,12 +319,13 @@ class Consumer:
 
     # --- handlers ---
 
-    def _start_worker(self) -> None:
+    def _start_worker(self) -> bool:
         if len(self._workers) >= max(1, self.config.max_in_flight) or self._loop is None:
-            return
+            return False
         task = self._loop.create_task(self._worker(), name="trionsq-handler")
         self._workers.add(task)
         task.add_done_callback(self._workers.discard)
+        return True
 
     async def _worker(self) -> None:
         handler = self._handler

@@ -10,6 +10,7 @@ ended; only then is the thread joined, so that no thread outlives the
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -49,7 +50,7 @@ class LoopCalls(LoopPost[LoopCall]):
     """Calls from the Trio thread into the asyncio loop, batched."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop, _call)
+        super().__init__(loop, _calls)
 
     def future(self, future: asyncio.Future[Any], error: BaseException | None, value: Any) -> None:
         """(Any thread) complete ``future`` in the asyncio loop."""
@@ -62,9 +63,10 @@ class LoopCalls(LoopPost[LoopCall]):
             self.future(future, None, result.value)
 
 
-def _call(item: LoopCall) -> None:
-    fn, arg = item
-    fn(arg)
+def _calls(items: deque[LoopCall]) -> None:
+    while items:
+        fn, arg = items.popleft()
+        fn(arg)
 
 
 async def enter(hosted: Hosted, calls: LoopCalls) -> asyncio.Future[None]:

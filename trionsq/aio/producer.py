@@ -11,7 +11,7 @@ from .. import producer as _core
 from ..config import Config
 from ..hosted import ClientClosedError, HostedProducer
 from ..trio_thread import ForkedError, LoopStoppedError
-from .lifecycle import LoopCalls, enter, leave
+from .lifecycle import LoopCalls, enter, leave, settle_future
 
 __all__ = ["Producer"]
 
@@ -26,7 +26,9 @@ class _Reply:
         self.future = future
 
     def set_result(self, value: None) -> None:
-        self.calls.future(self.future, None, value)
+        # Added without a wake-up: the producer's batcher wakes the asyncio
+        # loop once for all the answers of a scheduler pass.
+        self.calls.add((settle_future, (self.future, None, value)))
 
     def set_exception(self, error: BaseException) -> None:
         self.calls.future(self.future, error, None)
@@ -78,7 +80,9 @@ class Producer:
         self._state = "opening"
         loop = asyncio.get_running_loop()
         calls = LoopCalls(loop)
-        hosted = HostedProducer(self.config, name="trionsq-asyncio-producer")
+        hosted = HostedProducer(
+            self.config, name="trionsq-asyncio-producer", end_of_batch=calls.schedule
+        )
         try:
             self._exited = await enter(hosted, calls)
         except BaseException:

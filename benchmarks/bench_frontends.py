@@ -1,0 +1,418 @@
+"""The blocking and asyncio front ends against the async clients, on the real nsqd.
+
+Every case runs against one real nsqd v1.3.0 (found by tests/reference.py: NSQ_BIN
+or shared/reference/nsq-bin; without it the script says so and stops), with
+100-byte bodies, on a topic of its own.  Rounds interleave the cases (their order
+rotates), so a burst of load on the shared machine hurts them alike; each ratio is
+the median over rounds of the case's rate over its baseline's in the same round.
+Rates are wall-clock messages per second of the timed part (after the client is
+connected; a first publish or subscription warms it up).  Every case is checked
+through nsqd's /stats: the topic received every message published, the channel
+ends empty with nothing in flight.
+
+Publish (``--publishes`` messages): the baseline is the async Producer with 256
+concurrent publishing tasks (pipelined).  The blocking Producer from one thread
+keeps its window full with ``publish_async`` futures (a blocking ``publish`` per
+message is a round trip each: shown for reference, against the async Producer
+publishing one at a time); from 8 threads, each thread does the same; 8 threads
+calling the blocking ``publish`` (8 in flight) are shown too, against the async
+Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks.
+
+Consume (``--messages`` messages pre-filled): the baseline is the async Consumer
+with ``async for`` (max_in_flight 2500), FIN each; then the blocking Consumer
+(``for``, and a handler on 4 threads) and the asyncio one (``async for``, and a
+handler).
+
+    python benchmarks/bench_frontends.py [--publishes N] [--messages N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trionsq
+from tests import reference
+from trionsq import aio, blocking
+
+BODY = b"x" * 100
+IN_FLIGHT = 2500
+PIPELINE = 256
+THREADS = 8
+
+#: (address, topic, count) -> seconds taken by the timed part
+Case = Callable[[str, str, int], float]
+
+
+# --- publishing ---
+
+
+def async_tasks(tasks: int) -> Case:
+    def case(address: str, topic: str, count: int) -> float:
+        async def main() -> float:
+            async with trionsq.Producer([address]) as producer:
+                await producer.publish(topic, BODY)
+
+                async def worker(share: int) -> None:
+                    for _ in range(share):
+                        await producer.publish(topic, BODY)
+
+                began = time.perf_counter()
+                async with trio.open_nursery() as nursery:
+                    for share in _shares(count, tasks):
+                        nursery.start_soon(worker, share)
+                return time.perf_counter() - began
+
+        return trio.run(main)
+
+    return case
+
+
+def blocking_futures(address: str, topic: str, count: int) -> float:
+    with blocking.Producer([address]) as producer:
+        producer.publish(topic, BODY)
+        began = time.perf_counter()
+        futures = [producer.publish_async(topic, BODY) for _ in range(count)]
+        producer.flush()
+        took = time.perf_counter() - began
+        assert all(f.exception() is None for f in futures)
+    return took
+
+
+def blocking_sequential(address: str, topic: str, count: int) -> float:
+    with blocking.Producer([address]) as producer:
+        producer.publish(topic, BODY)
+        began = time.perf_counter()
+        for _ in range(count):
+            producer.publish(topic, BODY)
+        return time.perf_counter() - began
+
+
+def blocking_threads(use_futures: bool) -> Case:
+    def case(address: str, topic: str, count: int) -> float:
+        with blocking.Producer([address]) as producer:
+            producer.publish(topic, BODY)
+            barrier = threading.Barrier(THREADS + 1)
+
+            def worker(share: int) -> None:
+                barrier.wait()
+                if use_futures:
+                    for _ in range(share):
+                        producer.publish_async(topic, BODY)
+                else:
+                    for _ in range(share):
+                        producer.publish(topic, BODY)
+
+            threads = [
+                threading.Thread(target=worker, args=(share,)) for share in _shares(count, THREADS)
+            ]
+            for thread in threads:
+                thread.start()
+            barrier.wait()
+            began = time.perf_counter()
+            for thread in threads:
+                thread.join()
+            producer.flush()
+            return time.perf_counter() - began
+
+    return case
+
+
+def aio_tasks(address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        async with aio.Producer([address]) as producer:
+            await producer.publish(topic, BODY)
+
+            async def worker(share: int) -> None:
+                for _ in range(share):
+                    await producer.publish(topic, BODY)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(worker(share) for share in _shares(count, PIPELINE)))
+            return time.perf_counter() - began
+
+    return asyncio.run(main())
+
+
+# --- consuming ---
+
+
+def async_iterate(address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        async with trionsq.Consumer(
+            topic, "c", nsqd_tcp_addresses=[address], max_in_flight=IN_FLIGHT
+        ) as consumer:
+            began = time.perf_counter()
+            seen = 0
+            async for message in consumer:
+                await message.finish()
+                seen += 1
+                if seen == count:
+                    return time.perf_counter() - began
+        raise AssertionError("the consumer stopped early")
+
+    return trio.run(main)
+
+
+def blocking_iterate(address: str, topic: str, count: int) -> float:
+    with blocking.Consumer(
+        topic, "c", nsqd_tcp_addresses=[address], max_in_flight=IN_FLIGHT
+    ) as consumer:
+        began = time.perf_counter()
+        seen = 0
+        for message in consumer:
+            message.finish()
+            seen += 1
+            if seen == count:
+                return time.perf_counter() - began
+    raise AssertionError("the consumer stopped early")
+
+
+def blocking_handler(address: str, topic: str, count: int) -> float:
+    seen = 0
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def handler(message: blocking.Message) -> None:
+        nonlocal seen
+        with lock:
+            seen += 1
+            if seen == count:
+                done.set()
+
+    with blocking.Consumer(
+        topic,
+        "c",
+        nsqd_tcp_addresses=[address],
+        handler=handler,
+        concurrency=4,
+        max_in_flight=IN_FLIGHT,
+    ):
+        began = time.perf_counter()
+        done.wait()
+        return time.perf_counter() - began
+
+
+def aio_iterate(address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        async with aio.Consumer(
+            topic, "c", nsqd_tcp_addresses=[address], max_in_flight=IN_FLIGHT
+        ) as consumer:
+            began = time.perf_counter()
+            seen = 0
+            async for message in consumer:
+                await message.finish()
+                seen += 1
+                if seen == count:
+                    return time.perf_counter() - began
+        raise AssertionError("the consumer stopped early")
+
+    return asyncio.run(main())
+
+
+def aio_handler(address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        seen = 0
+        done = asyncio.Event()
+
+        def handler(message: aio.Message) -> None:
+            nonlocal seen
+            seen += 1
+            if seen == count:
+                done.set()
+
+        async with aio.Consumer(
+            topic, "c", nsqd_tcp_addresses=[address], handler=handler, max_in_flight=IN_FLIGHT
+        ):
+            began = time.perf_counter()
+            await done.wait()
+            return time.perf_counter() - began
+
+    return asyncio.run(main())
+
+
+# --- running and checking ---
+
+
+def _shares(count: int, parts: int) -> list[int]:
+    share, extra = divmod(count, parts)
+    return [share + (1 if i < extra else 0) for i in range(parts)]
+
+
+class Nsqd:
+    def __init__(self, daemon: reference.RealDaemon) -> None:
+        self.tcp = daemon.tcp_address
+        self.http = httpx.Client(base_url=f"http://{daemon.http_address}", timeout=30)
+
+    def topic(self, name: str) -> dict[str, object]:
+        stats = self.http.get("/stats", params={"format": "json", "topic": name}).json()
+        for topic in stats.get("topics") or []:
+            if topic["topic_name"] == name:
+                return dict(topic)
+        return {}
+
+    def channel(self, topic: str) -> dict[str, object]:
+        for channel in self.topic(topic).get("channels") or []:  # type: ignore[attr-defined]
+            return dict(channel)
+        return {}
+
+    def prefill(self, topic: str, count: int) -> None:
+        self.http.post("/channel/create", params={"topic": topic, "channel": "c"})
+
+        async def main() -> None:
+            async with trionsq.Producer([self.tcp]) as producer:
+                for start in range(0, count, 1000):
+                    await producer.multi_publish(topic, [BODY] * min(1000, count - start))
+
+        trio.run(main)
+
+    def check_published(self, topic: str, count: int) -> None:
+        got = self.topic(topic).get("message_count")
+        if got != count + 1:  # the warm-up publish too
+            raise AssertionError(f"{topic}: nsqd counted {got} messages, expected {count + 1}")
+
+    def check_drained(self, topic: str, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            channel = self.channel(topic)
+            if channel.get("depth") == 0 and channel.get("in_flight_count") == 0:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: channel not drained: {channel}")
+            time.sleep(0.05)
+        if channel.get("message_count") != count or channel.get("requeue_count"):
+            raise AssertionError(f"{topic}: unexpected channel counts: {channel}")
+
+
+class Row(NamedTuple):
+    name: str
+    baseline: str
+    target: float | None
+
+
+def run_rounds(
+    nsqd: Nsqd,
+    cases: dict[str, Case],
+    count: int,
+    rounds: int,
+    consume: bool,
+) -> dict[str, list[float]]:
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for round_ in range(rounds):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            topic = f"bench_{'c' if consume else 'p'}{round_}_{names.index(name)}"
+            if consume:
+                nsqd.prefill(topic, count)
+            took = cases[name](nsqd.tcp, topic, count)
+            if consume:
+                nsqd.check_drained(topic, count)
+            else:
+                nsqd.check_published(topic, count)
+            rates[name].append(count / took)
+        print(f"  round {round_ + 1}/{rounds} done", file=sys.stderr)
+    return rates
+
+
+def report(title: str, rates: dict[str, list[float]], rows: list[Row]) -> list[str]:
+    print(title)
+    print(f"  {'case':<44} {'msg/s':>9}  {'ratio':>5}  {'target':>6}  against")
+    failures = []
+    for row in rows:
+        best = max(rates[row.name])
+        if row.baseline:
+            ratios = [c / b for c, b in zip(rates[row.name], rates[row.baseline], strict=True)]
+            median = statistics.median(ratios)
+            verdict = ""
+            if row.target is not None:
+                ok = median >= row.target
+                verdict = f">={row.target:.1f} {'ok' if ok else 'MISSED'}"
+                if not ok:
+                    failures.append(f"{row.name}: {median:.2f} < {row.target}")
+            print(f"  {row.name:<44} {best:>9,.0f}  {median:5.2f}  {verdict:>9}  {row.baseline}")
+        else:
+            print(f"  {row.name:<44} {best:>9,.0f}  {'':>5}  {'':>9}  (baseline)")
+    return failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--publishes", type=int, default=20_000)
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=["publish", "consume"])
+    args = parser.parse_args()
+    if reference.binary("nsqd") is None:
+        print(f"no real nsqd: {reference.skip_reason()}; nothing measured")
+        return 0
+    failures: list[str] = []
+    with reference.running("nsqd", ["--mem-queue-size=10000000"]) as daemon:
+        nsqd = Nsqd(daemon)
+        if args.only != "consume":
+            publish: dict[str, Case] = {
+                "async Producer, 256 tasks": async_tasks(PIPELINE),
+                "async Producer, 8 tasks": async_tasks(THREADS),
+                "async Producer, 1 task": async_tasks(1),
+                "blocking, 1 thread, publish_async": blocking_futures,
+                "blocking, 8 threads, publish_async": blocking_threads(True),
+                "blocking, 8 threads, publish": blocking_threads(False),
+                "blocking, 1 thread, publish": blocking_sequential,
+                "asyncio Producer, 256 tasks": aio_tasks,
+            }
+            rates = run_rounds(nsqd, publish, args.publishes, args.rounds, consume=False)
+            failures += report(
+                f"publish: {args.publishes:,} PUBs of {len(BODY)} bytes, real nsqd, "
+                f"median of {args.rounds} per-round ratios",
+                rates,
+                [
+                    Row("async Producer, 256 tasks", "", None),
+                    Row("blocking, 1 thread, publish_async", "async Producer, 256 tasks", 0.5),
+                    Row("blocking, 8 threads, publish_async", "async Producer, 256 tasks", 0.9),
+                    Row("asyncio Producer, 256 tasks", "async Producer, 256 tasks", 0.8),
+                    Row("blocking, 8 threads, publish", "async Producer, 256 tasks", None),
+                    Row("blocking, 8 threads, publish", "async Producer, 8 tasks", None),
+                    Row("blocking, 1 thread, publish", "async Producer, 1 task", None),
+                ],
+            )
+        if args.only != "publish":
+            consume: dict[str, Case] = {
+                "async Consumer, async for": async_iterate,
+                "blocking Consumer, for": blocking_iterate,
+                "blocking Consumer, handler x4 threads": blocking_handler,
+                "asyncio Consumer, async for": aio_iterate,
+                "asyncio Consumer, handler": aio_handler,
+            }
+            rates = run_rounds(nsqd, consume, args.messages, args.rounds, consume=True)
+            base = "async Consumer, async for"
+            failures += report(
+                f"consume: drain {args.messages:,} messages, FIN each, max_in_flight "
+                f"{IN_FLIGHT}, real nsqd, median of {args.rounds} per-round ratios",
+                rates,
+                [
+                    Row(base, "", None),
+                    Row("blocking Consumer, for", base, 0.7),
+                    Row("blocking Consumer, handler x4 threads", base, 0.7),
+                    Row("asyncio Consumer, async for", base, 0.7),
+                    Row("asyncio Consumer, handler", base, 0.7),
+                ],
+            )
+    if failures:
+        print("targets missed: " + "; ".join(failures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
