@@ -2,8 +2,8 @@
 
 No charting library and no script: the live sections are re-rendered every
 second anyway, so a chart is a section like any other.  Each line carries
-``data-series`` (its name) and ``data-last`` (its latest value), the axes
-``data-max``, which is what the tests read.
+``data-series`` (its name), ``data-last`` (its latest value) and ``data-peak``
+(its highest), the chart ``data-max`` (the top of its axis): what the tests read.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ PALETTE = ("#2657a6", "#d9730d", "#1a7f37", "#c0262d", "#7b3fb5", "#0f8a8a", "#8
 WIDTH = 560
 HEIGHT = 190
 _LEFT, _RIGHT, _TOP, _BOTTOM = 52, 12, 12, 26
+#: Seconds between time ticks: the first that gives at most six.
+_TICK_STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 @dataclass(frozen=True)
@@ -93,10 +95,11 @@ def line_chart(
             f'<text class="tick" x="{_LEFT - 6}" y="{yy + 4:.1f}" '
             f'text-anchor="end">{_fmt(v)}</text>'
         )
-    minutes = int(span // 60)
-    for m in range(minutes + 1):  # one tick a minute, "now" at the right
-        t = end - m * 60
-        label = "now" if m == 0 else f"-{m}m"
+    step = next((c for c in _TICK_STEPS if span / c <= 6), _TICK_STEPS[-1])
+    for k in range(int(span // step) + 1):  # ticks back from "now" at the right
+        t = end - k * step
+        seconds = k * step
+        label = "now" if k == 0 else f"-{seconds // 60}m" if seconds % 60 == 0 else f"-{seconds}s"
         parts.append(
             f'<text class="tick" x="{x(t):.1f}" y="{HEIGHT - 8}" '
             f'text-anchor="middle">{label}</text>'
@@ -111,8 +114,9 @@ def line_chart(
                 continue
             runs[-1].append(f"{x(at):.1f},{y(value):.1f}")
         last = _last(line.points)
+        peak = max((v for _, v in line.points if v is not None), default=None)
         attrs = (
-            f'data-series="{escape(line.name)}" data-last="{"" if last is None else f"{last:g}"}"'
+            f'data-series="{escape(line.name)}" data-last="{_attr(last)}" data-peak="{_attr(peak)}"'
         )
         parts.append(
             f'<g class="series" {attrs} stroke="{colour}"><title>{escape(line.name)}</title>'
@@ -136,6 +140,10 @@ def line_chart(
         f'<figure class="chart-box"><figcaption>{escape(title)}</figcaption>'
         f'{"".join(parts)}<ul class="legend">{legend}</ul></figure>'
     )
+
+
+def _attr(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
 
 
 def _legend_value(value: float | None, unit: str) -> str:

@@ -2,7 +2,8 @@
 
 The admin reads the cluster every ``watch_interval`` (the same reads as the
 timeline); each read adds a sample per topic and per channel: depth, in-flight
-count and message count summed over the nodes.  :meth:`History.series` turns
+count, message count and backlog (a topic's depth plus its channels') summed
+over the nodes.  :meth:`History.series` turns
 them into evenly spaced points: depth (the last value in each step) and rate
 (messages per second between steps).  A message count that goes down (a node
 restarted or left) breaks the rate line instead of drawing a negative rate.
@@ -32,6 +33,8 @@ class Sample:
     depth: int
     in_flight: int
     messages: int
+    #: What waits to be handled: a topic's own depth plus its channels'.
+    backlog: int
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Series:
     rate: list[tuple[float, float | None]]
     depth: list[tuple[float, float | None]]
     in_flight: list[tuple[float, float | None]]
+    backlog: list[tuple[float, float | None]]
 
 
 Key = tuple[str, ...]
@@ -50,8 +54,10 @@ Key = tuple[str, ...]
 class History:
     """Samples per topic (``("topic", T)``) and channel (``("channel", T, C)``)."""
 
-    def __init__(self, window: float = HISTORY_WINDOW) -> None:
-        self.window = window
+    def __init__(self, window: float = HISTORY_WINDOW, chart_window: float = CHART_WINDOW) -> None:
+        self.window = max(window, chart_window)
+        #: How far back the charts look (seconds).
+        self.chart_window = chart_window
         self._samples: dict[Key, deque[Sample]] = {}
 
     def add(self, snap: Snapshot, at: float | None = None) -> None:
@@ -61,11 +67,12 @@ class History:
             if t.lookupd_only:
                 continue
             in_flight = sum(c.in_flight_count for c in t.channels.values())
-            self._add(("topic", t.name), Sample(now, t.depth, in_flight, t.message_count))
+            backlog = t.depth + sum(c.depth for c in t.channels.values())
+            self._add(("topic", t.name), Sample(now, t.depth, in_flight, t.message_count, backlog))
             for c in t.channels.values():
                 self._add(
                     ("channel", t.name, c.name),
-                    Sample(now, c.depth, c.in_flight_count, c.message_count),
+                    Sample(now, c.depth, c.in_flight_count, c.message_count, c.depth),
                 )
         for key in [
             k for k, samples in self._samples.items() if samples[-1].at < now - self.window
@@ -86,17 +93,19 @@ class History:
         key: Key,
         name: str,
         *,
-        window: float = CHART_WINDOW,
+        window: float | None = None,
         steps: int = CHART_STEPS,
         now: float | None = None,
     ) -> Series:
-        """``key``'s last ``window`` seconds in ``steps`` points."""
+        """``key``'s last ``window`` seconds (the chart window) in ``steps`` points."""
+        window = self.chart_window if window is None else window
         end = time.time() if now is None else now
         step = window / steps
         samples = list(self._samples.get(key, ()))
         rate: list[tuple[float, float | None]] = []
         depth: list[tuple[float, float | None]] = []
         in_flight: list[tuple[float, float | None]] = []
+        backlog: list[tuple[float, float | None]] = []
         i = 0
         previous: Sample | None = None
         # The sample at or before the first step's start anchors the first rate.
@@ -111,15 +120,15 @@ class History:
                 last = samples[i]
                 i += 1
             if last is None:
-                rate.append((edge, None))
-                depth.append((edge, None))
-                in_flight.append((edge, None))
+                for line in (rate, depth, in_flight, backlog):
+                    line.append((edge, None))
                 continue
             depth.append((edge, float(last.depth)))
             in_flight.append((edge, float(last.in_flight)))
+            backlog.append((edge, float(last.backlog)))
             if previous is None or last.messages < previous.messages or last.at <= previous.at:
                 rate.append((edge, None))
             else:
                 rate.append((edge, (last.messages - previous.messages) / (last.at - previous.at)))
             previous = last
-        return Series(name, rate, depth, in_flight)
+        return Series(name, rate, depth, in_flight, backlog)

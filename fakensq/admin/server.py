@@ -37,7 +37,7 @@ from ..router import Router
 from . import views
 from .api import NSQAdminAPI, respond_v1, v1_error
 from .data import Reader, Snapshot
-from .history import History
+from .history import CHART_WINDOW, History
 from .jsonbody import GoJSONError
 from .options import AdminOptions, OptionsError, go_file_error, normalize_base_path
 from .timeline import Event, Timeline
@@ -124,7 +124,9 @@ class Admin:
     ``http_address`` override theirs.  Without ``options`` it listens on
     ``127.0.0.1:4171`` (the command line, as nsqadmin, on every interface).
     With ``cluster`` (a running :class:`fakensq.Cluster`) its nodes are read and
-    the fault controls are on.
+    the fault controls are on.  The cluster is read every ``watch_interval``
+    seconds for the timeline and the charts, which show the last
+    ``chart_window`` seconds.
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class Admin:
         cluster: Cluster | None = None,
         http_address: str | None = None,
         watch_interval: float = WATCH_INTERVAL,
+        chart_window: float = CHART_WINDOW,
     ) -> None:
         opts = (
             options.replace()
@@ -153,7 +156,7 @@ class Admin:
         self.cluster = cluster
         self.watch_interval = watch_interval
         self.timeline = Timeline()
-        self.history = History()
+        self.history = History(chart_window=chart_window)
         self.server = HTTPServer(self.handle, server_name="fakensq-admin")
         self.api: NSQAdminAPI | None = None
         self._client: httpx.AsyncClient | None = None

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from .charts import Line, line_chart
 from .data import ChannelTotals, LookupdInfo, NodeInfo, Snapshot, TopicTotals
-from .history import CHART_WINDOW, History
+from .history import History
 from .timeline import Event
 
 __all__ = ["Event", "FaultCaps", "Page", "render_page", "Col", "table"]
@@ -141,7 +141,7 @@ def nodes_page(snap: Snapshot, caps: FaultCaps) -> Page:
 
 
 def node_url(address: str) -> str:
-    return "nodes/" + quote(address, safe="")
+    return "nodes/" + quote(address, safe=":[]")
 
 
 def _node_controls(n: NodeInfo, caps: FaultCaps, full: bool) -> str:
@@ -348,10 +348,7 @@ def topics_page(snap: Snapshot, history: History | None = None) -> Page:
     if history is not None:
         names = [t.name for t in snap.topics.values() if not t.lookupd_only]
         sections["topics-charts"] = _charts(
-            "topics",
-            history,
-            [(("topic", n), n) for n in names],
-            "per topic",
+            "topics", history, [(("topic", n), n) for n in names], "per topic", backlog=True
         )
     return Page("Topics", sections, footer=form)
 
@@ -504,41 +501,31 @@ def _charts(
     keys: Sequence[tuple[tuple[str, ...], str]],
     what: str,
     *,
+    backlog: bool = False,
     in_flight: bool = False,
 ) -> str:
-    """Message rate and depth (and in flight) of ``keys`` over the last minutes."""
+    """Message rate and depth (or backlog; and in flight) of ``keys`` over the
+    last minutes."""
     now = time.time()
     series = [history.series(key, name, now=now) for key, name in keys]
-    start = now - CHART_WINDOW
-    charts = [
-        line_chart(
-            f"{prefix}-rate-chart",
-            f"Messages/s {what}",
-            [Line(s.name, s.rate) for s in series],
-            start=start,
-            end=now,
-            unit="/s",
-        ),
-        line_chart(
-            f"{prefix}-depth-chart",
-            f"Depth {what}",
-            [Line(s.name, s.depth) for s in series],
-            start=start,
-            end=now,
-        ),
-    ]
-    if in_flight:
+    start = now - history.chart_window
+
+    def chart(kind: str, title: str, pick: Any, unit: str = "") -> str:
+        lines = [Line(s.name, pick(s)) for s in series]
+        return line_chart(f"{prefix}-{kind}-chart", title, lines, start=start, end=now, unit=unit)
+
+    charts = [chart("rate", f"Messages/s {what}".strip(), lambda s: s.rate, "/s")]
+    if backlog:
         charts.append(
-            line_chart(
-                f"{prefix}-in-flight-chart",
-                f"In flight {what}",
-                [Line(s.name, s.in_flight) for s in series],
-                start=start,
-                end=now,
-            )
+            chart("depth", f"Backlog (topic + channel depths) {what}".strip(), lambda s: s.backlog)
         )
-    minutes = int(CHART_WINDOW // 60)
-    return f'<h2>Last {minutes} minutes</h2><div class="charts">{"".join(charts)}</div>'
+    else:
+        charts.append(chart("depth", f"Depth {what}".strip(), lambda s: s.depth))
+    if in_flight:
+        charts.append(chart("in-flight", f"In flight {what}".strip(), lambda s: s.in_flight))
+    window = int(history.chart_window)
+    span = f"{window // 60} minutes" if window % 60 == 0 and window >= 120 else f"{window} seconds"
+    return f'<h2>Last {span}</h2><div class="charts">{"".join(charts)}</div>'
 
 
 # -- a channel ------------------------------------------------------------------

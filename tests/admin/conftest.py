@@ -26,6 +26,7 @@ import trio
 
 from fakensq import Cluster
 from fakensq.admin import Admin
+from fakensq.admin.options import AdminOptions
 from fakensq.threaded import BackgroundNode
 
 CHROMIUM = "/usr/bin/chromium"
@@ -41,6 +42,12 @@ CHROMIUM_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "docs" / "images"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "admin_options(**options): nsqadmin options for the admin_env fixture"
+    )
 
 
 def _install_chromium() -> str:
@@ -97,7 +104,10 @@ def _shared_page(browser: Any) -> Iterator[Any]:
         dialog.accept()
 
     page.on("dialog", on_dialog)
-    page.set_default_timeout(10_000)
+    # Waits are on conditions; a busy machine only makes them longer.
+    page.set_default_timeout(30_000)
+    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api.expect.set_options(timeout=30_000)
     try:
         yield page
     finally:
@@ -113,11 +123,17 @@ def page(_shared_page: Any) -> Iterator[Any]:
     finally:
         # Leave the page before its admin server stops, so it stops polling it.
         _shared_page.goto("about:blank")
+        _shared_page.set_extra_http_headers({})
+
+
+def screenshots_wanted() -> bool:
+    """TRIONSQ_SCREENSHOTS=1: the tests also take the docs' images."""
+    return os.environ.get("TRIONSQ_SCREENSHOTS") == "1"
 
 
 def screenshot(page: Any, name: str) -> None:
     """Save docs/images/<name>.png when TRIONSQ_SCREENSHOTS=1 (the docs' images)."""
-    if os.environ.get("TRIONSQ_SCREENSHOTS") == "1":
+    if screenshots_wanted():
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
 
@@ -149,18 +165,31 @@ class AdminEnv:
 
 
 @asynccontextmanager
-async def _cluster_with_admin(data_root: str) -> AsyncIterator[tuple[Cluster, Admin]]:
+async def _cluster_with_admin(
+    data_root: str, options: AdminOptions | None
+) -> AsyncIterator[tuple[Cluster, Admin]]:
     async with (
         Cluster(nsqd=2, lookupd=1, data_root=data_root) as cluster,
-        Admin(cluster=cluster, http_address="127.0.0.1:0", watch_interval=0.2) as admin,
+        Admin(
+            cluster=cluster,
+            options=options,
+            http_address="127.0.0.1:0",
+            watch_interval=0.2,
+            chart_window=60,
+        ) as admin,
     ):
         yield cluster, admin
 
 
 @pytest.fixture
-def admin_env(tmp_path: Path) -> Iterator[AdminEnv]:
+def admin_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AdminEnv]:
+    """A 2-nsqd cluster and its admin, in a background thread.  A test marked
+    ``@pytest.mark.admin_options(base_path=..., admin_users=[...])`` gets an admin
+    with those nsqadmin options."""
+    marker = request.node.get_closest_marker("admin_options")
+    options = AdminOptions(**marker.kwargs) if marker is not None else None
     node: BackgroundNode[tuple[Cluster, Admin]] = BackgroundNode(
-        lambda: _cluster_with_admin(str(tmp_path)), "fakensq-admin-cluster"
+        lambda: _cluster_with_admin(str(tmp_path), options), "fakensq-admin-cluster"
     )
     cluster, admin = node.start()
     try:

@@ -7,13 +7,14 @@ Numbers on the pages are checked against each nsqd's /stats; actions are clicked
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from .conftest import AdminEnv, RawConsumer, screenshot
+from .conftest import AdminEnv, RawConsumer, screenshot, screenshots_wanted
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 from playwright.sync_api import expect
@@ -54,6 +55,44 @@ def expect_value(locator: Any, value: int) -> None:
     expect(locator).to_have_attribute("data-v", str(value))
 
 
+# For each body cell with text, the heading it sits under on screen: the one
+# whose text overlaps the cell's text most (or, with no overlap, is nearest).
+_UNDER_HEADING = """(table) => {
+  const box = (el) => {
+    const range = document.createRange();
+    range.selectNodeContents(el);
+    const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+    if (!rects.length) return null;
+    return {l: Math.min(...rects.map((r) => r.left)), r: Math.max(...rects.map((r) => r.right))};
+  };
+  const heads = [...table.querySelectorAll("thead th")].map(box);
+  return [...table.querySelectorAll("tbody tr")].map((tr) =>
+    [...tr.children].map((cell) => {
+      const b = box(cell);
+      if (!b || !cell.textContent.trim() || cell.colSpan > 1) return null;
+      let best = null, score = -Infinity;
+      heads.forEach((h, j) => {
+        if (!h) return;
+        const overlap = Math.min(b.r, h.r) - Math.max(b.l, h.l);
+        if (overlap > score) { score = overlap; best = j; }
+      });
+      return best;
+    }));
+}"""
+
+
+def assert_cells_under_their_headings(page: Any, selector: str) -> None:
+    """Every value of the table stands under its own column's heading, as a
+    reader sees it (read from the laid-out page, not from the HTML)."""
+    table = page.locator(selector)
+    expect(table.locator("tbody tr").first).to_be_visible()
+    rows = table.evaluate(_UNDER_HEADING)
+    assert rows, selector
+    for row in rows:
+        misplaced = [(i, col) for i, col in enumerate(row) if col is not None and col != i]
+        assert not misplaced, f"{selector}: cells (column, heading) {misplaced} in {row}"
+
+
 def test_pages_show_what_stats_says(page: Any, loaded: AdminEnv) -> None:
     env = loaded
     # In-flight settles once the consumer's RDY is served; the page must then agree.
@@ -72,6 +111,8 @@ def test_pages_show_what_stats_says(page: Any, loaded: AdminEnv) -> None:
         expect(row.locator('[data-k="health"]')).to_have_text(doc["health"])
         expect_value(row.locator('[data-k="topic_count"]'), len(doc["topics"]))
     expect_value(page.locator('#lookupds [data-k="node_count"]'), 2)
+    assert_cells_under_their_headings(page, "#nodes table")
+    assert_cells_under_their_headings(page, "#lookupds table")
     screenshot(page, "admin-nodes")
 
     # Topics: totals over both nodes.
@@ -81,7 +122,7 @@ def test_pages_show_what_stats_says(page: Any, loaded: AdminEnv) -> None:
     expect_value(row.locator('[data-k="depth"]'), sum(t["depth"] for t in topic_docs))
     expect_value(row.locator('[data-k="message_count"]'), 8)
     expect_value(row.locator('[data-k="node_count"]'), 2)
-    screenshot(page, "admin-topics")
+    assert_cells_under_their_headings(page, "#topics table")
 
     # A topic: per node, and its channels summed over the nodes.
     page.row_link = row.get_by_role("link", name=TOPIC)
@@ -89,7 +130,12 @@ def test_pages_show_what_stats_says(page: Any, loaded: AdminEnv) -> None:
     expect(page).to_have_url(re.compile(f"/topics/{TOPIC}$"))
     for address, t in zip(env.nsqd_http, topic_docs, strict=True):
         node_row = page.locator(f'#topic-nodes tr[data-node="{address}"]')
-        expect_value(node_row.locator('[data-k="message_count"]'), t["message_count"])
+        for key in ("depth", "backend_depth", "message_count"):
+            expect_value(node_row.locator(f'[data-k="{key}"]'), t[key])
+        expect_value(node_row.locator('[data-k="channel_count"]'), len(t["channels"]))
+    # The "Per node" table: each number under its own heading (it was shifted).
+    assert_cells_under_their_headings(page, "#topic-nodes table")
+    assert_cells_under_their_headings(page, "#channels table")
     for channel in ("billing", "audit"):
         docs = [c for t in topic_docs for c in t["channels"] if c["channel_name"] == channel]
         crow = page.locator(f'#channels tr[data-channel="{channel}"]')
@@ -104,7 +150,6 @@ def test_pages_show_what_stats_says(page: Any, loaded: AdminEnv) -> None:
         ):
             expect_value(crow.locator(f'[data-k="{key}"]'), sum(c[key] for c in docs))
     expect_value(page.locator('#channels tr[data-channel="billing"] [data-k="in_flight_count"]'), 2)
-    screenshot(page, "admin-topic")
 
     # A channel: its clients as nsqd reports them.
     page.get_by_role("link", name="billing").click()
@@ -120,6 +165,8 @@ def test_pages_show_what_stats_says(page: Any, loaded: AdminEnv) -> None:
     expect_value(crow.locator('[data-k="in_flight_count"]'), client["in_flight_count"])
     expect_value(crow.locator('[data-k="finish_count"]'), client["finish_count"])
     expect(crow.locator('[data-k="connect_ts"]')).to_contain_text("ago")
+    assert_cells_under_their_headings(page, "#channel-nodes table")
+    assert_cells_under_their_headings(page, "#clients table")
     screenshot(page, "admin-channel")
 
 
@@ -262,3 +309,125 @@ def test_create_and_delete_topic_and_channel(page: Any, admin_env: AdminEnv) -> 
         assert all(t["topic_name"] != "fresh" for t in env.stats(i)["topics"])
     topics = env.http.get(f"http://{env.lookupd_http[0]}/topics").json()["topics"]
     assert "fresh" not in topics
+
+
+def _depth_of(env: AdminEnv, topic: str, channel: str) -> int:
+    return sum((channel_stats(env, i, topic, channel) or {"depth": 0})["depth"] for i in (0, 1))
+
+
+def _traffic_for_the_picture(env: AdminEnv) -> None:
+    """Half a minute of uneven traffic, so the docs' chart shows something
+    (TRIONSQ_SCREENSHOTS=1 only: it paces messages, it waits for nothing)."""
+    for tick in range(60):
+        count = (3, 8, 15, 9, 4, 12)[tick % 6] * (2 if 20 <= tick < 35 else 1)
+        body = "\n".join(f"m{tick}.{n}" for n in range(count))
+        env.http.post(f"http://{env.nsqd_http[tick % 2]}/mpub?topic={TOPIC}", content=body)
+        if tick == 40:
+            env.http.post(f"http://{env.nsqd_http[0]}/channel/empty?topic={TOPIC}&channel=audit")
+            env.http.post(f"http://{env.nsqd_http[1]}/channel/empty?topic={TOPIC}&channel=audit")
+        time.sleep(0.5)
+
+
+def test_charts_follow_the_cluster(page: Any, loaded: AdminEnv) -> None:
+    env = loaded
+    page.goto(f"{env.url}/topics/{TOPIC}")
+    charts = page.locator("#topic-charts")
+    topic_rate = charts.locator('#topic-rate-chart [data-series="orders (topic)"]')
+    audit_depth = charts.locator('#topic-depth-chart [data-series="audit"]')
+    expect(audit_depth).to_have_attribute("data-last", str(_depth_of(env, TOPIC, "audit")))
+    # Messages arrive in bursts: the rate line rises, the depth lines follow.
+    for burst in range(3):
+        body = "\n".join(f"burst {burst} #{n}" for n in range(20))
+        env.http.post(f"http://{env.nsqd_http[1]}/mpub?topic={TOPIC}", content=body)
+        expect(audit_depth).to_have_attribute("data-last", str(_depth_of(env, TOPIC, "audit")))
+    expect(topic_rate).to_have_attribute("data-peak", re.compile(r"^[1-9]"))
+    expect(topic_rate.locator("polyline")).not_to_have_count(0)
+    expect(charts.locator("#topic-depth-chart")).to_have_attribute(
+        "data-max", re.compile(r"^[1-9]")
+    )
+    expect(charts.locator(".legend")).to_contain_text(["audit"])
+    if screenshots_wanted():
+        _traffic_for_the_picture(env)
+        expect(audit_depth).to_have_attribute("data-last", str(_depth_of(env, TOPIC, "audit")))
+    screenshot(page, "admin-topic")
+
+    # A channel: its rate, depth and in flight.
+    page.goto(f"{env.url}/topics/{TOPIC}/billing")
+    in_flight = page.locator('#channel-in-flight-chart [data-series="billing"]')
+    expect(in_flight).to_have_attribute("data-last", "2")
+    billing_depth = page.locator('#channel-depth-chart [data-series="billing"]')
+    expect(billing_depth).to_have_attribute("data-last", str(_depth_of(env, TOPIC, "billing")))
+
+    # Every topic on the topics page: its rate, and its backlog (its channels' depths).
+    page.goto(f"{env.url}/topics")
+    expect(page.locator('#topics-rate-chart [data-series="orders"]')).to_have_attribute(
+        "data-peak", re.compile(r"^[1-9]")
+    )
+    backlog = _depth_of(env, TOPIC, "audit") + _depth_of(env, TOPIC, "billing")
+    expect(page.locator('#topics-depth-chart [data-series="orders"]')).to_have_attribute(
+        "data-last", str(backlog)
+    )
+    screenshot(page, "admin-topics")
+
+
+def test_node_counter_and_lookup_pages(page: Any, loaded: AdminEnv) -> None:
+    env = loaded
+    page.goto(f"{env.url}/nodes")
+    page.locator(f'#nodes tr[data-node="{env.nsqd_http[0]}"]').get_by_role(
+        "link", name=env.nsqd_http[0]
+    ).click()
+    expect(page).to_have_url(re.compile(f"/nodes/{re.escape(env.nsqd_http[0])}$"))
+    stats = env.stats(0)
+    summary = page.locator("#node-summary")
+    expect(summary.locator('[data-k="total_messages"]')).to_have_text(
+        str(sum(t["message_count"] for t in stats["topics"]))
+    )
+    expect(summary.locator('[data-k="total_clients"]')).to_have_text("1")
+    row = page.locator(f'#node-topics tr[data-channel="billing"][data-topic="{TOPIC}"]')
+    expect_value(row.locator('[data-k="client_count"]'), 1)
+    assert_cells_under_their_headings(page, "#node-topics table")
+
+    page.goto(f"{env.url}/counter")
+    total = sum(
+        c["message_count"] for i in (0, 1) for t in env.stats(i)["topics"] for c in t["channels"]
+    )
+    expect_value(page.locator('#counter [data-k="message_count"]'), total)
+
+    # A topic only nsqlookupd knows (created through nsqadmin's API) is inactive.
+    created = env.http.post(f"{env.url}/api/topics", json={"topic": "ghost"})
+    assert created.json() == {"message": ""}
+    page.goto(f"{env.url}/lookup")
+    expect(page.locator('#lookup tr[data-topic="ghost"] [data-k="state"]')).to_have_text(
+        "inactive (no producer)"
+    )
+    expect(page.locator(f'#lookup tr[data-topic="{TOPIC}"] [data-k="state"]')).to_have_text(
+        "active"
+    )
+
+
+@pytest.mark.admin_options(base_path="/admin", admin_users=["alice"])
+def test_base_path_and_admin_users(page: Any, loaded: AdminEnv) -> None:
+    env = loaded
+    assert env.url.endswith("/admin")
+    page.goto(f"{env.url}/topics/{TOPIC}")
+    summary = page.locator("#topic-summary")
+    # Not an admin user: numbers, but no buttons, and actions are refused.
+    expect(summary.locator('[data-k="message_count"]')).to_have_text("8")
+    expect(summary.get_by_role("button", name="Pause", exact=True)).to_be_hidden()
+    refused = env.http.post(f"{env.url}/api/action", json={"action": "topic/pause", "topic": TOPIC})
+    assert (refused.status_code, refused.json()["message"]) == (403, "FORBIDDEN")
+    api = env.http.post(f"{env.url}/api/topics/{TOPIC}", json={"action": "pause"})
+    assert (api.status_code, api.json()) == (403, {"message": "FORBIDDEN"})
+
+    # alice (named by --acl-http-header) may act; links and polling stay under /admin.
+    page.set_extra_http_headers({"X-Forwarded-User": "alice"})
+    page.reload()
+    summary.get_by_role("button", name="Pause", exact=True).click()
+    expect(page.locator("#flash")).to_contain_text(f"pause topic {TOPIC}: OK")
+    expect(summary.locator('[data-k="paused"]')).to_have_text("paused")
+    assert all(
+        t["paused"] for i in (0, 1) for t in env.stats(i)["topics"] if t["topic_name"] == TOPIC
+    )
+    page.get_by_role("link", name="billing").click()
+    expect(page).to_have_url(re.compile(f"/admin/topics/{TOPIC}/billing$"))
+    expect(page.locator("#live")).to_contain_text("live ·")
