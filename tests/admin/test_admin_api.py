@@ -382,6 +382,10 @@ async def test_actions_reach_the_daemons_as_nsqadmins(real_pair: Pair) -> None:
     await pair.same("GET", "/api/topics")
 
 
+async def _has_channel(http: httpx.AsyncClient, address: str, channel: str) -> bool:
+    return await _channel(http, address, "orders", channel) is not None
+
+
 async def _lookup_has(http: httpx.AsyncClient, lookupd: str, topic: str) -> bool:
     r = await http.get(f"http://{lookupd}/lookup?topic={topic}")
     return r.status_code == 200 and bool(r.json().get("producers"))
@@ -479,20 +483,50 @@ async def test_real_nsqadmin_shows_a_fakensq_cluster_as_a_real_one() -> None:
             pairs.append(await _pair(stack, layout, http))
         on_real, on_fake = pairs
         paths = [p for p in _READS if p.startswith("/api/")]
-        for path in paths:
-            # The real nsqadmin: a fakensq cluster looks like a real one.
-            for _ in range(60):
-                a = await http.get(on_real.real + path)
-                b = await http.get(on_fake.real + path)
-                seen = (a.status_code, _symbolic(a.content, real_layout))
-                shown = (b.status_code, _symbolic(b.content, fake_layout))
-                if seen == shown:
-                    break
-            assert shown == seen, path
-            # And fakensq's admin over the fakensq cluster answers as nsqadmin does.
-            await on_fake.same("GET", path)
-        for i in range(2):
-            await on_fake.same("GET", f"/api/nodes/{fake_layout.nsqd_http[i]}")
+
+        async def compare() -> None:
+            for path in paths:
+                # The real nsqadmin: a fakensq cluster looks like a real one.
+                for _ in range(60):
+                    a = await http.get(on_real.real + path)
+                    b = await http.get(on_fake.real + path)
+                    seen = (a.status_code, _symbolic(a.content, real_layout))
+                    shown = (b.status_code, _symbolic(b.content, fake_layout))
+                    if seen == shown:
+                        break
+                assert shown == seen, path
+                # And fakensq's admin over the fakensq cluster answers as nsqadmin does.
+                await on_fake.same("GET", path)
+            for i in range(2):
+                await on_fake.same("GET", f"/api/nodes/{fake_layout.nsqd_http[i]}")
+
+        await compare()
+        # More states, made the same way on both clusters: a paused topic, a paused
+        # channel, a deferred message, an ephemeral channel with its consumer, a
+        # producer tombstoned for a topic.
+        for layout in (real_layout, fake_layout):
+            n0, n1 = layout.nsqd_http
+            await http.post(f"http://{n1}/topic/pause?topic=empty")
+            await http.post(f"http://{n0}/channel/pause?topic=orders&channel=audit")
+            await http.post(f"http://{n0}/pub?topic=orders&defer=60000", content=b"later")
+            live = await AsyncRawConsumer.connect(layout.nsqd_tcp[1], "orders", "live#ephemeral", 1)
+            stack.push_async_callback(live.aclose)
+            await until(lambda n1=n1: _has_channel(http, n1, "live#ephemeral"))
+            await http.post(f"http://{n1}/pub?topic=orders", content=b"now")
+            await http.post(f"http://{layout.lookupd_http}/topic/tombstone?topic=empty&node={n1}")
+
+            async def settled(n0: str = n0, n1: str = n1) -> bool:
+                audit = await _channel(http, n0, "orders", "audit")
+                ephemeral = await _channel(http, n1, "orders", "live#ephemeral")
+                return (
+                    audit is not None
+                    and audit["deferred_count"] == 1
+                    and ephemeral is not None
+                    and ephemeral["in_flight_count"] == 1
+                )
+
+            await until(settled)
+        await compare()
 
 
 async def test_a_pause_sent_to_fakensq_admin_reaches_nsqd() -> None:
