@@ -84,13 +84,14 @@ def test_to_nsq_copies_a_topic(nsqd_factory: Callable[..., NSQD]) -> None:
         "--destination-topic",
         "copy",
         "--status-every",
-        "0.1",
+        "50",
     )
     wait_for(lambda: drained(source.http_address, "orders", "nsq_to_nsq", 200), what="copied")
     status, _, err = stop_tool(process)
     assert status == 0, err
     assert topic_depth(destination.http_address, "copy") == 200
     assert "published=200" in err
+    assert "to-nsq orders -> copy: published=" in err  # a status line every 50
 
 
 def test_to_http_post_round_robin_retries_failures(
@@ -111,6 +112,8 @@ def test_to_http_post_round_robin_retries_failures(
         f"{second.address}/in",
         "--content-type",
         "text/plain",
+        "--mode",
+        "round-robin",
         *FAST_RETRY,
     )
     wait_for(lambda: drained(nsqd.http_address, "hooks", "nsq_to_http", 20), what="delivered")

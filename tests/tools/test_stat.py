@@ -40,7 +40,7 @@ def test_stat_prints_count_rows(nsqd: NSQD) -> None:
         nsqd.http_address,
         "--count",
         "2",
-        "--status-every",
+        "--interval",
         "50ms",
     )
     assert result.returncode == 0, result.stderr

@@ -25,8 +25,6 @@ def archive(nsqd: NSQD, out: Path, *extra: str) -> list[str]:
         nsqd.tcp_address,
         "--output-dir",
         str(out),
-        "--status-every",
-        "0.2",
         *extra,
     ]
 

@@ -68,7 +68,6 @@ def archive_args(nsqd: reference.RealDaemon, out: Path, *extra: str) -> list[str
         "--topic=logs",
         f"--nsqd-tcp-address={nsqd.tcp_address}",
         f"--output-dir={out}",
-        "--status-every=0.2",
         *extra,
     ]
 

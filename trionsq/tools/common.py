@@ -1,10 +1,12 @@
-"""What the tools share: flags, option mapping, reachability checks, signals.
+"""What the tools share: flags, option mapping, reachability checks, stopping.
 
-Flag names follow NSQ's Go utilities (``--nsqd-tcp-address``,
-``--lookupd-http-address``, ``--max-in-flight``, ...), so that someone who knows
-``nsq_tail`` feels at home; values go through :class:`trionsq.Config`, whose
-errors become usage errors (exit 2).  An unreachable node is a :class:`ToolError`
-(exit 1, one clear line on stderr).
+Flags are the Go tools' own (see :mod:`trionsq.tools.flags` for the syntax):
+``--topic``, ``--channel``, ``--nsqd-tcp-address``, ``--lookupd-http-address``,
+``--max-in-flight``, ``--consumer-opt``/``--producer-opt`` (go-nsq's option
+names, ``name,value``), ``--status-every``; each is declared here once.  A
+command line the Go tool would refuse after parsing (a missing flag, a bad
+name) is a :class:`ToolError` with the Go tool's message (exit 1), and so is an
+unreachable node.
 """
 
 from __future__ import annotations
@@ -12,253 +14,346 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import re
-import signal
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
-import httpx
 import trio
 
-from ..config import Config
+from ..config import BackoffPolicy, Config
 from ..connection import Connection, NegotiationError
 from ..protocol.errors import NSQError
+from ..protocol.names import is_valid_channel_name, is_valid_topic_name
+from .flags import FlagSet, explained, go_bool, go_duration, go_int
 
 __all__ = [
+    "STOP_GRACE",
     "ToolError",
     "add_consumer_flags",
+    "add_http_client_flags",
     "add_source_flags",
+    "add_status_every",
     "add_tls_flags",
+    "add_topic_flag",
     "check_lookupds",
     "check_nsqds",
+    "check_sources",
     "consumer_options",
-    "parse_duration",
-    "source_options",
-    "stop_on_signals",
+    "only_topic",
+    "producer_options",
+    "require_sources",
     "tls_options",
 ]
 
 log = logging.getLogger("trionsq.tools")
 
+#: After SIGINT/SIGTERM, how long deliveries already under way (an HTTP
+#: request, a publish) may take to complete before they are cancelled and their
+#: messages requeued.  A second signal cancels at once.
+STOP_GRACE = 1.0
+
 
 class ToolError(Exception):
-    """A failure to report in one line and exit 1 (an unreachable node, a full disk)."""
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """A Go duration (``"1m30s"``, ``"250ms"``) or plain seconds (``"2.5"``), in seconds.
-
-    Raises :class:`argparse.ArgumentTypeError`, so that argparse reports the flag.
-    """
-    value = text.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        pos = 0
-        seconds = 0.0
-        while pos < len(value):
-            match = _DURATION.match(value, pos)
-            if match is None:
-                raise argparse.ArgumentTypeError(f"invalid duration {text!r}") from None
-            seconds += float(match.group(1)) * _UNITS[match.group(2)]
-            pos = match.end()
-        if not value:
-            raise argparse.ArgumentTypeError("empty duration") from None
-    if seconds < 0 or seconds != seconds:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
-    return seconds
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    """A failure to report in one line and exit 1 (a bad flag value the Go tool
+    refuses after parsing, an unreachable node, a full disk)."""
 
 
 # --- flags ---------------------------------------------------------------------
 
 
-def add_source_flags(parser: argparse.ArgumentParser) -> None:
+def add_topic_flag(flags: FlagSet, *, many: bool, help: str = "nsq topic") -> None:
+    """``--topic``: repeatable (``many``) or a single string, as each Go tool has it."""
+    if many:
+        flags.strings("topic", f"{help} (may be given multiple times)", dest="topics")
+    else:
+        flags.string("topic", "", help)
+
+
+def only_topic(args: argparse.Namespace) -> str:
+    """The one ``--topic`` of a tool that takes a single topic (last one wins, as Go)."""
+    topic: str = args.topic
+    return topic
+
+
+def add_source_flags(flags: FlagSet) -> None:
     """``--nsqd-tcp-address`` and ``--lookupd-http-address`` (each repeatable)."""
-    parser.add_argument(
-        "--nsqd-tcp-address",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="nsqd TCP address (may be given multiple times)",
-    )
-    parser.add_argument(
-        "--lookupd-http-address",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="lookupd HTTP address (may be given multiple times)",
-    )
+    flags.strings("nsqd-tcp-address", "nsqd TCP address (may be given multiple times)")
+    flags.strings("lookupd-http-address", "lookupd HTTP address (may be given multiple times)")
 
 
-def add_tls_flags(parser: argparse.ArgumentParser) -> None:
-    """TLS and AUTH, as go-nsq's ``tls_v1``/``tls_root_ca_file``/... options."""
-    group = parser.add_argument_group("TLS and authentication")
-    group.add_argument("--tls", action="store_true", help="negotiate TLS with nsqd")
-    group.add_argument(
-        "--tls-root-ca-file", metavar="FILE", help="CA bundle to verify nsqd (implies --tls)"
-    )
-    group.add_argument("--tls-cert", metavar="FILE", help="client certificate (implies --tls)")
-    group.add_argument("--tls-key", metavar="FILE", help="client certificate's key")
-    group.add_argument(
-        "--tls-insecure-skip-verify",
-        action="store_true",
-        help="do not verify nsqd's certificate (implies --tls)",
-    )
-    group.add_argument("--auth-secret", metavar="SECRET", help="secret sent when nsqd asks AUTH")
+def add_tls_flags(flags: FlagSet) -> None:
+    """TLS and AUTH, as trionsq flags (the Go tools take them as ``--consumer-opt``
+    ``tls_v1,true``, ``tls_root_ca_file,FILE``, ...; both work)."""
+    flags.bool("tls", "negotiate TLS with nsqd (trionsq; or --consumer-opt=tls_v1,true)")
+    flags.string("tls-root-ca-file", "", "CA bundle to verify nsqd (implies --tls; trionsq)")
+    flags.string("tls-cert", "", "client certificate (implies --tls; trionsq)")
+    flags.string("tls-key", "", "client certificate's key (trionsq)")
+    flags.bool("tls-insecure-skip-verify", "do not verify nsqd's certificate (trionsq)")
+    flags.string("auth-secret", "", "secret sent when nsqd asks for AUTH (trionsq)")
 
 
 def add_consumer_flags(
-    parser: argparse.ArgumentParser, *, channel_default: str | None, max_in_flight: int = 200
+    flags: FlagSet,
+    *,
+    channel_default: str,
+    channel_help: str = "nsq channel",
+    many_topics: bool = True,
+    topic_help: str = "nsq topic",
+    consumer_opt_help: str = "http://godoc.org/github.com/nsqio/go-nsq#Config",
 ) -> None:
     """The flags every consuming tool has."""
-    parser.add_argument(
-        "--topic", action="append", default=[], metavar="TOPIC", help="NSQ topic (repeatable)"
+    add_topic_flag(flags, many=many_topics, help=topic_help)
+    flags.string("channel", channel_default, channel_help)
+    add_source_flags(flags)
+    flags.int("max-in-flight", 200, "max number of messages to allow in flight")
+    flags.custom(
+        "consumer-opt",
+        _opt_pair,
+        [],
+        "option to passthrough to nsq.Consumer (may be given multiple times, "
+        f"{consumer_opt_help}); go-nsq's names (name,value), or a trionsq.Config "
+        "option (name=value)",
+        repeat=True,
     )
-    parser.add_argument(
-        "--channel",
-        default=channel_default,
-        help=f"NSQ channel (default: {channel_default or 'tail<random>#ephemeral'})",
+    add_tls_flags(flags)
+
+
+def add_status_every(flags: FlagSet, *, default: int, per: str = "") -> None:
+    """``--status-every N``: a status line on stderr every N messages (0: none).
+
+    nsq_to_http and nsq_to_nsq log their request statistics every N requests;
+    every tool that has the flag here means the same count.
+    """
+    scope = f" ({per})" if per else ""
+    flags.int(
+        "status-every",
+        default,
+        f"the # of requests between logging status{scope}, 0 disables",
     )
-    add_source_flags(parser)
-    parser.add_argument(
-        "--max-in-flight",
-        type=positive_int,
-        default=max_in_flight,
-        help=f"max number of messages to allow in flight (default: {max_in_flight})",
-    )
-    parser.add_argument(
-        "--consumer-opt",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a trionsq.Config option, e.g. max_attempts=10 or backoff=false (repeatable)",
-    )
-    add_tls_flags(parser)
+
+
+def add_http_client_flags(flags: FlagSet, *, request_timeout: float) -> None:
+    """The HTTP client timeouts of nsq_to_http, nsq_to_file and nsq_stat."""
+    flags.duration("http-client-connect-timeout", 2.0, "timeout for HTTP connect")
+    flags.duration("http-client-request-timeout", request_timeout, "timeout for HTTP request")
+
+
+# --- go-nsq options ------------------------------------------------------------
+
+
+def _opt_pair(text: str) -> tuple[str, str | None]:
+    """``name,value`` (go-nsq's ConfigFlag; a bare name means true) or
+    ``name=value`` (a trionsq.Config name), checked now: a bad one is a flag
+    error, as in the Go tools."""
+    if "," in text:
+        name, _, raw = text.partition(",")
+        value: str | None = raw
+    elif "=" in text:
+        name, _, raw = text.partition("=")
+        name, value = name.replace("-", "_"), raw
+    else:
+        name, value = text, None
+    try:
+        parse_opts([(name, value)], "")
+    except ToolError as exc:
+        raise explained(str(exc)) from None
+    return name, value
+
+
+def _seconds(value: str) -> float:
+    return go_duration(value)
+
+
+#: go-nsq Config option -> (trionsq Config field, conversion).  Options with no
+#: trionsq counterpart are accepted and ignored (see _IGNORED).
+_GO_OPTIONS: dict[str, tuple[str, Any]] = {
+    "read_timeout": ("read_timeout", _seconds),
+    "dial_timeout": ("connect_timeout", _seconds),
+    "lookupd_poll_interval": ("lookupd_poll_interval", _seconds),
+    "lookupd_poll_jitter": ("lookupd_poll_jitter", float),
+    "max_requeue_delay": ("max_requeue_delay", _seconds),
+    "default_requeue_delay": ("default_requeue_delay", _seconds),
+    "max_attempts": ("max_attempts", go_int),
+    "low_rdy_idle_timeout": ("low_rdy_idle_timeout", _seconds),
+    "client_id": ("client_id", str),
+    "hostname": ("hostname", str),
+    "user_agent": ("user_agent", str),
+    "heartbeat_interval": ("heartbeat_interval", _seconds),
+    "sample_rate": ("sample_rate", go_int),
+    "tls_v1": ("tls", go_bool),
+    "tls_cert": ("tls_cert", str),
+    "tls_key": ("tls_key", str),
+    "deflate": ("deflate", go_bool),
+    "deflate_level": ("deflate_level", go_int),
+    "snappy": ("snappy", go_bool),
+    "output_buffer_size": ("output_buffer_size", go_int),
+    "output_buffer_timeout": ("output_buffer_timeout", _seconds),
+    "max_in_flight": ("max_in_flight", go_int),
+    "msg_timeout": ("msg_timeout", _seconds),
+    "auth_secret": ("auth_secret", str),
+}
+#: go-nsq options with no trionsq equivalent: accepted, logged, ignored.
+_IGNORED = {
+    "write_timeout",
+    "local_addr",
+    "backoff_strategy",
+    "low_rdy_timeout",
+    "rdy_redistribute_interval",
+    "tls_min_version",
+}
+_CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _trionsq_value(name: str, text: str | None) -> Any:
+    default: Any = getattr(Config(), name)
+    if text is None:
+        text = "true"
+    lowered = text.lower()
+    if isinstance(default, bool) or name == "backoff":
+        if lowered in ("1", "t", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "f", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if lowered in ("none", "null") and default is None:
+        return None
+    if isinstance(default, int):
+        return go_int(text)
+    if isinstance(default, float) or default is None:
+        return go_duration(text)
+    return text
+
+
+def parse_opts(pairs: Sequence[tuple[str, str | None]], flag: str) -> dict[str, Any]:
+    """Config keywords from ``--consumer-opt``/``--producer-opt`` values."""
+    options: dict[str, Any] = {}
+    tls: dict[str, Any] = {}
+    backoff: dict[str, float] = {}
+    for name, text in pairs:
+        value = "true" if text is None else text
+        try:
+            if name in _IGNORED:
+                log.info("%s %s: no trionsq equivalent, ignored", flag, name)
+            elif name in ("tls_root_ca_file", "tls_insecure_skip_verify"):
+                tls[name] = value if name == "tls_root_ca_file" else go_bool(value)
+            elif name == "max_backoff_duration":
+                backoff["max"] = go_duration(value)
+            elif name == "backoff_multiplier":
+                backoff["base"] = go_duration(value)
+            elif name in _GO_OPTIONS:
+                field, convert = _GO_OPTIONS[name]
+                options[field] = convert(value)
+            elif name in _CONFIG_FIELDS and name not in ("connector", "http_transport"):
+                options[name] = _trionsq_value(name, text)
+            else:
+                raise ToolError(f"invalid option {name}")
+        except (ValueError, TypeError) as exc:
+            raise ToolError(f"failed to coerce option {name} ({value}) - {exc}") from None
+    if backoff:
+        policy = BackoffPolicy()
+        base = backoff.get("base", policy.base)
+        top = backoff.get("max", policy.max)
+        options["backoff"] = BackoffPolicy(base=base, max=max(top, base))
+    if tls:
+        options.update(
+            _tls_config(
+                root_ca=tls.get("tls_root_ca_file") or None,
+                skip_verify=bool(tls.get("tls_insecure_skip_verify")),
+            )
+        )
+    return options
+
+
+# --- TLS -----------------------------------------------------------------------
+
+
+def _tls_config(root_ca: str | None, skip_verify: bool) -> dict[str, Any]:
+    try:
+        context = ssl.create_default_context(cafile=root_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ToolError(f"--tls-root-ca-file: {exc}") from None
+    if skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return {"tls": context}
 
 
 def tls_options(args: argparse.Namespace) -> dict[str, Any]:
     """Config keywords from the TLS/AUTH flags."""
     options: dict[str, Any] = {}
-    wants_tls = bool(
-        args.tls or args.tls_root_ca_file or args.tls_cert or args.tls_insecure_skip_verify
-    )
-    if wants_tls:
-        if args.tls_root_ca_file or args.tls_insecure_skip_verify:
-            try:
-                context = ssl.create_default_context(cafile=args.tls_root_ca_file)
-            except (OSError, ssl.SSLError) as exc:
-                raise ValueError(f"--tls-root-ca-file: {exc}") from None
-            if args.tls_insecure_skip_verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            options["tls"] = context
-        else:
-            options["tls"] = True
+    if args.tls_root_ca_file or args.tls_insecure_skip_verify:
+        options.update(_tls_config(args.tls_root_ca_file or None, args.tls_insecure_skip_verify))
+    elif args.tls or args.tls_cert:
+        options["tls"] = True
     if args.tls_cert or args.tls_key:
-        options["tls_cert"] = args.tls_cert
-        options["tls_key"] = args.tls_key
-    if args.auth_secret is not None:
+        options["tls_cert"] = args.tls_cert or None
+        options["tls_key"] = args.tls_key or None
+    if args.auth_secret:
         options["auth_secret"] = args.auth_secret
     return options
 
 
-def source_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Config keywords for where to consume from."""
-    return {
-        "nsqd_tcp_addresses": tuple(args.nsqd_tcp_address),
-        "lookupd_http_addresses": tuple(args.lookupd_http_address),
-    }
+# --- options -------------------------------------------------------------------
 
 
-_CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_TRUE = {"1", "t", "true", "yes", "on"}
-_FALSE = {"0", "f", "false", "no", "off"}
-
-
-def _opt_value(name: str, text: str) -> Any:
-    default: Any = getattr(Config(), name)
-    lowered = text.lower()
-    if isinstance(default, bool) or name == "backoff":
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise ValueError(f"--consumer-opt {name}: expected true or false, got {text!r}")
-    if lowered in ("none", "null") and default is None:
-        return None
-    if isinstance(default, int):
-        return int(text)
-    if isinstance(default, float) or default is None:
-        return parse_duration(text)
-    return text
-
-
-def parse_opts(values: list[str], flag: str = "--consumer-opt") -> dict[str, Any]:
-    """``NAME=VALUE`` pairs as Config keywords (values typed after the defaults)."""
-    options: dict[str, Any] = {}
-    for item in values:
-        name, sep, text = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if not sep:
-            raise ValueError(f"{flag} {item!r}: expected NAME=VALUE")
-        if name not in _CONFIG_FIELDS or name in ("connector", "http_transport"):
-            raise ValueError(f"{flag}: unknown option {name!r}")
-        try:
-            options[name] = _opt_value(name, text)
-        except (ValueError, argparse.ArgumentTypeError) as exc:
-            raise ValueError(f"{flag} {name}: {exc}") from None
+def _valid(options: dict[str, Any]) -> dict[str, Any]:
+    try:
+        Config(**options)
+    except (ValueError, TypeError) as exc:
+        raise ToolError(str(exc)) from None
     return options
 
 
 def consumer_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Config keywords from a consuming tool's flags (raises ValueError/TypeError)."""
-    options: dict[str, Any] = {**source_options(args), "max_in_flight": args.max_in_flight}
+    """Config keywords from a consuming tool's flags (ToolError when invalid)."""
+    options: dict[str, Any] = {
+        "nsqd_tcp_addresses": tuple(args.nsqd_tcp_address),
+        "lookupd_http_addresses": tuple(args.lookupd_http_address),
+    }
     options.update(tls_options(args))
-    options.update(parse_opts(args.consumer_opt))
-    Config(**options)  # validate now, so that a bad value is a usage error
-    return options
+    options.update(parse_opts(args.consumer_opt, "--consumer-opt"))
+    options["max_in_flight"] = args.max_in_flight
+    if args.max_in_flight < 0:
+        raise ToolError("--max-in-flight must be >= 0")
+    return _valid(options)
 
 
-def require_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """nsq_tail's rule: nsqd addresses or lookupd addresses, not both."""
+def producer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Config keywords from ``--producer-opt`` (and the TLS flags, when present)."""
+    options: dict[str, Any] = {}
+    if hasattr(args, "tls"):
+        options.update(tls_options(args))
+    options.update(parse_opts(args.producer_opt, "--producer-opt"))
+    return _valid(options)
+
+
+def require_sources(args: argparse.Namespace, suffix: str = "") -> None:
+    """The Go tools' rule: nsqd addresses or lookupd addresses, not both."""
     if not args.nsqd_tcp_address and not args.lookupd_http_address:
-        parser.error("--nsqd-tcp-address or --lookupd-http-address required")
+        raise ToolError(f"--nsqd-tcp-address or --lookupd-http-address required{suffix}")
     if args.nsqd_tcp_address and args.lookupd_http_address:
-        parser.error("use --nsqd-tcp-address or --lookupd-http-address not both")
+        raise ToolError(f"use --nsqd-tcp-address or --lookupd-http-address not both{suffix}")
+
+
+def check_names(
+    topics: Sequence[str],
+    channel: str,
+    *,
+    topic_error: str = "invalid topic name",
+    channel_error: str = "invalid channel name",
+) -> None:
+    """nsq_tail's messages for a bad topic or channel name."""
+    for topic in topics:
+        if not is_valid_topic_name(topic):
+            raise ToolError(topic_error)
+    if not is_valid_channel_name(channel):
+        raise ToolError(channel_error)
 
 
 # --- reachability --------------------------------------------------------------
 
 
-async def check_nsqds(addresses: tuple[str, ...] | list[str], config: Config) -> None:
+async def check_nsqds(addresses: Sequence[str], config: Config) -> None:
     """Connect and handshake with every nsqd (TLS, AUTH included), then hang up.
 
     Like go-nsq's ``ConnectToNSQD``, a tool refuses to start when a node it was
@@ -272,8 +367,10 @@ async def check_nsqds(addresses: tuple[str, ...] | list[str], config: Config) ->
         await conn.aclose()
 
 
-async def check_lookupds(addresses: tuple[str, ...] | list[str], wait: float = 5.0) -> None:
+async def check_lookupds(addresses: Sequence[str], wait: float = 5.0) -> None:
     """``GET /ping`` every nsqlookupd; fail when none answers (one is enough)."""
+    import httpx  # only the tools that use nsqlookupd pay for importing it
+
     failures: list[str] = []
     async with httpx.AsyncClient(timeout=wait) as client:
         for address in addresses:
@@ -297,27 +394,11 @@ async def check_sources(config: Config) -> None:
         await check_lookupds(config.lookupd_http_addresses, config.connect_timeout)
 
 
-# --- signals -------------------------------------------------------------------
+async def wait_then_cancel(stop: trio.Event, scope: trio.CancelScope, grace: float) -> None:
+    """Once ``stop`` is set, give ``scope`` ``grace`` seconds, then cancel it."""
+    await stop.wait()
+    await trio.sleep(grace)
+    scope.cancel()
 
 
-@asynccontextmanager
-async def stop_on_signals() -> AsyncIterator[trio.Event]:
-    """An event set on the first SIGINT or SIGTERM, for a clean shutdown.
-
-    The tools wind down on it (finish what they hold, close files) instead of
-    dying mid-write; a second signal is not special-cased: the shutdown is quick.
-    """
-    stop = trio.Event()
-
-    async def watch(receiver: Any) -> None:
-        async for signum in receiver:
-            log.info("received %s: stopping", signal.Signals(signum).name)
-            stop.set()
-
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as receiver:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch, receiver)
-            try:
-                yield stop
-            finally:
-                nursery.cancel_scope.cancel()
+__all__ += ["check_names", "parse_opts", "wait_then_cancel", "explained"]

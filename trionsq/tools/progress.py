@@ -2,9 +2,11 @@
 
 A :class:`Progress` holds named counters that the tool bumps.  On a terminal
 (stdout is a TTY) a ``rich.live.Live`` table is redrawn a few times a second;
-otherwise one plain line goes to stderr every ``interval`` seconds, so that logs
-and pipes stay readable.  Either way :meth:`Progress.summary` prints the final
-totals on stderr when the tool ends.
+otherwise plain status lines go to stderr: every ``interval`` seconds, and/or
+every ``every`` counts of the ``rate_of`` counter (the Go tools'
+``--status-every N``), with the response times of those last ``every``
+(99th and 95th percentile, mean) when the tool records them.  Either way
+:meth:`Progress.summary` prints the final totals on stderr when the tool ends.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import trio
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = ["Progress"]
 
@@ -27,8 +29,9 @@ _REFRESH = 0.25
 class Progress:
     """Counters of one tool run, with their rate and an optional backlog.
 
-    ``rate_of`` names the counter whose per-second rate is shown; ``backlog``
-    (when given) is called at each refresh (messages held but not yet done).
+    ``rate_of`` names the counter whose per-second rate is shown (and whose
+    count ``every`` counts); ``backlog`` (when given) is called at each refresh
+    (messages held but not yet done).
     """
 
     def __init__(
@@ -38,7 +41,8 @@ class Progress:
         *,
         rate_of: str | None = None,
         backlog: Callable[[], int] | None = None,
-        interval: float = 5.0,
+        interval: float | None = None,
+        every: int = 0,
         live: bool | None = None,
         stderr: TextIO | None = None,
     ) -> None:
@@ -48,14 +52,29 @@ class Progress:
         self.rate_of = rate_of or counters[0]
         self.backlog = backlog
         self.interval = interval
+        self.every = max(0, every)
         self.live = sys.stdout.isatty() if live is None else live
         self.stderr = stderr if stderr is not None else sys.stderr
         self._started = time.monotonic()
         self._last = (self._started, 0)
         self._rate = 0.0
+        self._next_line = self.every
+        self._timings: list[float] = []
 
     def add(self, name: str, amount: int = 1) -> None:
-        self.counts[name] = self.counts.get(name, 0) + amount
+        count = self.counts.get(name, 0) + amount
+        self.counts[name] = count
+        if self.every and name == self.rate_of and count >= self._next_line:
+            self._next_line = count - count % self.every + self.every
+            if not self.live:
+                self._update_rate()
+                print(self.line(timings=True), file=self.stderr, flush=True)
+            self._timings.clear()
+
+    def time(self, seconds: float) -> None:
+        """Record one response time, for the next status line's percentiles."""
+        if self.every:
+            self._timings.append(seconds)
 
     def _update_rate(self) -> float:
         now = time.monotonic()
@@ -74,12 +93,22 @@ class Progress:
         fields.extend(self.info.items())
         return fields
 
-    def line(self) -> str:
+    def line(self, timings: bool = False) -> str:
         """The plain-text form: ``title: name=value name=value ...``."""
-        return f"{self.title}: " + " ".join(f"{k}={v}" for k, v in self._fields())
+        text = f"{self.title}: " + " ".join(f"{k}={v}" for k, v in self._fields())
+        if timings and self._timings:
+            ordered = sorted(self._timings)
+            p99, p95 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.99, 0.95))
+            mean = sum(ordered) / len(ordered)
+            text += (
+                f" - 99th: {p99 * 1000:.2f}ms - 95th: {p95 * 1000:.2f}ms - avg: {mean * 1000:.2f}ms"
+            )
+        return text
 
     def table(self) -> Table:
         """The rich form: one row per counter (narrow terminals stay readable)."""
+        from rich.table import Table  # only a terminal pays for importing rich
+
         table = Table(title=self.title, title_justify="left", show_header=False)
         table.add_column("name", style="bold")
         table.add_column("value", justify="right")
@@ -90,6 +119,9 @@ class Progress:
     async def run(self) -> None:
         """Redraw until cancelled (start it in the tool's nursery)."""
         if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
             console = Console(file=sys.stdout)
             with Live(self.table(), console=console, auto_refresh=False, transient=False) as live:
                 try:
@@ -99,11 +131,13 @@ class Progress:
                         live.update(self.table(), refresh=True)
                 finally:
                     live.update(self.table(), refresh=True)
-        else:
+        elif self.interval:
             while True:
                 await trio.sleep(self.interval)
                 self._update_rate()
                 print(self.line(), file=self.stderr, flush=True)
+        else:
+            await trio.sleep_forever()
 
     def summary(self) -> str:
         """Print (on stderr) and return the totals, with the mean rate of the run."""

@@ -1,9 +1,11 @@
 """``trionsq pub``: publish stdin to a topic, one message per line, as ``to_nsq``.
 
 stdin is split on ``--delimiter`` (default a newline; escapes like ``\\t`` or
-``\\0`` are understood); empty records are skipped.  Like ``to_nsq``, every
-record is published to *every* ``--nsqd-tcp-address`` given.  Records are
-batched into MPUBs while stdin runs ahead; ``--rate N`` limits publishing to N
+``\\0`` are understood); empty records are skipped, and a last record without
+a delimiter is published whole (to_nsq drops its last byte).  Like ``to_nsq``,
+every record is published to *every* ``--nsqd-tcp-address`` given, and an nsqd
+is connected to when there is something to publish.  Records are batched into
+MPUBs (``--batch``) while stdin runs ahead; ``--rate N`` limits publishing to N
 messages a second (single PUBs).  The run ends at the end of stdin, or cleanly
 on SIGINT/SIGTERM (what was read is published first).
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import math
 import os
 from contextlib import AsyncExitStack
 from typing import Any
@@ -25,13 +26,12 @@ from ..protocol.errors import NSQError
 from ..protocol.names import is_valid_topic_name
 from .common import (
     ToolError,
+    _opt_pair,
+    add_status_every,
     add_tls_flags,
-    check_nsqds,
-    parse_opts,
-    positive_int,
-    stop_on_signals,
-    tls_options,
+    producer_options,
 )
+from .flags import FlagSet
 from .progress import Progress
 
 __all__ = ["configure", "prepare", "run", "split_records"]
@@ -41,56 +41,48 @@ HELP = "publish lines of stdin to a topic (to_nsq)"
 _READ_SIZE = 64 * 1024
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--topic", required=True, help="NSQ topic to publish to")
-    parser.add_argument(
-        "--nsqd-tcp-address",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="destination nsqd TCP address (may be given multiple times)",
+def configure(flags: FlagSet) -> None:
+    flags.string("topic", "", "NSQ topic to publish to")
+    flags.strings("nsqd-tcp-address", "destination nsqd TCP address (may be given multiple times)")
+    flags.string("delimiter", "\n", "character to split input from stdin")
+    flags.int("rate", 0, "Throttle messages to n/second. 0 to disable")
+    flags.custom(
+        "producer-opt",
+        _opt_pair,
+        [],
+        "option to passthrough to nsq.Producer (may be given multiple times, "
+        "http://godoc.org/github.com/nsqio/go-nsq#Config)",
+        repeat=True,
     )
-    parser.add_argument(
-        "--delimiter", default="\\n", help="character to split input on (default '\\n')"
-    )
-    parser.add_argument(
-        "--rate", type=float, default=0.0, help="throttle messages to N/second (0: no limit)"
-    )
-    parser.add_argument(
-        "--batch", type=positive_int, default=200, help="most messages per MPUB (default 200)"
-    )
-    parser.add_argument(
-        "--producer-opt",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a trionsq.Config option for the producers (repeatable)",
-    )
-    parser.add_argument(
-        "--status-every", type=float, default=5.0, help="seconds between plain status lines"
-    )
-    add_tls_flags(parser)
+    flags.int("batch", 200, "most messages per MPUB (trionsq)")
+    add_status_every(flags, default=0, per="trionsq: messages published")
+    add_tls_flags(flags)
 
 
-def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.topic:
+        raise ToolError("--topic required")
     if not args.nsqd_tcp_address:
-        parser.error("--nsqd-tcp-address required")
-    if not is_valid_topic_name(args.topic):
-        parser.error(f"invalid topic name {args.topic!r}")
+        raise ToolError("--nsqd-tcp-address required")
     try:
+        # Escapes (\\t, \\0, \\x1f) are understood; a plain character is itself.
         delimiter = codecs.decode(args.delimiter, "unicode_escape").encode("latin-1")
     except (UnicodeError, ValueError):
-        parser.error(f"invalid --delimiter {args.delimiter!r}")
+        delimiter = args.delimiter.encode()
     if len(delimiter) != 1:
-        parser.error("--delimiter must be a single character")
+        raise ToolError("--delimiter must be a single byte")
     args.delimiter_byte = delimiter
-    if args.rate < 0 or not math.isfinite(args.rate):
-        parser.error("--rate must be >= 0")
+    if not is_valid_topic_name(args.topic):
+        raise ToolError(f"invalid topic name {args.topic!r}")
+    if args.rate < 0:
+        raise ToolError("--rate must be >= 0")
+    if args.batch < 1:
+        raise ToolError("--batch must be >= 1")
+    options = producer_options(args)
     try:
-        options = {**tls_options(args), **parse_opts(args.producer_opt, "--producer-opt")}
         Config(nsqd_tcp_addresses=tuple(args.nsqd_tcp_address), **options)
     except (ValueError, TypeError) as exc:
-        parser.error(str(exc))
+        raise ToolError(str(exc)) from None
     return options
 
 
@@ -128,18 +120,18 @@ async def _read_records(
         await send.send(rest)
 
 
-async def run(args: argparse.Namespace, options: dict[str, Any], fd: int | None = None) -> int:
+async def run(
+    args: argparse.Namespace, options: dict[str, Any], stop: trio.Event, fd: int | None = None
+) -> int:
     addresses: list[str] = list(dict.fromkeys(args.nsqd_tcp_address))
     configs = [Config(nsqd_tcp_addresses=(a,), **options) for a in addresses]
-    for config in configs:
-        await check_nsqds(config.nsqd_tcp_addresses, config)
     send, receive = trio.open_memory_channel[bytes](max(args.batch * 4, 1024))
     progress = Progress(
         f"pub {args.topic}",
         ["read", "published"],
         rate_of="published",
         backlog=lambda: receive.statistics().current_buffer_used,
-        interval=args.status_every,
+        every=args.status_every,
     )
     interval = 1.0 / args.rate if args.rate else 0.0
     failure: list[str] = []
@@ -169,7 +161,7 @@ async def run(args: argparse.Namespace, options: dict[str, Any], fd: int | None 
                     return
                 progress.add("published", len(batch))
 
-    async with stop_on_signals() as stop, trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
         producers = [Producer(config=config) for config in configs]
         async with trio.open_nursery() as display:
             display.start_soon(progress.run)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, fields
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import httpx
 import trio
 
-from .common import ToolError, parse_duration, positive_int, stop_on_signals
+from .common import ToolError, add_http_client_flags
+from .flags import FlagSet, go_int
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["configure", "prepare", "run", "ChannelTotals", "format_header", "format_row"]
 
@@ -32,52 +35,37 @@ HELP = "poll /stats of a topic's nsqds and print nsq_stat's table"
 HEADER_EVERY = 25
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--topic", required=True, help="NSQ topic")
-    parser.add_argument("--channel", required=True, help="NSQ channel")
-    parser.add_argument(
-        "--nsqd-http-address",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="nsqd HTTP address (may be given multiple times)",
-    )
-    parser.add_argument(
-        "--lookupd-http-address",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="lookupd HTTP address (may be given multiple times)",
-    )
-    parser.add_argument(
-        "--status-every",
-        "--interval",
-        dest="interval",
-        type=parse_duration,
-        default=2.0,
-        help="duration of time between polling/printing output (default 2s)",
-    )
-    parser.add_argument("--count", type=positive_int, default=0, help="number of reports")
-    parser.add_argument(
-        "--http-client-request-timeout",
-        type=parse_duration,
-        default=5.0,
-        help="timeout for an HTTP request (default 5s)",
-    )
+def configure(flags: FlagSet) -> None:
+    flags.string("topic", "", "NSQ topic")
+    flags.string("channel", "", "NSQ channel")
+    flags.strings("nsqd-http-address", "nsqd HTTP address (may be given multiple times)")
+    flags.strings("lookupd-http-address", "lookupd HTTP address (may be given multiple times)")
+    flags.duration("interval", 2.0, "duration of time between polling/printing output")
+    flags.custom("count", go_int, 0, "number of reports")
+    add_http_client_flags(flags, request_timeout=5.0)
 
 
-def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def prepare(args: argparse.Namespace) -> None:
+    if not args.topic or not args.channel:
+        raise ToolError("--topic and --channel are required")
     if not args.nsqd_http_address and not args.lookupd_http_address:
-        parser.error("--nsqd-http-address or --lookupd-http-address required")
+        raise ToolError("--nsqd-http-address or --lookupd-http-address required")
     if args.nsqd_http_address and args.lookupd_http_address:
-        parser.error("use --nsqd-http-address or --lookupd-http-address not both")
-    for address in args.nsqd_http_address + args.lookupd_http_address:
-        if address.startswith("http"):
-            parser.error(f"{address}: address should not contain scheme")
+        raise ToolError("use --nsqd-http-address or --lookupd-http-address not both")
+    for flag, addresses in (
+        ("--nsqd-http-address", args.nsqd_http_address),
+        ("--lookupd-http-address", args.lookupd_http_address),
+    ):
+        for address in addresses:
+            if address.startswith(("http://", "https://")):
+                raise ToolError(f"{flag} error - address should not contain scheme")
     if args.interval <= 0:
-        parser.error("--interval should be positive")
-    if args.http_client_request_timeout <= 0:
-        parser.error("--http-client-request-timeout should be positive")
+        raise ToolError("--interval should be positive")
+    if "count" in args._given and args.count <= 0:
+        raise ToolError("--count should be positive")
+    for timeout in (args.http_client_connect_timeout, args.http_client_request_timeout):
+        if timeout <= 0:
+            raise ToolError("--http-client-*-timeout should be positive")
 
 
 @dataclass
@@ -123,6 +111,12 @@ def format_row(now: ChannelTotals, before: ChannelTotals, seconds: float) -> str
     )
 
 
+def _http_error() -> type[Exception]:
+    import httpx
+
+    return httpx.HTTPError
+
+
 def _base(address: str) -> str:
     return f"http://{address}".rstrip("/")
 
@@ -140,7 +134,7 @@ async def _producers(client: httpx.AsyncClient, args: argparse.Namespace) -> lis
                 continue
             response.raise_for_status()
             doc = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (_http_error(), ValueError) as exc:
             errors.append(f"{address}: {exc or type(exc).__name__}")
             continue
         if "producers" not in doc and isinstance(doc.get("data"), dict):
@@ -165,7 +159,7 @@ async def _poll(client: httpx.AsyncClient, args: argparse.Namespace) -> ChannelT
             )
             response.raise_for_status()
             doc = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (_http_error(), ValueError) as exc:
             raise ToolError(f"failed to get nsqd stats - {address}: {exc}") from None
         if "topics" not in doc and isinstance(doc.get("data"), dict):
             doc = doc["data"]
@@ -179,11 +173,16 @@ async def _poll(client: httpx.AsyncClient, args: argparse.Namespace) -> ChannelT
     return totals if found else None
 
 
-async def run(args: argparse.Namespace, prepared: None, out: TextIO | None = None) -> int:
+async def run(
+    args: argparse.Namespace, prepared: None, stop: trio.Event, out: TextIO | None = None
+) -> int:
+    import httpx
+
     out = out if out is not None else sys.stdout
-    timeout = httpx.Timeout(args.http_client_request_timeout)
+    timeout = httpx.Timeout(
+        args.http_client_request_timeout, connect=args.http_client_connect_timeout
+    )
     async with (
-        stop_on_signals() as stop,
         httpx.AsyncClient(timeout=timeout) as client,
         trio.open_nursery() as nursery,
     ):

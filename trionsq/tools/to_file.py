@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import logging
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -38,73 +40,63 @@ from ..message import Message
 from .common import (
     ToolError,
     add_consumer_flags,
+    add_http_client_flags,
+    check_names,
     check_sources,
     consumer_options,
-    parse_duration,
     require_sources,
-    stop_on_signals,
 )
+from .flags import FlagSet
 from .progress import Progress
 
 __all__ = ["configure", "prepare", "run", "FileOptions", "FileLogger", "filename_template"]
 
 HELP = "archive topics to files, with rotation and gzip (nsq_to_file)"
 
+log = logging.getLogger("trionsq.tools.to_file")
+
 DEFAULT_FORMAT = "<TOPIC>.<HOST><REV>.<DATETIME>.log"
 #: How long without a new message before what was written is synced and finished.
 IDLE_SYNC = 0.1
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_consumer_flags(parser, channel_default="nsq_to_file")
-    parser.add_argument("--output-dir", default="/tmp", help="directory to write output files to")
-    parser.add_argument(
-        "--work-dir", default=None, help="directory for files in progress (default: output dir)"
+def configure(flags: FlagSet) -> None:
+    add_consumer_flags(flags, channel_default="nsq_to_file")
+    flags.string("output-dir", "/tmp", "directory to write output files to")
+    flags.string("work-dir", "", "directory for in-progress files before moving to output-dir")
+    flags.string(
+        "filename-format",
+        DEFAULT_FORMAT,
+        "output filename format (<TOPIC>, <HOST>, <PID>, <DATETIME>, <REV> are replaced. "
+        "<REV> is increased when file already exists)",
     )
-    parser.add_argument(
-        "--filename-format",
-        default=DEFAULT_FORMAT,
-        help="output file name format (<TOPIC>, <HOST>, <PID>, <DATETIME>, <REV> are replaced; "
-        f"default {DEFAULT_FORMAT})",
+    flags.string(
+        "datetime-format",
+        "%Y-%m-%d_%H",
+        "strftime compatible format for <DATETIME> in filename format",
     )
-    parser.add_argument(
-        "--datetime-format",
-        default="%Y-%m-%d_%H",
-        help="strftime format for <DATETIME> (default %%Y-%%m-%%d_%%H)",
+    flags.string(
+        "host-identifier",
+        "",
+        "value to output in log filename in place of hostname. <SHORT_HOST> and <HOSTNAME> "
+        "are valid replacement tokens",
     )
-    parser.add_argument(
-        "--host-identifier",
-        default="",
-        help="value for <HOST> (<SHORT_HOST> and <HOSTNAME> are replaced)",
+    flags.bool("gzip", "gzip output files.")
+    flags.int("gzip-level", 6, "gzip compression level (1-9, 1=BestSpeed, 9=BestCompression)")
+    flags.duration("rotate-interval", 0.0, "rotate the file every duration")
+    flags.int(
+        "rotate-size",
+        0,
+        "rotate the file when it grows bigger than rotate-size bytes",
+        kind="rotate-size",
     )
-    parser.add_argument("--gzip", action="store_true", help="gzip output files")
-    parser.add_argument(
-        "--gzip-level", type=int, default=6, help="gzip level (1-9, 1=BestSpeed, 9=BestCompression)"
-    )
-    parser.add_argument(
-        "--rotate-interval",
-        type=parse_duration,
-        default=0.0,
-        help="rotate the file every duration (e.g. 1h, 30s; 0: never)",
-    )
-    parser.add_argument(
-        "--rotate-size",
-        type=int,
-        default=0,
-        help="rotate the file when it grows past this many bytes (0: never)",
-    )
-    parser.add_argument(
-        "--skip-empty-files", action="store_true", help="do not keep files with nothing written"
-    )
-    parser.add_argument(
-        "--sync-interval",
-        type=parse_duration,
-        default=30.0,
-        help="sync the file to disk at least every duration (default 30s)",
-    )
-    parser.add_argument(
-        "--status-every", type=float, default=5.0, help="seconds between plain status lines"
-    )
+    flags.bool("skip-empty-files", "skip writing empty files")
+    flags.duration("sync-interval", 30.0, "sync file to disk every duration")
+    flags.string("topic-pattern", "", "only log topics matching the following pattern")
+    flags.duration("topic-refresh", 60.0, "how frequently the topic list should be refreshed")
+    flags.string("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal")
+    flags.string("log-prefix", "[nsq_to_file] ", "log message prefix")
+    add_http_client_flags(flags, request_timeout=5.0)
 
 
 @dataclass(frozen=True)
@@ -148,16 +140,35 @@ def filename_template(opts: FileOptions, topic: str) -> str:
     return template
 
 
-def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    if not args.topic:
-        parser.error("--topic is required")
-    require_sources(parser, args)
+@dataclass
+class Prepared:
+    consumer: dict[str, Any]
+    files: FileOptions
+    pattern: re.Pattern[str] | None
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    if not args.channel:
+        raise ToolError("--channel is required")
+    if not args.nsqd_tcp_address and not args.lookupd_http_address:
+        raise ToolError("--nsqd-tcp-address or --lookupd-http-address required.")
+    require_sources(args)
+    if not args.topics and not args.topic_pattern:
+        raise ToolError("--topic or --topic-pattern required")
+    if not args.topics and not args.lookupd_http_address:
+        raise ToolError("--lookupd-http-address must be specified when no --topic specified")
     if not 1 <= args.gzip_level <= 9:
-        parser.error("invalid --gzip-level (1-9)")
-    if args.rotate_size < 0:
-        parser.error("--rotate-size must be >= 0")
+        raise ToolError(f"invalid --gzip-level value ({args.gzip_level}), should be 1-9")
     if args.sync_interval <= 0:
-        parser.error("--sync-interval must be positive")
+        raise ToolError("--sync-interval must be positive")
+    if args.topic_refresh <= 0:
+        raise ToolError("--topic-refresh must be positive")
+    pattern = None
+    if args.topic_pattern:
+        try:
+            pattern = re.compile(args.topic_pattern)
+        except re.error as exc:
+            raise ToolError(f"invalid --topic-pattern: {exc}") from None
     file_options = FileOptions(
         output_dir=args.output_dir,
         work_dir=args.work_dir or args.output_dir,
@@ -170,20 +181,17 @@ def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[s
         rotate_size=args.rotate_size,
         skip_empty_files=args.skip_empty_files,
     )
-    for directory in {file_options.output_dir, file_options.work_dir}:
+    try:
+        filename_template(file_options, "topic")
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
+    for directory in dict.fromkeys([file_options.output_dir, file_options.work_dir]):
         try:
             Path(directory).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            parser.error(f"cannot create {directory}: {exc}")
-    try:
-        for topic in args.topic:
-            filename_template(file_options, topic)
-        options = consumer_options(args)
-        for topic in args.topic:
-            Consumer(topic, args.channel, **options)
-    except (ValueError, TypeError) as exc:
-        parser.error(str(exc))
-    return {"consumer": options, "files": file_options}
+            raise ToolError(f"cannot create {directory}: {exc}") from None
+    check_names(args.topics, args.channel)
+    return Prepared(consumer_options(args), file_options, pattern)
 
 
 class FileLogger:
@@ -275,6 +283,7 @@ class FileLogger:
                 self.rev += 1
                 continue
             break
+        log.info("[%s] opening %s", self.topic, path)
         self._raw = raw
         self.path = path
         self.written = 0
@@ -368,6 +377,7 @@ class FileLogger:
                     continue
                 path.unlink()
                 final = target
+                log.info("[%s] moved finished file %s to %s", self.topic, path, target)
                 break
         if self.on_closed is not None:
             self.on_closed(final)
@@ -507,31 +517,86 @@ async def _ticks(archiver: _Archiver, sync_interval: float) -> None:
         seen = archiver.received
 
 
-async def run(args: argparse.Namespace, prepared: dict[str, Any]) -> int:
-    options: dict[str, Any] = prepared["consumer"]
-    files: FileOptions = prepared["files"]
+async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) -> int:
+    options = prepared.consumer
     await check_sources(Config(**options))
     progress = Progress(
-        f"to-file {','.join(args.topic)}",
+        f"to-file {','.join(args.topics) or args.topic_pattern}",
         ["written", "finished", "files", "syncs"],
         rate_of="written",
         backlog=lambda: progress.counts["written"] - progress.counts["finished"],
-        interval=args.status_every,
     )
-    async with stop_on_signals() as stop, trio.open_nursery() as display:
+    async with trio.open_nursery() as display:
         display.start_soon(progress.run)
         async with trio.open_nursery() as nursery:
-            for topic in dict.fromkeys(args.topic):
-                nursery.start_soon(
-                    _archive,
-                    topic,
-                    args.channel,
-                    options,
-                    files,
-                    args.sync_interval,
-                    stop,
-                    progress,
-                )
+            archived: set[str] = set()
+
+            def start(topics: list[str]) -> None:
+                for topic in topics:
+                    if topic in archived:
+                        continue
+                    if prepared.pattern is not None and not prepared.pattern.search(topic):
+                        log.warning(
+                            "skipping topic %s (doesn't match pattern %s)",
+                            topic,
+                            args.topic_pattern,
+                        )
+                        archived.add(topic)
+                        continue
+                    archived.add(topic)
+                    log.info("archiving topic %s", topic)
+                    nursery.start_soon(
+                        _archive,
+                        topic,
+                        args.channel,
+                        options,
+                        prepared.files,
+                        args.sync_interval,
+                        stop,
+                        progress,
+                    )
+
+            start(list(dict.fromkeys(args.topics)))
+            if not args.topics:
+                nursery.start_soon(_discover, args, start, stop)
         display.cancel_scope.cancel()
     progress.summary()
     return 0
+
+
+async def _discover(
+    args: argparse.Namespace, start: Callable[[list[str]], None], stop: trio.Event
+) -> None:
+    """With ``--topic-pattern`` and no ``--topic``: ask nsqlookupd for the
+    topics every ``--topic-refresh`` (and at once), and archive new ones."""
+    import httpx
+
+    timeout = httpx.Timeout(
+        args.http_client_request_timeout, connect=args.http_client_connect_timeout
+    )
+    async with httpx.AsyncClient(timeout=timeout) as client, trio.open_nursery() as nursery:
+
+        async def on_stop() -> None:
+            await stop.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(on_stop)
+        while True:
+            topics: dict[str, None] = {}
+            errors = []
+            for address in args.lookupd_http_address:
+                base = (address if "://" in address else f"http://{address}").rstrip("/")
+                try:
+                    response = await client.get(f"{base}/topics")
+                    response.raise_for_status()
+                    doc = response.json()
+                except (httpx.HTTPError, ValueError) as exc:
+                    errors.append(f"{address}: {exc or type(exc).__name__}")
+                    continue
+                if "topics" not in doc and isinstance(doc.get("data"), dict):
+                    doc = doc["data"]
+                topics.update(dict.fromkeys(doc.get("topics") or []))
+            if errors and len(errors) == len(args.lookupd_http_address):
+                log.error("could not retrieve topic list: %s", "; ".join(errors))
+            start(sorted(topics))
+            await trio.sleep(args.topic_refresh)

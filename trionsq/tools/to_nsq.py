@@ -1,17 +1,36 @@
-"""``trionsq to-nsq``: copy a topic to other nsqds, as ``nsq_to_nsq``.
+"""``trionsq to-nsq``: copy topics to other nsqds, as ``nsq_to_nsq``.
 
-Messages consumed from ``--topic`` are published to ``--destination-topic``
-(default: the same name) on ``--destination-nsqd-tcp-address`` (repeatable;
-round-robin, failing over to the next one when one is down).  A message is
-finished once the destination acknowledged it, requeued when publishing failed.
-SIGINT/SIGTERM stop cleanly: what is being published completes first.
+Messages consumed from each ``--topic`` are published to
+``--destination-topic`` (default: the topic's own name) on the
+``--destination-nsqd-tcp-address``es, picked by ``--mode`` (``hostpool``, the
+default: in turn among those that work; ``round-robin``; ``epsilon-greedy``).
+A message is finished once a destination acknowledged it, and requeued (with
+go-nsq's delay and backoff) when publishing failed.
+
+Messages on their way are published in batches: what the consumer has
+received goes out as one MPUB (up to 1,000 messages or 1 MiB), a few batches
+under way at once, where nsq_to_nsq sends one pipelined PUB per message; the
+destination sees the same messages, and a batch an nsqd refuses as a whole is
+retried message by message.
+
+JSON filters, for messages that are JSON objects: ``--require-json-field F``
+passes only messages with the field (others are finished unsent; with
+``--require-json-value V``, the field must equal V, as a string or a number,
+and a message without the field is requeued); ``--whitelist-json-field F``
+(repeatable) keeps only those fields.  A message that is not a JSON object is
+then finished unsent.
+
+SIGINT/SIGTERM: no new message is taken; what is being published gets a
+second to be acknowledged, the rest is requeued.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import json
+import math
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -20,110 +39,358 @@ from ..config import Config
 from ..consumer import Consumer
 from ..message import Message
 from ..producer import Producer
-from ..protocol.errors import NSQError
+from ..protocol.errors import NSQError, NSQErrorResponse
 from ..protocol.names import is_valid_topic_name
 from .common import (
+    STOP_GRACE,
+    ToolError,
     add_consumer_flags,
-    check_nsqds,
+    add_status_every,
     check_sources,
     consumer_options,
-    parse_opts,
+    producer_options,
     require_sources,
-    stop_on_signals,
 )
+from .flags import FlagSet
 from .progress import Progress
+from .routing import MODES, Router
 
-__all__ = ["configure", "prepare", "run"]
+__all__ = ["configure", "prepare", "run", "JsonFilter"]
 
-HELP = "copy a topic to other nsqds (nsq_to_nsq)"
+HELP = "copy topics to other nsqds (nsq_to_nsq)"
+
+#: The largest batch published as one MPUB: messages, and bytes of bodies.
+BATCH_MESSAGES = 1000
+BATCH_BYTES = 1 << 20
+#: Batches being published at once, per topic.
+BATCHES_IN_FLIGHT = 4
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_consumer_flags(parser, channel_default="nsq_to_nsq")
-    parser.add_argument(
-        "--destination-nsqd-tcp-address",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="destination nsqd TCP address (may be given multiple times)",
+def configure(flags: FlagSet) -> None:
+    add_consumer_flags(
+        flags,
+        channel_default="nsq_to_nsq",
+        consumer_opt_help="see http://godoc.org/github.com/nsqio/go-nsq#Config",
     )
-    parser.add_argument(
-        "--destination-topic", default="", help="destination topic (default: --topic)"
+    flags.strings(
+        "destination-nsqd-tcp-address",
+        "destination nsqd TCP address (may be given multiple times)",
     )
-    parser.add_argument(
-        "--producer-opt",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a trionsq.Config option for the destination producers (repeatable)",
+    flags.string(
+        "destination-topic",
+        "",
+        "use this destination topic for all consumed topics (default is consumed topic name)",
     )
-    parser.add_argument(
-        "--status-every", type=float, default=5.0, help="seconds between plain status lines"
+    flags.custom(
+        "producer-opt",
+        _producer_opt,
+        [],
+        "option to passthrough to nsq.Producer (may be given multiple times, "
+        "see http://godoc.org/github.com/nsqio/go-nsq#Config)",
+        repeat=True,
     )
+    flags.string(
+        "mode",
+        "hostpool",
+        "the upstream request mode options: round-robin, hostpool (default), epsilon-greedy",
+    )
+    flags.string(
+        "require-json-field", "", "for JSON messages: only pass messages that contain this field"
+    )
+    flags.string(
+        "require-json-value",
+        "",
+        "for JSON messages: only pass messages in which the required field has this value",
+    )
+    flags.strings(
+        "whitelist-json-field", "for JSON messages: pass this field (may be given multiple times)"
+    )
+    add_status_every(flags, default=250, per="per destination")
 
 
-def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    if len(args.topic) != 1:
-        parser.error("--topic is required (once)")
-    require_sources(parser, args)
+def _producer_opt(text: str) -> tuple[str, str | None]:
+    from .common import _opt_pair
+
+    return _opt_pair(text)
+
+
+@dataclass
+class Prepared:
+    consumer: dict[str, Any]
+    producers: list[Config]
+    json_filter: JsonFilter | None
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    if not args.topics or not args.channel:
+        raise ToolError("--topic and --channel are required")
+    require_sources(args)
     if not args.destination_nsqd_tcp_address:
-        parser.error("--destination-nsqd-tcp-address required")
-    args.destination_topic = args.destination_topic or args.topic[0]
-    if not is_valid_topic_name(args.destination_topic):
-        parser.error(f"invalid --destination-topic {args.destination_topic!r}")
+        raise ToolError("--destination-nsqd-tcp-address required")
+    for topic in args.topics:
+        if not is_valid_topic_name(topic):
+            raise ToolError("--topic is invalid")
+    if args.destination_topic and not is_valid_topic_name(args.destination_topic):
+        raise ToolError("--destination-topic is invalid")
+    if args.mode not in MODES:
+        raise ToolError(f"invalid --mode {args.mode!r} (round-robin, hostpool, epsilon-greedy)")
+    options = consumer_options(args)
     try:
-        options = consumer_options(args)
-        Consumer(args.topic[0], args.channel, **options)
-        producer_options = parse_opts(args.producer_opt, "--producer-opt")
-        producer_configs = [
-            Config(nsqd_tcp_addresses=(address,), **producer_options)
-            for address in dict.fromkeys(args.destination_nsqd_tcp_address)
-        ]
+        Consumer(args.topics[0], args.channel, **options)
     except (ValueError, TypeError) as exc:
-        parser.error(str(exc))
-    return {"consumer": options, "producers": producer_configs}
+        raise ToolError(str(exc)) from None
+    producer = producer_options(args)
+    configs = [
+        Config(nsqd_tcp_addresses=(address,), **producer)
+        for address in dict.fromkeys(args.destination_nsqd_tcp_address)
+    ]
+    json_filter = None
+    if args.require_json_field or args.whitelist_json_field:
+        json_filter = JsonFilter(
+            args.require_json_field, args.require_json_value, args.whitelist_json_field
+        )
+    return Prepared(options, configs, json_filter)
 
 
-async def run(args: argparse.Namespace, prepared: dict[str, Any]) -> int:
-    options: dict[str, Any] = prepared["consumer"]
-    configs: list[Config] = prepared["producers"]
-    for config in configs:
-        await check_nsqds(config.nsqd_tcp_addresses, config)
-    await check_sources(Config(**options))
-    topic = args.destination_topic
+class JsonFilter:
+    """nsq_to_nsq's JSON filters, for messages that are JSON objects."""
+
+    def __init__(self, field: str, value: str, whitelist: list[str]) -> None:
+        self.field = field
+        self.value = value
+        self.whitelist = whitelist
+        try:
+            self.number: float | None = float(value) if value else None
+        except ValueError:
+            self.number = None
+        if self.number is not None and not math.isfinite(self.number):
+            self.number = None
+
+    def apply(self, body: bytes) -> tuple[str, bytes]:
+        """``("pass", body)`` (maybe rewritten), ``("drop", b"")`` (finish it
+        unsent) or ``("requeue", b"")`` (a required value with no field)."""
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return "drop", b""
+        if not isinstance(doc, dict):
+            return "drop", b""
+        if self.field:
+            if self.field not in doc:
+                return ("requeue" if self.value else "drop"), b""
+            if self.value:
+                found = doc[self.field]
+                if isinstance(found, str):
+                    if found != self.value:
+                        return "drop", b""
+                elif (
+                    self.number is None
+                    or isinstance(found, bool)
+                    or not isinstance(found, int | float)
+                ):
+                    return "drop", b""
+                elif float(found) != self.number:
+                    return "drop", b""
+        if not self.whitelist:
+            return "pass", body
+        kept = {key: _go_number(doc[key]) for key in self.whitelist if key in doc}
+        return "pass", _go_json(kept)
+
+
+def _go_number(value: Any) -> Any:
+    # Go decodes every JSON number as a float64 and writes whole ones as ints.
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+def _go_json(doc: dict[str, Any]) -> bytes:
+    """``json.Marshal`` of a map: sorted keys, compact, <, > and & escaped."""
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(char, escape)
+    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return text.encode()
+
+
+async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) -> int:
+    await check_sources(Config(**prepared.consumer))
+    addresses = [config.nsqd_tcp_addresses[0] for config in prepared.producers]
+    router = Router(len(addresses), args.mode)
+    consumers: list[Consumer] = []
+    destination = args.destination_topic
     progress = Progress(
-        f"to-nsq {args.topic[0]} -> {topic}",
-        ["published", "requeued"],
+        f"to-nsq {','.join(args.topics)} -> {destination or '(same)'}",
+        ["published", "requeued", "filtered"],
         rate_of="published",
-        backlog=lambda: consumer.stats.in_flight if consumer is not None else 0,
-        interval=args.status_every,
+        backlog=lambda: sum(c.stats.in_flight for c in consumers),
+        every=args.status_every,
     )
-    consumer: Consumer | None = None
     async with AsyncExitStack() as stack:
-        producers = [await stack.enter_async_context(Producer(config=c)) for c in configs]
-        turn = itertools.count()
-
-        async def forward(message: Message) -> None:
-            start = next(turn)
-            errors = []
-            for step in range(len(producers)):
-                producer = producers[(start + step) % len(producers)]
-                try:
-                    await producer.publish(topic, message.body)
-                except NSQError as exc:
-                    errors.append(f"{producer.config.nsqd_tcp_addresses[0]}: {exc}")
-                    continue
-                progress.add("published")
-                return  # the consumer finishes it
-            progress.add("requeued")
-            progress.info["last error"] = errors[-1]
-            await message.requeue()
-
-        stop = await stack.enter_async_context(stop_on_signals())
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        nursery.start_soon(progress.run)
-        async with Consumer(args.topic[0], args.channel, handler=forward, **options) as consumer:
-            await stop.wait()
-        nursery.cancel_scope.cancel()
+        producers = [
+            await stack.enter_async_context(Producer(config=c)) for c in prepared.producers
+        ]
+        display = await stack.enter_async_context(trio.open_nursery())
+        display.start_soon(progress.run)
+        async with trio.open_nursery() as copies:
+            for topic in dict.fromkeys(args.topics):
+                copies.start_soon(
+                    _copy,
+                    topic,
+                    destination or topic,
+                    args.channel,
+                    prepared,
+                    producers,
+                    addresses,
+                    router,
+                    progress,
+                    consumers,
+                    stop,
+                )
+        display.cancel_scope.cancel()
     progress.summary()
     return 0
+
+
+async def _copy(
+    topic: str,
+    destination: str,
+    channel: str,
+    prepared: Prepared,
+    producers: list[Producer],
+    addresses: list[str],
+    router: Router,
+    progress: Progress,
+    consumers: list[Consumer],
+    stop: trio.Event,
+) -> None:
+    """Copy one topic: take messages, filter them, publish them in batches."""
+    send, receive = trio.open_memory_channel[tuple[Message, bytes]](math.inf)
+    json_filter = prepared.json_filter
+
+    async def take(consumer: Consumer) -> None:
+        async with send:
+            async for message in consumer:
+                body = message.body
+                if json_filter is not None:
+                    verdict, body = json_filter.apply(body)
+                    if verdict == "drop":
+                        progress.add("filtered")
+                        await message.finish()
+                        continue
+                    if verdict == "requeue":
+                        progress.add("requeued")
+                        await message.requeue()
+                        continue
+                send.send_nowait((message, body))
+
+    async def publish_batches() -> None:
+        while True:
+            try:
+                first = await receive.receive()
+            except trio.EndOfChannel:
+                return
+            batch = [first]
+            size = len(first[1])
+            while len(batch) < BATCH_MESSAGES and size < BATCH_BYTES:
+                try:
+                    item = receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                batch.append(item)
+                size += len(item[1])
+            await _publish(batch, destination, producers, addresses, router, progress)
+
+    async with Consumer(topic, channel, **prepared.consumer) as consumer:
+        consumers.append(consumer)
+        async with trio.open_nursery() as work:
+            publishing = trio.CancelScope()
+            taking = trio.CancelScope()
+
+            async def on_stop() -> None:
+                await stop.wait()
+                taking.cancel()  # take no more; batches under way get STOP_GRACE
+                await trio.sleep(STOP_GRACE)
+                publishing.cancel()
+
+            async def publishers() -> None:
+                with publishing:
+                    async with trio.open_nursery() as batches:
+                        for _ in range(BATCHES_IN_FLIGHT):
+                            batches.start_soon(publish_batches)
+
+            async def taker() -> None:
+                with taking:
+                    await take(consumer)
+                await send.aclose()
+
+            work.start_soon(on_stop)
+            work.start_soon(taker)
+            await publishers()
+            work.cancel_scope.cancel()
+        # Taken but never published (stopped, or cancelled): back to nsqd.
+        with trio.CancelScope(shield=True):
+            for message, _ in _drain(receive):
+                await message.requeue(0, backoff=False)
+
+
+def _drain(
+    receive: trio.MemoryReceiveChannel[tuple[Message, bytes]],
+) -> list[tuple[Message, bytes]]:
+    left = []
+    while True:
+        try:
+            left.append(receive.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return left
+
+
+async def _publish(
+    batch: list[tuple[Message, bytes]],
+    topic: str,
+    producers: list[Producer],
+    addresses: list[str],
+    router: Router,
+    progress: Progress,
+) -> None:
+    """Publish a batch to the destination the router picks; FIN on success,
+    requeue on failure.  A batch refused as a whole goes again one by one."""
+    (index,) = router.pick()
+    producer = producers[index]
+    started = trio.current_time()
+    try:
+        try:
+            if len(batch) == 1:
+                await producer.publish(topic, batch[0][1])
+            else:
+                await producer.multi_publish(topic, [body for _, body in batch])
+        except NSQErrorResponse as exc:
+            if len(batch) == 1:
+                raise
+            # One message the destination refuses (too big, say) must not
+            # hold back the others.
+            router.mark(index, True)
+            for item in batch:
+                await _publish([item], topic, producers, addresses, router, progress)
+            progress.info["last error"] = f"{addresses[index]}: {exc} (batch split)"
+            return
+    except NSQError as exc:
+        router.mark(index, False)
+        progress.add("requeued", len(batch))
+        progress.info["last error"] = f"{addresses[index]}: {exc}"
+        with trio.CancelScope(shield=True):
+            for message, _ in batch:
+                await message.requeue()
+        return
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            for message, _ in batch:
+                await message.requeue(0, backoff=False)
+        raise
+    elapsed = trio.current_time() - started
+    router.mark(index, True, elapsed)
+    with trio.CancelScope(shield=True):
+        for message, _ in batch:
+            await message.finish()
+    progress.time(elapsed)
+    progress.add("published", len(batch))
