@@ -320,6 +320,14 @@ class Outcome:
     error: str | None = None
 
 
+#: The tools run as a user runs them: byte-code cached (a session that sets
+#: PYTHONDONTWRITEBYTECODE would compile every module at every start) and
+#: Python's own stdout buffering.
+TOOL_ENV = {
+    k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+}
+
+
 def _run_one(case: Case, env: Env, impl: str) -> Outcome:
     argv = case.go_argv(env) if impl == "go" else case.py_argv(env)
     stdin: IO[bytes] | None = None
@@ -334,6 +342,7 @@ def _run_one(case: Case, env: Env, impl: str) -> Outcome:
             stdout=subprocess.DEVNULL,
             stderr=err,
             cwd=env.workdir,
+            env=TOOL_ENV,
         )
         outcome = Outcome()
         try:
@@ -515,6 +524,10 @@ def main() -> int:
         for in_flight in settings if case.consumes else [DEFAULT_RDY]:
             rows.append(Row(case, in_flight if case.consumes else None))
 
+    # Byte-code compiled once, as after an install.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "trionsq")], env=TOOL_ENV, check=True
+    )
     sink_process = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("httpsink.py"))],
         stdout=subprocess.PIPE,

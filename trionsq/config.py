@@ -12,12 +12,13 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .protocol.frames import DEFAULT_MAX_FRAME_SIZE
 from .transport import Connector, parse_address, tcp_connector
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["BackoffPolicy", "Config"]
 
@@ -53,6 +54,9 @@ def _check_int(name: str, value: object, *, minimum: int, maximum: int | None = 
 
 
 def _check_lookupd_address(address: str) -> None:
+    # Imported here: only lookupd users pay for importing httpx.
+    import httpx
+
     url = address if "://" in address else f"http://{address}"
     try:
         parsed = httpx.URL(url)
@@ -86,6 +90,12 @@ class BackoffPolicy:
             raise ValueError(f"backoff jitter must be between 0 and 1, got {self.jitter!r}")
         if self.max < self.base:
             raise ValueError("backoff max must be >= backoff base")
+
+
+def _is_http_transport(value: object) -> bool:
+    import httpx
+
+    return isinstance(value, httpx.AsyncBaseTransport)
 
 
 def _default_hostname() -> str:
@@ -238,9 +248,7 @@ class Config:
         _check_number("close_timeout", self.close_timeout)
         if not isinstance(self.reconnect_backoff, BackoffPolicy):
             raise TypeError("reconnect_backoff must be a BackoffPolicy")
-        if self.http_transport is not None and not isinstance(
-            self.http_transport, httpx.AsyncBaseTransport
-        ):
+        if self.http_transport is not None and not _is_http_transport(self.http_transport):
             raise TypeError("http_transport must be an httpx.AsyncBaseTransport")
         if not callable(self.connector):
             raise TypeError("connector must be an async callable (host, port) -> Stream")

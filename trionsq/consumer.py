@@ -21,9 +21,8 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 
 from .backoff import Backoff, BackoffState
@@ -36,6 +35,9 @@ from .protocol.errors import NSQError
 from .protocol.frames import MessageFrame
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
 from .rdy import RdyController, starved
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Consumer", "ConsumerStats", "ConnectionStats", "Handler", "GiveUpHandler"]
 
@@ -791,6 +793,9 @@ class Consumer:
     @trio.lowlevel.enable_ki_protection
     async def _discovery(self) -> None:
         config = self.config
+        # Imported here: a consumer given only nsqd addresses never pays for httpx.
+        import httpx
+
         async with httpx.AsyncClient(
             transport=config.http_transport,
             timeout=httpx.Timeout(min(config.lookupd_poll_interval, 10.0)),
@@ -802,6 +807,8 @@ class Consumer:
                 await trio.sleep(config.lookupd_poll_interval * factor)
 
     async def _poll_lookupds(self, client: httpx.AsyncClient) -> None:
+        import httpx
+
         addresses = self.config.lookupd_http_addresses
         answers: list[set[str] | None] = [None] * len(addresses)
         timeout = min(self.config.lookupd_poll_interval, 10.0)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-
-import httpx
+from typing import TYPE_CHECKING
 
 from .protocol.errors import NSQErrorResponse, error_for_code
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["http_publish", "http_multi_publish"]
 
@@ -86,6 +88,8 @@ class _client:
     async def __aenter__(self) -> httpx.AsyncClient:
         if self._given is not None:
             return self._given
+        import httpx  # imported on use: importing trionsq does not load httpx
+
         self._own = httpx.AsyncClient()
         return self._own
 

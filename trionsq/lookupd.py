@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .transport import format_address
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["lookup", "lookup_url", "parse_lookup_response", "merge"]
 

@@ -413,13 +413,33 @@ class _Archiver:
         self.pending: list[Message] = []
         self.received = 0
         self._counted = 0  # of ``received``, in the progress counters
+        #: messages held per nsqd, and 85% of its RDY, when the consumer may be
+        #: starved (asking is_starved for every message costs more than writing
+        #: it); the limits are refreshed after every sync, and when one is
+        #: reached but the consumer is not starved (RDY grew meanwhile).
+        self._held: dict[str, int] = {}
+        self._limits: dict[str, float] = {}
+
+    def _refresh_limits(self) -> None:
+        self._limits = {
+            address: max(1.0, conn.rdy * 0.85)
+            for address, conn in self.consumer.stats.connections.items()
+        }
 
     def add(self, message: Message) -> bool:
         """Write ``message``; returns whether a sync is due now."""
         self.logger.write(message.body)
-        self.pending.append(message)
+        pending = self.pending
+        pending.append(message)
         self.received += 1
-        return len(self.pending) >= self.batch or self.consumer.is_starved()
+        address = message.address
+        held = self._held.get(address, 0) + 1
+        self._held[address] = held
+        if held >= self._limits.get(address, 1.0):
+            if self.consumer.is_starved():
+                return True
+            self._refresh_limits()
+        return len(pending) >= self.batch
 
     async def sync_and_finish(self) -> None:
         """Sync the file, then FIN every message it holds.
@@ -441,11 +461,14 @@ class _Archiver:
             for message in pending:
                 await message.finish()
         self.progress.add("finished", len(pending))
+        self._held.clear()
+        self._refresh_limits()
 
     async def requeue_pending(self) -> None:
         """Written but not durable: back to nsqd (a duplicate, never a loss)."""
         self.progress.add("written", self.received - self._counted)
         self._counted = self.received
+        self._held.clear()
         pending, self.pending = self.pending, []
         with trio.CancelScope(shield=True):
             for message in pending:
