@@ -7,6 +7,7 @@ and a timeline of what happened.  Start it with ``fakensq admin`` or
 ``fakensq cluster -admin-http-address``, or in code with :class:`Admin`.
 """
 
-from .server import ActionError, Admin
+from .actions import ActionError
+from .server import Admin
 
 __all__ = ["ActionError", "Admin"]

@@ -21,11 +21,13 @@ against ``--admin-user`` (``--acl-http-header`` names the user), reported to
 from __future__ import annotations
 
 import base64
+import gzip
 import ipaddress
 import json
 import logging
 import socket
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote_plus, urlencode
@@ -44,7 +46,7 @@ from .options import LOG_LEVELS, AdminOptions
 if TYPE_CHECKING:
     from ..router import Router
 
-__all__ = ["NSQAdminAPI", "respond_v1", "v1_error"]
+__all__ = ["NSQAdminAPI", "as_nsqadmin_sends", "respond_v1", "v1_error"]
 
 log = logging.getLogger("fakensq.admin")
 
@@ -79,6 +81,29 @@ def respond_v1(data: Any, status: int = 200) -> Response:
 
 def v1_error(status: int, text: str) -> Response:
     return respond_v1(text, status)
+
+
+def as_nsqadmin_sends(request: Request, response: Response) -> Response:
+    """The answer as nsqadmin's server sends it: compressed when the client takes
+    gzip (or deflate), and then a body whose handler set no Content-Type gets
+    none at all (Go wrote the headers before the compressed body)."""
+    typed = any(k.lower() == "content-type" for k, _ in response.headers)
+    encoding = ""
+    for token in request.headers.get("accept-encoding", "").split(","):
+        if token.strip() in ("gzip", "deflate"):
+            encoding = token.strip()
+            break
+    if encoding:
+        if encoding == "gzip":
+            body = gzip.compress(response.body, mtime=0)
+        else:
+            packer = zlib.compressobj(wbits=-15)  # raw deflate, as Go's flate
+            body = packer.compress(response.body) + packer.flush()
+        headers = [*response.headers, ("Content-Encoding", encoding), ("Vary", "Accept-Encoding")]
+        if not typed:
+            headers.append(("Content-Type", ""))
+        return Response(response.status, body, headers)
+    return response  # untyped: the HTTP server sniffs a type, as Go's does
 
 
 def _warn(messages: list[str]) -> str:

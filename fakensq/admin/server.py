@@ -15,18 +15,16 @@ need the in-process :class:`fakensq.Cluster`.
 
 from __future__ import annotations
 
-import gzip
+import json
 import logging
 import mimetypes
 import os
 import ssl
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from importlib import resources
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import httpx
 import trio
@@ -34,11 +32,12 @@ import trio
 from ..flags import format_go_duration
 from ..httpserver import HTTPServer, Request, Response
 from ..router import Router
-from . import views
-from .api import NSQAdminAPI, respond_v1, v1_error
+from . import nodepages, topicpages, views
+from .actions import ActionError, PageActions
+from .api import NSQAdminAPI, as_nsqadmin_sends, v1_error
 from .data import Reader, Snapshot
+from .faultcontrols import FaultControls
 from .history import CHART_WINDOW, History
-from .jsonbody import GoJSONError
 from .options import AdminOptions, OptionsError, go_file_error, normalize_base_path
 from .timeline import Event, Timeline
 from .views import FaultCaps
@@ -69,10 +68,6 @@ def _static(name: str, dev_dir: str) -> bytes | None:
     if name not in _OWN_ASSETS:
         return None
     return resources.files(__package__).joinpath("static", name).read_bytes()
-
-
-class ActionError(Exception):
-    """An action that cannot be done (bad arguments, nothing to do it on)."""
 
 
 def _split_host_port(address: str) -> tuple[str, int]:
@@ -159,6 +154,9 @@ class Admin:
         self.history = History(chart_window=chart_window)
         self.server = HTTPServer(self.handle, server_name="fakensq-admin")
         self.api: NSQAdminAPI | None = None
+        self.actions: PageActions | None = None
+        #: The fault controls (with a cluster only).
+        self.faults = FaultControls(cluster, self.timeline) if cluster is not None else None
         self._client: httpx.AsyncClient | None = None
         self._reader: Reader | None = None
         self._router: Router | None = None
@@ -243,6 +241,7 @@ class Admin:
                 nsqds=lambda: self.nsqd_http_addresses,
                 on_action=self._on_api_action,
             )
+            self.actions = PageActions(client, self.snapshot, lambda: self.lookupd_http_addresses)
             self._router = self._routes(self.api)
             await nursery.start(self.api.run_notifier)
             await nursery.start(self.server.serve, host, port)
@@ -340,7 +339,7 @@ class Admin:
         """Route one request (logged as nsqadmin logs them)."""
         assert self._router is not None
         started = time.perf_counter()
-        response = _as_go_sends(request, await self._router.handle(request))
+        response = as_nsqadmin_sends(request, await self._router.handle(request))
         log.info(
             "%d %s %s (%s) %s",
             response.status,
@@ -412,23 +411,23 @@ class Admin:
         caps = self.caps
         history = self.history
         if parts == [] or parts == ["topics"]:
-            return lambda s: views.topics_page(s, history)
+            return lambda s: topicpages.topics_page(s, history)
         if parts == ["nodes"]:
-            return lambda s: views.nodes_page(s, caps)
+            return lambda s: nodepages.nodes_page(s, caps)
         if len(parts) == 2 and parts[0] == "nodes":
-            return lambda s: views.node_page(s, parts[1])
+            return lambda s: nodepages.node_page(s, parts[1])
         if parts == ["counter"]:
-            return views.counter_page
+            return nodepages.counter_page
         if parts == ["lookup"]:
-            return views.lookup_page
+            return nodepages.lookup_page
         if parts == ["timeline"]:
-            return lambda s: views.timeline_page(
-                s, caps, list(self.timeline.events), self.active_faults()
+            return lambda s: nodepages.timeline_page(
+                s, caps, list(self.timeline.events), self.faults.active() if self.faults else []
             )
         if len(parts) == 2 and parts[0] == "topics":
-            return lambda s: views.topic_page(s, parts[1], history)
+            return lambda s: topicpages.topic_page(s, parts[1], history)
         if len(parts) == 3 and parts[0] == "topics":
-            return lambda s: views.channel_page(s, parts[1], parts[2], caps, history)
+            return lambda s: topicpages.channel_page(s, parts[1], parts[2], caps, history)
         return None
 
     # -- actions ------------------------------------------------------------------
@@ -437,8 +436,6 @@ class Admin:
         self.timeline.record("action", f"{action.replace('_', ' ')} {what} (API)")
 
     async def _action(self, request: Request) -> Response:
-        import json
-
         try:
             args = json.loads(request.body or b"{}")
             if not isinstance(args, dict):
@@ -453,7 +450,13 @@ class Admin:
             self.timeline.begin_fault()
         message = f"{action} failed"
         try:
-            ok, message = await self.act(action, args)
+            if fault:
+                if self.faults is None:
+                    raise ActionError("fault controls need an in-process fakensq Cluster")
+                ok, message = await self.faults.do(action[len("fault/") :], args)
+            else:
+                assert self.actions is not None
+                ok, message = await self.actions.act(action, args)
         except ActionError as exc:
             message = str(exc)
             return Response.json({"ok": False, "message": message}, 400)
@@ -477,226 +480,3 @@ class Admin:
         elif ok and action == "channel/delete":
             result["redirect"] = self._bp("/" + views.topic_url(str(args.get("topic"))))
         return Response.json(result, 200 if ok else 502)
-
-    async def act(self, action: str, args: dict[str, Any]) -> tuple[bool, str]:
-        """Do ``action`` (``topic/pause``, ``fault/kill-nsqd``...); (all went well, what
-        happened).  Raises :class:`ActionError` for a request that makes no sense."""
-        if action.startswith("fault/"):
-            return await self._fault(action[len("fault/") :], args)
-        kind, _, verb = action.partition("/")
-        if kind not in ("topic", "channel") or verb not in (
-            "create",
-            "delete",
-            "empty",
-            "pause",
-            "unpause",
-        ):
-            raise ActionError(f"unknown action {action!r}")
-        topic = str(args.get("topic") or "")
-        channel = str(args.get("channel") or "")
-        if not topic:
-            raise ActionError("no topic given")
-        if kind == "channel" and not channel:
-            raise ActionError("no channel given")
-        if kind == "topic" and verb == "create" and channel:
-            # nsqadmin's create form makes the topic and, optionally, a channel in it.
-            ok1, m1 = await self.act("topic/create", {"topic": topic})
-            ok2, m2 = await self.act("channel/create", {"topic": topic, "channel": channel})
-            return ok1 and ok2, f"{m1}; {m2}"
-
-        query = "topic=" + quote(topic, safe="")
-        if kind == "channel":
-            query += "&channel=" + quote(channel, safe="")
-        targets: list[str] = []
-        if verb in ("create", "delete"):
-            # As nsqadmin: lookupds first (registrations), then the producers.
-            targets += [f"http://{a}/{kind}/{verb}?{query}" for a in self.lookupd_http_addresses]
-        snap = await self.snapshot()
-        producers = snap.producers(topic)
-        if not producers and kind == "topic" and verb == "create":
-            # A new topic has no producer yet: make it on every live nsqd, so that
-            # it is somewhere (nsqadmin would only register it with nsqlookupd).
-            producers = [n.address for n in snap.nodes if n.up]
-        targets += [f"http://{a}/{kind}/{verb}?{query}" for a in producers]
-        if not targets:
-            raise ActionError(f"no nsqd or nsqlookupd holds topic {topic}")
-        results = await self._post_all(targets)
-        failed = [f"{where}: {why}" for where, why in results if why != "OK"]
-        what = f"{verb} {kind} {topic}" + (f"/{channel}" if channel else "")
-        done = [where for where, why in results if why == "OK"]
-        message = f"{what}: OK on {', '.join(done) or 'nothing'}"
-        if failed:
-            message += "; FAILED on " + ", ".join(failed)
-        return not failed, message
-
-    async def _post_all(self, urls: Sequence[str]) -> list[tuple[str, str]]:
-        results: list[tuple[str, str]] = [("", "")] * len(urls)
-        assert self._client is not None
-        client = self._client
-
-        async def post(i: int, url: str) -> None:
-            where = url.split("/")[2]
-            try:
-                response = await client.post(url)
-            except httpx.HTTPError as exc:
-                results[i] = (where, type(exc).__name__)
-                return
-            if response.is_success:
-                results[i] = (where, "OK")
-            else:
-                try:
-                    why = str(response.json().get("message"))
-                except ValueError:
-                    why = response.text.strip()
-                results[i] = (where, f"HTTP {response.status_code} {why}")
-
-        async with trio.open_nursery() as nursery:
-            for i, url in enumerate(urls):
-                nursery.start_soon(post, i, url)
-        return results
-
-    def _timeout_counts(self, topic: str, channel: str) -> dict[tuple[str, str, str], int]:
-        """Each live nsqd's timeout count of ``topic/channel``, read in-process."""
-        assert self.cluster is not None
-        counts: dict[tuple[str, str, str], int] = {}
-        for i, address in enumerate(self.cluster.nsqd_http_addresses):
-            try:
-                nsqd = self.cluster.nsqd(i)
-            except RuntimeError:
-                continue
-            t = nsqd.topics.get(topic)
-            ch = t.channels.get(channel) if t is not None else None
-            if ch is not None:
-                counts[(address, topic, channel)] = ch.timeout_count
-        return counts
-
-    async def _fault(self, verb: str, args: dict[str, Any]) -> tuple[bool, str]:
-        """A fault through ``cluster.faults`` (:mod:`fakensq.faults`); nodes are named
-        ``nsqd-N``/``lookupd-N`` there, the page sends the index or the HTTP address."""
-        cluster = self.cluster
-        if cluster is None:
-            raise ActionError("fault controls need an in-process fakensq Cluster")
-        faults = cluster.faults
-        if verb == "heal":
-            wanted = str(args.get("fault", ""))
-            healed = [f for f in list(faults.active) if wanted in ("all", str(f.id))]
-            if not healed:
-                raise ActionError(f"no active fault {wanted!r}")
-            for fault in healed:
-                fault.heal()
-            return True, "healed " + ", ".join(_describe_fault(f.describe()) for f in healed)
-        if verb == "timeout-in-flight":
-            topic, channel = str(args.get("topic", "")), str(args.get("channel", ""))
-            if not topic or not channel:
-                raise ActionError("no topic or channel given")
-            # The effect comes from the counters around the fault itself, not from
-            # whichever poll happens to come next.
-            before = self._timeout_counts(topic, channel)
-            count = faults.time_out_in_flight(topic=topic, channel=channel)
-            after = self._timeout_counts(topic, channel)
-            self.timeline.timeouts({k: (before.get(k, 0), n) for k, n in after.items()})
-            return True, f"timed out {count} in-flight message(s) of {topic}/{channel}"
-        if verb in ("partition-client", "drop-client"):
-            client = str(args.get("client", ""))
-            node = cluster.node_name_at(str(args.get("nodeAddress", "")))
-            if not client or not node.startswith("nsqd-"):
-                raise ActionError("no client or nsqd given")
-            if verb == "drop-client":
-                count = await faults.drop(node=node, client=client)
-                return True, f"dropped {count} connection(s) of client {client} on {node}"
-            faults.partition(node, client)
-            return True, f"partitioned client {client} from {node}"
-
-        kind, _, target = verb.rpartition("-")
-        addresses = {"nsqd": cluster.nsqd_http_addresses, "lookupd": cluster.lookupd_http_addresses}
-        if target not in addresses:
-            raise ActionError(f"unknown fault {verb!r}")
-        try:
-            index = int(args.get("node", -1))
-        except (TypeError, ValueError):
-            raise ActionError("node must be a number") from None
-        if not 0 <= index < len(addresses[target]):
-            raise ActionError(f"no node {index}")
-        name = f"{target}-{index}"
-        address = addresses[target][index]
-        where = f"{name} ({address})"
-        try:
-            if kind == "kill":
-                await faults.kill(name)
-                self._report_state(target, address, False, "killed")
-                return True, f"killed {where}"
-            if kind == "stop":
-                await faults.stop(name)
-                self._report_state(target, address, False, "stopped")
-                return True, f"stopped {where}"
-            if kind == "restart":
-                await faults.start(name)
-                self._report_state(target, address, True, "")
-                return True, f"started {where}"
-        except (RuntimeError, OSError, ValueError, trio.TooSlowError) as exc:
-            return False, f"{kind} {where} failed: {exc or type(exc).__name__}"
-        if target != "nsqd":
-            raise ActionError(f"unknown fault {verb!r}")
-        if kind == "partition":
-            lookupds = [f"lookupd-{j}" for j in range(len(cluster.lookupd_http_addresses))]
-            for lookupd in lookupds:
-                faults.partition(name, lookupd)
-            return True, f"partitioned {where} from {', '.join(lookupds) or 'no lookupd'}"
-        if kind == "swallow_heartbeats":
-            faults.swallow_heartbeats(node=name)
-            return True, f"{where}: heartbeats to its clients swallowed"
-        if kind == "stall":
-            faults.stall(node=name)
-            return True, f"stalled every connection of {where}"
-        raise ActionError(f"unknown fault {verb!r}")
-
-    def _report_state(self, target: str, address: str, up: bool, why: str) -> None:
-        """A fault's known effect on a node, on the timeline now."""
-        if target == "nsqd":
-            self.timeline.node_state(address, up, why)
-        else:
-            self.timeline.lookupd_state(address, up)
-
-    def active_faults(self) -> list[dict[str, Any]]:
-        """The faults in force (``cluster.faults.active``), described."""
-        if self.cluster is None:
-            return []
-        return [f.describe() for f in self.cluster.faults.active]
-
-
-def _as_go_sends(request: Request, response: Response) -> Response:
-    """The answer as nsqadmin's server sends it: compressed when the client takes
-    gzip (or deflate), and then a body whose handler set no Content-Type gets
-    none at all (Go wrote the headers before the compressed body)."""
-    typed = any(k.lower() == "content-type" for k, _ in response.headers)
-    encoding = ""
-    for token in request.headers.get("accept-encoding", "").split(","):
-        if token.strip() in ("gzip", "deflate"):
-            encoding = token.strip()
-            break
-    if encoding:
-        if encoding == "gzip":
-            body = gzip.compress(response.body, mtime=0)
-        else:
-            packer = zlib.compressobj(wbits=-15)  # raw deflate, as Go's flate
-            body = packer.compress(response.body) + packer.flush()
-        headers = [*response.headers, ("Content-Encoding", encoding), ("Vary", "Accept-Encoding")]
-        if not typed:
-            headers.append(("Content-Type", ""))
-        return Response(response.status, body, headers)
-    if not typed:
-        sniffed = "text/plain; charset=utf-8" if response.body else ""
-        return Response(
-            response.status, response.body, [*response.headers, ("Content-Type", sniffed)]
-        )
-    return response
-
-
-def _describe_fault(doc: dict[str, Any]) -> str:
-    where = " ".join(
-        f"{k}={doc[k]}" for k in ("node", "peer", "topic", "channel", "direction") if k in doc
-    )
-    return f"#{doc['id']} {doc['kind']} {where}".strip()
-
-
-__all__ += ["GoJSONError", "respond_v1"]
