@@ -18,6 +18,7 @@ hostname as nsqadmin sorts them.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -91,8 +92,12 @@ def _describe(method: str, url: str, exc: httpx.HTTPError) -> str:
     elif isinstance(exc, httpx.TimeoutException):
         why = "net/http: timeout awaiting response headers"
     elif isinstance(exc, httpx.ConnectError):
-        text = str(exc).lower()
-        if "name or service" in text or "nodename" in text or "no address" in text:
+        text = _causes(exc).lower()
+        if "certificate verify failed" in text:
+            why = "tls: failed to verify certificate: x509: " + _x509_reason(text)
+        elif "ssl" in text or "tls" in text:
+            why = f"remote error: tls: {text}"
+        elif "name or service" in text or "nodename" in text or "no address" in text:
             why = f"dial tcp: lookup {host.rpartition(':')[0]}: no such host"
         else:
             why = f"dial tcp {host}: connect: connection refused"
@@ -103,20 +108,50 @@ def _describe(method: str, url: str, exc: httpx.HTTPError) -> str:
     return f'{method.capitalize()} "{url}": {why}'
 
 
+def _causes(exc: BaseException) -> str:
+    """The texts of an exception and of what caused it (httpx wraps the ssl error)."""
+    texts = []
+    seen: BaseException | None = exc
+    while seen is not None and len(texts) < 8:
+        texts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " / ".join(texts)
+
+
+def _x509_reason(text: str) -> str:
+    # OpenSSL's reasons in the words of Go's crypto/x509 (the common ones).
+    if "unable to get local issuer" in text or "self-signed" in text or "self signed" in text:
+        return "certificate signed by unknown authority"
+    if "expired" in text:
+        return "certificate has expired or is not yet valid"
+    return text.rpartition("certificate verify failed: ")[2].split(")")[0].strip()
+
+
 class ClusterInfo:
     """nsqadmin's queries of the cluster, over ``client`` (Go's ``http_api.Client``)."""
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self.client = client
 
+    async def _request_v1(self, method: str, url: str) -> httpx.Response:
+        """One V1 request; a 403 from a plain-HTTP endpoint that names an HTTPS
+        port (nsqd with ``--tls-required``) is asked again over HTTPS, as Go's
+        ``http_api.Client`` does."""
+        while True:
+            try:
+                response = await self.client.request(method, url, headers={"Accept": _V1_ACCEPT})
+            except httpx.HTTPError as exc:
+                raise UpstreamError(_describe(method, url, exc)) from None
+            if response.status_code == 403 and url.startswith("http://"):
+                url = _https_endpoint(url, response.content)
+                continue
+            if response.status_code != 200:
+                raise UpstreamError(_status_error(response))
+            return response
+
     async def get_v1(self, url: str) -> Any:
         """``GETV1``: the decoded JSON, or :class:`UpstreamError` with Go's text."""
-        try:
-            response = await self.client.get(url, headers={"Accept": _V1_ACCEPT})
-        except httpx.HTTPError as exc:
-            raise UpstreamError(_describe("GET", url, exc)) from None
-        if response.status_code != 200:
-            raise UpstreamError(_status_error(response))
+        response = await self._request_v1("GET", url)
         try:
             return response.json()
         except ValueError as exc:
@@ -124,12 +159,7 @@ class ClusterInfo:
 
     async def post_v1(self, url: str) -> None:
         """``POSTV1`` with no body."""
-        try:
-            response = await self.client.post(url, headers={"Accept": _V1_ACCEPT})
-        except httpx.HTTPError as exc:
-            raise UpstreamError(_describe("POST", url, exc)) from None
-        if response.status_code != 200:
-            raise UpstreamError(_status_error(response))
+        await self._request_v1("POST", url)
 
     async def _gather(
         self, jobs: Sequence[Callable[[], Awaitable[T]]]
@@ -411,6 +441,17 @@ class ClusterInfo:
         return await self._post_each(
             [f"http://{p.http_address}/{uri}?{qs}" for p in producers], "nsqd"
         )
+
+
+def _https_endpoint(url: str, body: bytes) -> str:
+    """``httpsEndpoint``: the same URL on the HTTPS port a 403 answer names."""
+    try:
+        port = int(json.loads(body).get("https_port") or 0)
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise UpstreamError(str(exc)) from None
+    scheme_host, _, rest = url.partition("://")[2].partition("/")
+    host = scheme_host.rpartition(":")[0] or scheme_host
+    return f"https://{join_host_port(host.strip('[]'), port)}/{rest}"
 
 
 def _status_error(response: httpx.Response) -> str:

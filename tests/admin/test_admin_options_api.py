@@ -20,11 +20,13 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trustme
 
-from fakensq import Cluster
+from fakensq import NSQD, Cluster
 from fakensq.admin import Admin
 from fakensq.admin.cli import admin_flagset, admin_options_from_flags
 from fakensq.httpserver import HTTPServer, Request, Response
+from fakensq.options import TLS_REQUIRED, NSQDOptions
 from tests import reference
 
 from .test_admin_api import answer
@@ -239,3 +241,58 @@ async def test_dev_static_dir(tmp_path: Path) -> None:
             real, fake = await pair.both("GET", f"/static/{name}")
             assert (fake[0], fake[-1]) == (real[0], real[-1]), name
             assert fake[2].split(";")[0] == real[2].split(";")[0], name
+
+
+async def test_an_nsqd_that_requires_tls_is_asked_over_https(tmp_path: Path) -> None:
+    """nsqd --tls-required answers plain HTTP with 403 and its HTTPS port; both
+    admins ask again over HTTPS, trusting --http-client-tls-root-ca-file."""
+    reference.require("nsqadmin")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    cert, key, root = tmp_path / "nsqd.pem", tmp_path / "nsqd.key", tmp_path / "ca.pem"
+    server.cert_chain_pems[0].write_to_path(str(cert))
+    server.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(root))
+    options = NSQDOptions(
+        tcp_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+        https_address="127.0.0.1:0",
+        tls_cert=str(cert),
+        tls_key=str(key),
+        tls_required=TLS_REQUIRED,
+        broadcast_address="127.0.0.1",
+    )
+    async with AsyncExitStack() as stack:
+        nsqd = await stack.enter_async_context(NSQD(options=options))
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=10, verify=False))
+        await http.post(f"https://{nsqd.https_address}/topic/create?topic=secure")
+        argv = [
+            f"--nsqd-http-address={nsqd.http_address}",
+            f"--http-client-tls-root-ca-file={root}",
+        ]
+        real = await stack.enter_async_context(reference.open_nsqadmin(*argv))
+        values, _ = admin_flagset().parse(argv)
+        fake = await stack.enter_async_context(
+            Admin(
+                options=admin_options_from_flags(values),
+                http_address="127.0.0.1:0",
+                watch_interval=60,
+            )
+        )
+        pair = Admins(f"http://{real.http_address}", fake.url, http)
+        for path in ("/api/topics", "/api/nodes", "/api/topics/secure", "/api/counter"):
+            status = (await pair.same("GET", path))[0]
+            assert status == 200, path
+        await pair.same("GET", f"/api/nodes/{nsqd.http_address}")
+        done = await pair.same("POST", "/api/topics/secure", b'{"action":"pause"}')
+        assert done[0] == 200
+        assert nsqd.topics["secure"].paused
+        # Without the CA, neither trusts nsqd's certificate, and both say so alike.
+        untrusting = [f"--nsqd-http-address={nsqd.http_address}"]
+        real = await stack.enter_async_context(reference.open_nsqadmin(*untrusting))
+        fake = await stack.enter_async_context(
+            Admin(nsqd_http_addresses=[nsqd.http_address], http_address="127.0.0.1:0")
+        )
+        pair = Admins(f"http://{real.http_address}", fake.url, http)
+        for path in ("/api/topics", "/api/nodes", "/api/topics/secure"):
+            assert (await pair.same("GET", path))[0] == 502, path
