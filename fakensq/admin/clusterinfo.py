@@ -110,7 +110,7 @@ def _describe(method: str, url: str, exc: httpx.HTTPError) -> str:
 
 def _causes(exc: BaseException) -> str:
     """The texts of an exception and of what caused it (httpx wraps the ssl error)."""
-    texts = []
+    texts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(texts) < 8:
         texts.append(f"{type(seen).__name__}: {seen}")
