@@ -29,6 +29,7 @@ from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 from . import pprof
 from .httpserver import HTTPServer, Request, Response
 from .options import TLS_REQUIRED, VERSION
+from .persist import write_metadata
 from .router import Router
 from .stats import format_text_stats
 
@@ -227,6 +228,16 @@ class NSQDHTTP:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         return channel
 
+    def _persist_metadata(self) -> None:
+        # nsqd persists its metadata right after a pause or unpause, so that a
+        # node that dies keeps the flag.
+        data_path = self.nsqd.options.data_path
+        if data_path and self.nsqd._nursery is not None:
+            try:
+                write_metadata(self.nsqd, data_path)
+            except OSError as exc:
+                raise HTTPError(500, "INTERNAL_ERROR") from exc
+
     @staticmethod
     def _content_length(request: Request) -> int:
         """The request's Content-Length, -1 when unknown (chunked)."""
@@ -347,6 +358,7 @@ class NSQDHTTP:
             topic.unpause()
         else:
             topic.pause()
+        self._persist_metadata()
 
     async def channel_create(self, request: Request) -> None:
         topic, channel = self._existing_topic_from_query(request)
@@ -366,6 +378,7 @@ class NSQDHTTP:
             channel.unpause()
         else:
             channel.pause()
+        self._persist_metadata()
 
     async def set_block_rate(self, request: Request) -> Response:
         # nsqd's setBlockRateHandler: strconv.Atoi of ?rate=, then a nil answer

@@ -11,6 +11,7 @@ an already connected stream (memory streams, simulations).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import socket
@@ -36,7 +37,7 @@ from .hooks import NodeHooks
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
 from .options import NSQDOptions
-from .persist import load_state, save_state
+from .persist import load_state, metadata_writer, save_state, write_metadata
 from .stats import build_stats
 from .statsd import run_statsd
 from .topic import Topic
@@ -68,6 +69,15 @@ def split_address(address: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # httpx builds a context (loading the CA certificates) for each client it
+    # makes: 0.05-0.2 s of the event loop for every new topic, long enough to
+    # delay its registration with nsqlookupd past what readers expect.  One
+    # for the process (the lookupd queries are plain HTTP anyway).
+    return httpx.create_ssl_context()
+
+
 async def query_lookupd_channels(
     addresses: list[str],
     topic: str,
@@ -96,7 +106,7 @@ async def query_lookupd_channels(
             errors.append(f"{address}: {exc}")
 
     async with (
-        httpx.AsyncClient(timeout=timeout, transport=transport) as client,
+        httpx.AsyncClient(timeout=timeout, transport=transport, verify=_tls_context()) as client,
         trio.open_nursery() as nursery,
     ):
         for address in addresses:
@@ -213,6 +223,7 @@ class NSQD:
         opts = self.options
         listeners: list[trio.SocketListener] = []
         restored = False
+        keep_metadata: Callable[[object], None] | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -222,6 +233,11 @@ class NSQD:
                     # half-restored node.
                     load_state(self, opts.data_path)
                     restored = True
+                    # Then nsqd.dat follows every topic and channel change (a
+                    # killed node comes back with them, as nsqd does).
+                    write_metadata(self, opts.data_path)
+                    keep_metadata = metadata_writer(self, opts.data_path)
+                    self.add_registry_listener(keep_metadata)
                 if opts.tcp_address:
                     host, port = split_address(opts.tcp_address)
                     tcp = await trio.open_tcp_listeners(port, host=host)
@@ -256,6 +272,8 @@ class NSQD:
             raise
         finally:
             self._nursery = None
+            if keep_metadata is not None:
+                self.remove_registry_listener(keep_metadata)
             if restored and self.persist_on_stop:
                 # Before the channels close (in-flight messages still listed);
                 # only when the earlier state was restored, never overwriting it

@@ -1,12 +1,18 @@
-"""What an nsqd keeps across a clean restart: topics, channels and their messages.
+"""What an nsqd keeps across a restart: topics, channels and their messages.
 
 A real nsqd, stopping cleanly, writes its metadata (topics, channels, paused
 flags) and flushes every message it holds (queued, in flight, deferred) to its
 data path; at start it reads them back.  An :class:`fakensq.NSQD` with a
 ``data_path`` does the same (its ``run`` calls :func:`load_state` at start and
 :func:`save_state` at a clean stop; :class:`fakensq.Cluster` relies on that).
-Ephemeral topics and channels never touch disk.  A killed node saves nothing:
-what it held in memory is lost, as with a crashed nsqd's memory queues.
+Ephemeral topics and channels never touch disk.
+
+nsqd also rewrites its metadata file, ``nsqd.dat``, each time a topic or
+channel comes or goes and each time one is paused or unpaused over HTTP: a
+killed nsqd comes back with its topics and channels (and registers them with
+nsqlookupd again), only the messages it held in memory are lost.  fakensq
+writes the same file, in nsqd's format (:func:`write_metadata`), and a node
+started without a clean stop's state recreates what it lists.
 
 Messages that overflowed to disk (:mod:`fakensq.diskqueue`) stay in their
 segment files; the state file keeps their read/write positions.
@@ -16,19 +22,74 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
+
 from .message import Message
+from .options import VERSION
 
 if TYPE_CHECKING:
     from .nsqd import NSQD
 
-__all__ = ["STATE_FILE", "save_state", "load_state"]
+log = logging.getLogger("fakensq.nsqd")
+
+__all__ = [
+    "STATE_FILE",
+    "METADATA_FILE",
+    "save_state",
+    "load_state",
+    "metadata",
+    "write_metadata",
+    "metadata_writer",
+]
 
 #: The file, under the data path, holding a stopped node's state.
 STATE_FILE = "fakensq.dat"
+#: nsqd's metadata file (topics, channels, paused flags), kept up to date.
+METADATA_FILE = "nsqd.dat"
+
+
+def metadata(nsqd: NSQD) -> dict[str, Any]:
+    """nsqd's metadata document: its non-ephemeral topics and channels, with
+    their paused flags, in nsqd's JSON layout."""
+    topics = []
+    for topic in nsqd.topics.values():
+        if topic.ephemeral:
+            continue
+        channels = [
+            {"name": ch.name, "paused": ch.paused}
+            for ch in topic.channels.values()
+            if not ch.ephemeral
+        ]
+        topics.append({"channels": channels, "name": topic.name, "paused": topic.paused})
+    return {"topics": topics, "version": VERSION}
+
+
+def write_metadata(nsqd: NSQD, data_path: str) -> None:
+    """Write ``nsqd.dat`` atomically (a temporary file renamed over it), as nsqd's
+    PersistMetadata does."""
+    path = Path(data_path) / METADATA_FILE
+    tmp = path.with_name(f"{METADATA_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(metadata(nsqd), separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def metadata_writer(nsqd: NSQD, data_path: str) -> Callable[[object], None]:
+    """A registry listener that rewrites ``nsqd.dat`` at every topic or channel
+    creation and deletion (nsqd's Notify with persist)."""
+
+    def on_change(_event: object) -> None:
+        try:
+            write_metadata(nsqd, data_path)
+        except OSError as exc:
+            log.error("failed to persist metadata - %s", exc)
+
+    return on_change
 
 
 def _encode(msg: Message) -> list[Any]:
@@ -96,11 +157,13 @@ def save_state(nsqd: NSQD, data_path: str) -> int:
 
 def load_state(nsqd: NSQD, data_path: str) -> int:
     """Recreate what :func:`save_state` wrote (then remove the file: its messages
-    live in memory again, and a later kill must lose them).  Returns the count."""
+    live in memory again, and a later kill must lose them), or, after a kill,
+    the topics and channels ``nsqd.dat`` lists.  Returns the message count."""
     path = Path(data_path) / STATE_FILE
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
+        _load_metadata(nsqd, data_path)
         return 0
     count = 0
     # Read by nsqd.new_queue: disk-backed queues resume from their segment files.
@@ -136,6 +199,32 @@ def load_state(nsqd: NSQD, data_path: str) -> int:
         nsqd.restored_backends = {}
     path.unlink()
     return count
+
+
+def _load_metadata(nsqd: NSQD, data_path: str) -> None:
+    """nsqd's LoadMetadata: topics and channels (empty), paused as they were."""
+    try:
+        doc = json.loads((Path(data_path) / METADATA_FILE).read_text())
+    except FileNotFoundError:
+        return
+    except ValueError as exc:
+        raise ValueError(f"failed to parse metadata - {exc}") from None
+    for tdoc in doc.get("topics") or []:
+        name = tdoc.get("name", "")
+        if not is_valid_topic_name(name):
+            log.warning("skipping creation of invalid topic %s", name)
+            continue
+        topic = nsqd.get_topic(name)
+        for cdoc in tdoc.get("channels") or []:
+            cname = cdoc.get("name", "")
+            if not is_valid_channel_name(cname):
+                log.warning("skipping creation of invalid channel %s", cname)
+                continue
+            channel = topic.get_channel(cname)
+            if cdoc.get("paused"):
+                channel.pause()
+        if tdoc.get("paused"):
+            topic.pause()
 
 
 def _backend_depth(queue: Any) -> int:
