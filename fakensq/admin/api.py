@@ -142,7 +142,6 @@ class NSQAdminAPI:
         self._nsqds = nsqds
         self.on_action = on_action
         self._notify_send: trio.MemorySendChannel[dict[str, Any]] | None = None
-        self.notifications_sent = 0
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -220,7 +219,6 @@ class NSQAdminAPI:
                         content=marshal(action),
                         headers={"Content-Type": "application/json"},
                     )
-                    self.notifications_sent += 1
                 except httpx.HTTPError as exc:
                     log.error("failed to POST notification - %s", exc)
 

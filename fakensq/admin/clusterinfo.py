@@ -457,8 +457,3 @@ def _https_endpoint(url: str, body: bytes) -> str:
 def _status_error(response: httpx.Response) -> str:
     reason = response.reason_phrase or httpx.codes.get_reason_phrase(response.status_code)
     return f"got response {response.status_code} {reason} {go_quote(response.content)}"
-
-
-def partial_errors(err: Exception | None) -> list[BaseException]:
-    """The failures inside a partial error (none for a success)."""
-    return list(err.errors) if isinstance(err, ErrList) else []

@@ -431,3 +431,7 @@ def test_base_path_and_admin_users(page: Any, loaded: AdminEnv) -> None:
     page.get_by_role("link", name="billing").click()
     expect(page).to_have_url(re.compile(f"/admin/topics/{TOPIC}/billing$"))
     expect(page.locator("#live")).to_contain_text("live ·")
+    # The base path itself is the topics page, and it stays live too.
+    page.goto(env.url)
+    expect(page.locator(f'#topics tr[data-topic="{TOPIC}"]')).to_be_visible()
+    expect(page.locator("#live")).to_contain_text("live ·")

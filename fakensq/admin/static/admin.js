@@ -16,6 +16,7 @@
 
   function livePath() {
     var page = window.location.pathname;
+    if (page + "/" === base) page = base; // the base path itself: the topics page
     page = page.indexOf(base) === 0 ? page.slice(base.length) : page.replace(/^\//, "");
     return base + "api/live/" + (page || "topics");
   }
