@@ -249,7 +249,9 @@ def parse_opts(pairs: Sequence[tuple[str, str | None]], flag: str) -> dict[str, 
                 raise ToolError(f"invalid option {name}")
         except (ValueError, TypeError) as exc:
             raise ToolError(f"failed to coerce option {name} ({value}) - {exc}") from None
-    if backoff:
+    if backoff.get("max", 1.0) == 0:
+        options["backoff"] = False  # go-nsq: a max_backoff_duration of 0 disables backoff
+    elif backoff:
         policy = BackoffPolicy()
         base = backoff.get("base", policy.base)
         top = backoff.get("max", policy.max)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import trio
 
 from .common import ToolError, add_http_client_flags
-from .flags import FlagSet, go_int
+from .flags import FlagSet, explained, go_int
 
 if TYPE_CHECKING:
     import httpx
@@ -41,8 +41,16 @@ def configure(flags: FlagSet) -> None:
     flags.strings("nsqd-http-address", "nsqd HTTP address (may be given multiple times)")
     flags.strings("lookupd-http-address", "lookupd HTTP address (may be given multiple times)")
     flags.duration("interval", 2.0, "duration of time between polling/printing output")
-    flags.custom("count", go_int, 0, "number of reports")
+    flags.custom("count", _count, 0, "number of reports")
     add_http_client_flags(flags, request_timeout=5.0)
+
+
+def _count(text: str) -> int:
+    """nsq_stat's ``-count`` (a flag.Value: its error is strconv's)."""
+    try:
+        return go_int(text)
+    except ValueError:
+        raise explained(f'strconv.ParseInt: parsing "{text}": invalid syntax') from None
 
 
 def prepare(args: argparse.Namespace) -> None:

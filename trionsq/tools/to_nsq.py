@@ -353,9 +353,36 @@ async def _publish(
     router: Router,
     progress: Progress,
 ) -> None:
-    """Publish a batch to the destination the router picks; FIN on success,
-    requeue on failure.  A batch refused as a whole goes again one by one."""
-    (index,) = router.pick()
+    """Publish a batch: each message goes where the router sends it (as
+    nsq_to_nsq routes every message), one MPUB per destination."""
+    if len(producers) == 1:
+        groups = {0: batch}
+    else:
+        groups = {}
+        for item in batch:
+            groups.setdefault(router.pick()[0], []).append(item)
+    if len(groups) == 1:
+        ((index, items),) = groups.items()
+        await _publish_to(index, items, topic, producers, addresses, router, progress)
+        return
+    async with trio.open_nursery() as nursery:
+        for index, items in groups.items():
+            nursery.start_soon(
+                _publish_to, index, items, topic, producers, addresses, router, progress
+            )
+
+
+async def _publish_to(
+    index: int,
+    batch: list[tuple[Message, bytes]],
+    topic: str,
+    producers: list[Producer],
+    addresses: list[str],
+    router: Router,
+    progress: Progress,
+) -> None:
+    """Publish to one destination; FIN on success, requeue on failure.  A
+    batch refused as a whole goes again one by one."""
     producer = producers[index]
     started = trio.current_time()
     try:
@@ -369,10 +396,9 @@ async def _publish(
                 raise
             # One message the destination refuses (too big, say) must not
             # hold back the others.
-            router.mark(index, True)
-            for item in batch:
-                await _publish([item], topic, producers, addresses, router, progress)
             progress.info["last error"] = f"{addresses[index]}: {exc} (batch split)"
+            for item in batch:
+                await _publish_to(index, [item], topic, producers, addresses, router, progress)
             return
     except NSQError as exc:
         router.mark(index, False)
