@@ -51,6 +51,10 @@ GiveUpHandler = Callable[[Message], Awaitable[object] | object]
 #: How long leaving may take once nobody can answer a message any more: CLS
 #: answered, the last FINs and REQs written.  Bounds the exit whatever nsqd does.
 _CLS_TIMEOUT = 5.0
+#: After CLOSE_WAIT, how long a connection that had RDY stays open for a message
+#: nsqd's sender took for us just before reading CLS (it then writes it right
+#: after CLOSE_WAIT): received, it is requeued instead of left to time out.
+_STRAGGLER_GRACE = 0.01
 #: ``async for`` hands out this many queued messages between two yields to the
 #: scheduler: fewer passes through the run loop (the writer then sends the FINs
 #: of a whole batch at once), while other tasks still get their turn.
@@ -112,6 +116,8 @@ class _Session:
         self.scope = trio.CancelScope(shield=True)
         #: nsqd's answer to this session's CLS, once queued
         self.cls: PendingResponse | None = None
+        #: set when a message arrives after CLOSE_WAIT (there is at most one)
+        self.straggler = trio.Event()
 
     # RDY, FIN and REQ are queued without waiting (Connection.send_nowait): one
     # per RDY decision or per message nsqd handed out bounds them, and settling
@@ -164,13 +170,21 @@ class _Session:
 
     async def finish_close(self) -> None:
         """Wait for CLOSE_WAIT (what nsqd sent before it has then been read,
-        and answered if the consumer is leaving), then until everything queued
-        has been written (or the connection has ended)."""
+        and answered if the consumer is leaving), and briefly for a message
+        sent just after it, then until everything queued has been written (or
+        the connection has ended)."""
         if self.cls is not None:
             try:
                 await self.cls.result()
             except NSQError as exc:
                 log.info("%s: CLS failed: %s", self.address, exc)
+            else:
+                # nsqd's sender may have taken a message for us just before
+                # CLS set our RDY to 0: it comes right after CLOSE_WAIT.  A
+                # connection without RDY cannot have one coming.
+                if self.wire_rdy > 0:
+                    with trio.move_on_after(_STRAGGLER_GRACE):
+                        await self.straggler.wait()
         await self.conn.flush()
 
 
@@ -566,6 +580,8 @@ class Consumer:
         due = self._rdy.on_message(session, trio.current_time())
         if self._closing:
             self._abandon(message)  # sent before nsqd read our CLS
+            if session.cls is not None and session.cls.done:
+                session.straggler.set()
             return None
         max_attempts = self.config.max_attempts
         if max_attempts and message.attempts > max_attempts:
