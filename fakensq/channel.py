@@ -5,8 +5,10 @@ spare; then they are in flight (with a timeout) until FIN, REQ or the timeout.
 REQ with a delay and DPUB put them in the deferred set until they are due.
 
 All timers are one Trio task per channel sleeping until the earliest deadline
-(in-flight timeout or deferred due time), woken when an earlier one appears; no
-polling, so virtual time (``trio.testing.MockClock``) drives it exactly.
+(in-flight timeout or deferred due time) is acted on, woken when an earlier one
+appears; no polling, so virtual time (``trio.testing.MockClock``) drives it
+exactly.  When a deadline is acted on is nsqd's rule (:meth:`NSQD.scan_time`):
+at its queue scan's next tick, and not before the scan knows the channel.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Channel:
         self._timer_target = math.inf
         self._timer_wake = trio.Event()
         self._cancel_scope = trio.CancelScope()
+        #: When nsqd's queue scan first looks at this channel (trio clock).
+        self.scanned_from = nsqd.scan_known_from()
 
     def __repr__(self) -> str:
         return f"Channel({self.topic.name}:{self.name})"
@@ -305,7 +309,7 @@ class Channel:
                     target = min(target, self._deferred_heap[0][0])
                 self._timer_target = target
                 self._timer_wake = trio.Event()
-                with trio.move_on_at(target):
+                with trio.move_on_at(self.nsqd.scan_time(target, self.scanned_from)):
                     await self._timer_wake.wait()
 
     def process_timers(self, now: float) -> None:

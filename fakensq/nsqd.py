@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import socket
 import ssl
@@ -135,6 +136,12 @@ class NSQD:
 
     - ``auth_handler``: a callable standing in for the auth server;
     - ``ssl_context``: the server TLS context (instead of tls_cert/tls_key);
+    - ``exact_timers`` (default False, as nsqd v1.3.0): nsqd acts on message
+      timeouts and deferred messages in its queue scan, every
+      ``queue_scan_interval`` (100 ms), and looks only at the channels that
+      existed at its last refresh, every ``queue_scan_refresh_interval`` (5 s):
+      in a fresh node a 1 s msg-timeout takes up to 5 s.  True is an opt-in
+      kindness: each deadline is acted on when it is due, exactly;
     - ``requeue_on_disconnect`` (default False, as nsqd v1.3.0): when a
       consumer's connection ends, nsqd leaves its in-flight messages in flight
       until their msg-timeout expires (then they count as timed out and go back
@@ -156,12 +163,16 @@ class NSQD:
         auth_handler: AuthHandler | None = None,
         ssl_context: ssl.SSLContext | None = None,
         requeue_on_disconnect: bool = False,
+        exact_timers: bool = False,
         **fields: Any,
     ) -> None:
         base = options if options is not None else NSQDOptions()
         self.options: NSQDOptions = base.replace(**fields) if fields else base
         self.auth_handler = auth_handler
         self.requeue_on_disconnect = requeue_on_disconnect
+        self.exact_timers = exact_timers
+        # The trio time nsqd's queue scan loop starts (its tickers' origin).
+        self._scan_epoch: float | None = None
         self.rng = random.Random(self.options.seed)
         self.guids = GUIDFactory(
             self.options.node_id, self.rng if self.options.seed is not None else None
@@ -228,6 +239,7 @@ class NSQD:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.start_time = int(time.time())
+                self._scan_epoch = None  # channels made during start-up: listed at once
                 if opts.data_path:
                     # Before listening, as nsqd's LoadMetadata: no client sees a
                     # half-restored node.
@@ -263,6 +275,8 @@ class NSQD:
                 await nursery.start(run_lookup_peers, self)
                 if opts.statsd_address:  # as nsqd: the loop only when configured at start
                     nursery.start_soon(run_statsd, self)
+                # nsqd's queue scan loop starts now, with the channels there are.
+                self._scan_epoch = trio.current_time()
                 task_status.started()
                 await trio.sleep_forever()
         except BaseException as exc:
@@ -452,6 +466,35 @@ class NSQD:
         self._notify("unregister", name, None)
         topic.close()
         return True
+
+    # --- nsqd's queue scan: when timeouts and deferred messages are acted on ---
+
+    def scan_known_from(self) -> float:
+        """When the queue scan first sees a channel made now: nsqd's scan loop
+        lists the channels at its start and then at each refresh tick
+        (``queue_scan_refresh_interval``), so a channel made after the start
+        waits for the next one."""
+        epoch = self._scan_epoch
+        if epoch is None or self.exact_timers:
+            return -math.inf  # made before the node runs: listed at the start
+        refresh = self.options.queue_scan_refresh_interval
+        if refresh <= 0:
+            return -math.inf
+        now = trio.current_time()
+        return epoch + (math.floor((now - epoch) / refresh) + 1) * refresh
+
+    def scan_time(self, deadline: float, known_from: float) -> float:
+        """When a deadline (a message timeout, a deferred message's due time) of
+        a channel the scan knows from ``known_from`` is acted on: the first
+        scan tick (every ``queue_scan_interval`` from the loop's start) at or
+        after both; the deadline itself with ``exact_timers``."""
+        epoch = self._scan_epoch
+        interval = self.options.queue_scan_interval
+        if self.exact_timers or epoch is None or interval <= 0 or math.isinf(deadline):
+            return deadline
+        when = max(deadline, known_from)
+        ticks = math.ceil((when - epoch) / interval - 1e-9)
+        return epoch + max(ticks, 0) * interval
 
     def _start_channel(self, channel: Channel) -> None:
         if self._nursery is None:

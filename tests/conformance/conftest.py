@@ -236,13 +236,19 @@ class Conformance:
         lookupd_kind: str | None = None,
         expect: Any = _UNSET,
         normalize: Callable[[Normalizer], None] | None = None,
+        parallel: bool = False,
     ) -> Any:
         """Run ``scenario`` against an nsqd started with ``flags`` (and, with
         ``lookupd`` flags, registered with an nsqlookupd of the same kind, or of
         ``lookupd_kind`` for both runs): fakensq's, then the real one; returns
-        the normalized outcome."""
+        the normalized outcome.
+
+        ``parallel=True`` runs both at once (for scenarios that wait out
+        nsqd's timers; they must not share state, such as the auth server's
+        list of queries).
+        """
         self._lookupd_kind = lookupd_kind
-        return await self._compare("nsqd", scenario, flags, lookupd, expect, normalize)
+        return await self._compare("nsqd", scenario, flags, lookupd, expect, normalize, parallel)
 
     async def nsqlookupd(
         self,
@@ -252,7 +258,7 @@ class Conformance:
         normalize: Callable[[Normalizer], None] | None = None,
     ) -> Any:
         """Run ``scenario`` against an nsqlookupd started with ``flags``."""
-        return await self._compare("nsqlookupd", scenario, flags, None, expect, normalize)
+        return await self._compare("nsqlookupd", scenario, flags, None, expect, normalize, False)
 
     async def fakensq_only(
         self,
@@ -274,21 +280,45 @@ class Conformance:
         lookupd: Sequence[str] | None,
         expect: Any,
         normalize: Callable[[Normalizer], None] | None,
+        parallel: bool,
     ) -> Any:
+        binary = reference.binary(name)
+        need_lookupd = lookupd is not None and self._lookupd_kind != "fakensq"
+        have_real = binary is not None and not (
+            need_lookupd and reference.binary("nsqlookupd") is None
+        )
+        if parallel and have_real:
+            outcomes: dict[str, Any] = {}
+
+            async def run(kind: str) -> None:
+                outcomes[kind] = await self._run(kind, name, scenario, flags, lookupd, normalize)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, "fakensq")
+                nursery.start_soon(run, "real")
+            fake, real = outcomes["fakensq"], outcomes["real"]
+            if expect is not _UNSET and fake != expect:
+                pytest.fail(
+                    "fakensq's outcome is not the expected one:\n"
+                    + _diff(fake, expect, "expected"),
+                    pytrace=False,
+                )
+            return self._check(fake, real)
         fake = await self._run("fakensq", name, scenario, flags, lookupd, normalize)
         if expect is not _UNSET and fake != expect:
             pytest.fail(
                 "fakensq's outcome is not the expected one:\n" + _diff(fake, expect, "expected"),
                 pytrace=False,
             )
-        binary = reference.binary(name)
-        need_lookupd = lookupd is not None and self._lookupd_kind != "fakensq"
-        if binary is None or (need_lookupd and reference.binary("nsqlookupd") is None):
+        if not have_real:
             self.skip_reason = (
                 f"fakensq ran it; no real {name} to compare with: {reference.skip_reason()}"
             )
             pytest.skip(self.skip_reason)
         real = await self._run("real", name, scenario, flags, lookupd, normalize)
+        return self._check(fake, real)
+
+    def _check(self, fake: Any, real: Any) -> Any:
         if fake != real:
             pytest.fail("fakensq and the real daemon differ:\n" + _diff(fake, real), pytrace=False)
         if key_order(fake) != key_order(real):

@@ -90,13 +90,19 @@ def grants(auth_server: AuthServer) -> AuthServer:
             "object_authorizations": {**GRANT, "authorizations": {"topic": ".*"}},
             "lookahead": {
                 "ttl": 60,
-                "authorizations": [{"topic": "a(?=b)", "channels": [".*"], "permissions": ["publish"]}],
+                "authorizations": [
+                    {"topic": "a(?=b)", "channels": [".*"], "permissions": ["publish"]}
+                ],
             },
             "unknown_keys": {**GRANT, "colour": "blue", "nested": {"x": [1]}},
             "json_array": "[1, 2]",
             "json_null": "null",
             "trailing_garbage": '{"ttl": 60} x',
-            "html_identity": {**GRANT, "identity": "<b>&amp;</b>", "identity_url": "https://x/?a=1&b=2"},
+            "html_identity": {
+                **GRANT,
+                "identity": "<b>&amp;</b>",
+                "identity_url": "https://x/?a=1&b=2",
+            },
             "empty_topic": {
                 "ttl": 60,
                 "authorizations": [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 import fakensq
@@ -84,7 +85,8 @@ async def test_dropped_consumer_without_requeue_waits_for_timeout(
 async def test_each_client_has_its_msg_timeout(
     autojump_clock: trio.abc.Clock, nursery: trio.Nursery
 ) -> None:
-    async with fakensq.NSQD(tcp_address="", http_address="") as nsqd:
+    # exact_timers: the timeout acted on when due, not at nsqd's next queue scan
+    async with fakensq.NSQD(tcp_address="", http_address="", exact_timers=True) as nsqd:
         c = await memory_client(nsqd, nursery)
         await c.identify(msg_timeout=3000, output_buffer_size=-1)
         await c.sub("t", "c", rdy=1)
@@ -153,3 +155,28 @@ async def test_ephemeral_overflow_is_dropped(nursery: trio.Nursery) -> None:
         assert ephemeral.depth() == 5  # 3 dropped
         assert ephemeral.message_count == 10
         assert durable.channels["kept"].depth() == 10  # a disk would hold these
+
+
+async def test_timeouts_at_nsqd_queue_scan(
+    autojump_clock: trio.abc.Clock, nursery: trio.Nursery
+) -> None:
+    # nsqd acts on timeouts in its queue scan: every 100 ms, over the channels
+    # listed at its start and at each 5 s refresh.
+    async with fakensq.NSQD(tcp_address="", http_address="") as nsqd:
+        started = trio.current_time()
+        c = await memory_client(nsqd, nursery)
+        await c.identify(msg_timeout=1000, output_buffer_size=-1)
+        await c.sub("t", "c", rdy=1)  # a channel made after the start
+        topic = nsqd.topics["t"]
+        topic.put(topic.new_message(b"x"))
+        await c.read_message()
+        again = await c.read_message()
+        assert (again.attempts, trio.current_time() - started) == (2, 5.0)
+        await c.send(cmds.fin(again.id))
+        await trio.sleep(0.03)
+        topic.put(topic.new_message(b"y"))
+        start = trio.current_time()
+        await c.read_message()
+        late = await c.read_message()  # known to the scan now: the first tick after 1 s
+        assert late.attempts == 2
+        assert trio.current_time() - start == pytest.approx(1.07)
