@@ -19,11 +19,12 @@ value that does not parse), 130 after a second SIGINT/SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -126,54 +127,93 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    signals = _Signals()
     try:
         prepared = module.prepare(parsed)
-        status: int = trio.run(_run, module.run, parsed, prepared)
+        with signals.installed():
+            status: int = trio.run(_run, module.run, parsed, prepared, signals)
     except (ToolError, BaseExceptionGroup) as exc:
         error = _tool_error(exc)
         if error is None:
             raise
         print(f"trionsq {name}: error: {error}", file=sys.stderr)
         return 1
-    except _Aborted:
+    if signals.aborted:
         return 130
     return status
 
 
-class _Aborted(Exception):
-    """A second SIGINT/SIGTERM: stop without waiting for anything."""
+class _Signals:
+    """SIGINT and SIGTERM, for the whole life of the command.
+
+    The first sets the run's ``stop`` event, a second cancels the run.  Our own
+    handlers, installed before the run and kept until it is over, so that a
+    signal arriving as the tool finishes by itself (stdin closed and SIGTERM
+    sent together, say) is simply absorbed, never redelivered to a default
+    handler that would kill the process half-way through its exit.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.aborted = False
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._scope: trio.CancelScope | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self._handler) for sig in _SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.count += 1
+        token = self._token
+        if token is None:
+            return  # before the run: seen when it starts
+        try:
+            token.run_sync_soon(self._deliver, signum)
+        except trio.RunFinishedError:
+            pass  # the tool is done: nothing left to stop
+
+    def attach(self, stop: trio.Event, scope: trio.CancelScope) -> None:
+        self._stop, self._scope = stop, scope
+        self._token = trio.lowlevel.current_trio_token()
+        if self.count:
+            self._deliver(signal.SIGTERM)
+
+    def _deliver(self, signum: int) -> None:
+        assert self._stop is not None and self._scope is not None
+        log = logging.getLogger("trionsq.tools")
+        if not self._stop.is_set():
+            log.info("received %s: stopping", signal.Signals(signum).name)
+            self._stop.set()
+        elif self.count > 1 and not self.aborted:
+            log.info("second signal: aborting")
+            self.aborted = True
+            self._scope.cancel()
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 async def _run(
-    run: Callable[[Any, Any, trio.Event], Awaitable[int]], args: Any, prepared: Any
+    run: Callable[[Any, Any, trio.Event], Awaitable[int]],
+    args: Any,
+    prepared: Any,
+    signals: _Signals,
 ) -> int:
     """Run a tool with a ``stop`` event set on the first SIGINT/SIGTERM; a second
     signal cancels it all (what it held is still requeued: the consumers
     requeue on cancellation)."""
     stop = trio.Event()
-    aborted = False
     status = 130
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                nonlocal aborted
-                async for signum in signals:
-                    if stop.is_set():
-                        logging.getLogger("trionsq.tools").info("second signal: aborting")
-                        aborted = True
-                        nursery.cancel_scope.cancel()
-                        return
-                    logging.getLogger("trionsq.tools").info(
-                        "received %s: stopping", signal.Signals(signum).name
-                    )
-                    stop.set()
-
-            nursery.start_soon(watch)
-            status = await run(args, prepared, stop)
-            nursery.cancel_scope.cancel()
-    if aborted:
-        raise _Aborted
+    with trio.CancelScope() as scope:
+        signals.attach(stop, scope)
+        status = await run(args, prepared, stop)
     return status
 
 

@@ -78,6 +78,11 @@ class HTTPConnection:
         self._stream: trio.abc.Stream | None = None
         self._h11: h11.Connection | None = None
 
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open (the next request reuses it)."""
+        return self._stream is not None
+
     async def _connect(self) -> None:
         endpoint = self.endpoint
         try:

@@ -53,6 +53,8 @@ __all__ = ["configure", "prepare", "run", "request_target"]
 HELP = "send a topic's messages to HTTP endpoints (nsq_to_http)"
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+#: Connections being opened at once (each with its first request).
+NEW_CONNECTIONS = 4
 
 
 def configure(flags: FlagSet) -> None:
@@ -154,6 +156,11 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
         every=args.status_every,
     )
     waiting: set[trio.CancelScope] = set()
+    # New connections are opened a few at a time, each with its first request:
+    # -n workers connecting at once would overflow a small server's accept
+    # queue (a plain threaded server listens with a backlog of 5), and a
+    # connection the server has not accepted yet looks open but never answers.
+    opening = trio.Semaphore(NEW_CONNECTIONS)
 
     async def deliver(message: Message, conns: dict[int, HTTPConnection]) -> str | None:
         """Deliver to the endpoint(s) the router picks; an error text, or None."""
@@ -173,7 +180,11 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
             started = time.monotonic()
             progress.add("requests")
             try:
-                status = await conn.request(method, target, prepared.headers, body)
+                if conn.connected:
+                    status = await conn.request(method, target, prepared.headers, body)
+                else:
+                    async with opening:
+                        status = await conn.request(method, target, prepared.headers, body)
             except HTTPError as exc:
                 router.mark(index, False)
                 return f"{urls[index]}: {exc}"
