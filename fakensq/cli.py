@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 import tomllib
@@ -27,6 +28,7 @@ from typing import Any, Final, TextIO, TypeVar
 import trio
 
 from .flags import Flag, FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
+from .gojson import format_float
 from .lookupd import LookupdOptions, NSQLookupd
 from .options import (
     GO_TOOLCHAIN,
@@ -48,6 +50,7 @@ __all__ = [
     "nsqlookupd_flagset",
     "nsqd_options_from_flags",
     "nsqd_cfg_fields",
+    "check_nsqd_options",
     "nsqd_command_defaults",
     "nsqlookupd_command_defaults",
     "nsqlookupd_options_from_flags",
@@ -575,7 +578,8 @@ def _config_values(
     try:
         return _load_config(path, fields, durations, aliases)
     except (OSError, tomllib.TOMLDecodeError, FlagValueError) as exc:
-        raise ConfigError(f"failed to load config file {path} - {exc}") from None
+        reason = _go_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        raise ConfigError(f"failed to load config file {path} - {reason}") from None
 
 
 def nsqd_options_from_flags(values: dict[str, Any]) -> NSQDOptions:
@@ -664,8 +668,14 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
     options = _daemon_options("nsqd", nsqd_flagset(), nsqd_options_from_flags, argv)
     if isinstance(options, int):
         return options
-    if not 0 <= options.node_id < 1024:
-        return _fatal(options.log_prefix, "failed to instantiate nsqd - --node-id must be [0,1024)")
+    if not options.data_path:
+        # nsqd keeps its data in the working directory then (and /config shows
+        # the empty flag).
+        options = options.replace(data_path=os.getcwd(), data_path_shown="")
+    try:
+        options = check_nsqd_options(options)
+    except ValueError as exc:
+        return _fatal(options.log_prefix, f"failed to instantiate nsqd - {exc}")
     _setup_logging(options.log_prefix, options.log_level, sys.stderr)
     try:
         trio.run(_run_nsqd, options)
@@ -674,6 +684,45 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
     except BaseExceptionGroup as group:
         return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(group)}")
     return 0
+
+
+def _go_os_error(exc: OSError, op: str = "open") -> str:
+    """An OSError as Go's os.PathError prints: ``open /x: no such file or directory``."""
+    reason = exc.strerror or str(exc)
+    reason = reason[:1].lower() + reason[1:]
+    return f"{op} {exc.filename}: {reason}" if exc.filename else reason
+
+
+def check_nsqd_options(options: NSQDOptions) -> NSQDOptions:
+    """nsqd.New's checks, in its order, with its texts (ValueError); returns the
+    options as nsqd goes on with them (a client auth policy requires TLS)."""
+    try:
+        with open(options.data_path):  # dirlock opens the folder
+            pass
+    except IsADirectoryError:
+        pass
+    except OSError as exc:
+        raise ValueError(f"failed to lock data-path: {_go_os_error(exc)}") from None
+    if not 1 <= options.max_deflate_level <= 9:
+        raise ValueError("--max-deflate-level must be [1,9]")
+    if not 0 <= options.node_id < 1024:
+        raise ValueError("--node-id must be [0,1024)")
+    if options.tls_client_auth_policy and options.tls_required == TLS_NOT_REQUIRED:
+        options = options.replace(tls_required=TLS_REQUIRED)
+    has_tls = bool(options.tls_cert or options.tls_key)
+    if has_tls:
+        for path in (options.tls_cert, options.tls_key):
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"failed to build TLS config - {_go_os_error(exc)}") from None
+    if not has_tls and options.tls_required != TLS_NOT_REQUIRED:
+        raise ValueError("cannot require TLS client connections without TLS key and cert")
+    for value in options.e2e_processing_latency_percentiles:
+        if not 0 < value <= 1:
+            raise ValueError(f"invalid E2E processing latency percentile: {format_float(value)}")
+    return options
 
 
 def _first_error(exc: BaseException) -> BaseException:

@@ -463,20 +463,23 @@ def config_value(nsqd: NSQD, name: str) -> tuple[bool, Any]:
     value = getattr(opts, field.dest)
     if isinstance(value, NilList):
         return True, None
+    if field.dest == "data_path" and opts.data_path_shown is not None:
+        return True, opts.data_path_shown
     if field.kind == "duration":
         return True, round(value * 1e9)
     if field.dest == "log_level":
         return True, _LOG_LEVELS.get(str(value).lower(), 2)
     if field.dest == "tls_min_version":
         return True, _TLS_VERSIONS.get(str(value).lower(), 0)
+    # Broadcast ports default to the listeners' (none for a Unix socket: 0).
     if field.dest == "broadcast_tcp_port" and not value:
-        return True, _port(nsqd.tcp_address)
+        return True, max(0, _port(nsqd.tcp_address))
     if field.dest == "broadcast_http_port" and not value:
-        return True, _port(nsqd.http_address)
+        return True, max(0, _port(nsqd.http_address))
     if field.dest == "statsd_prefix" and value:
         from .statsd import statsd_prefix
 
-        http_port = opts.broadcast_http_port or _port(nsqd.http_address)
+        http_port = opts.broadcast_http_port or max(0, _port(nsqd.http_address))
         return True, statsd_prefix(value, opts.broadcast_address, http_port)
     if isinstance(value, list):
         return True, list(value)
@@ -484,8 +487,9 @@ def config_value(nsqd: NSQD, name: str) -> tuple[bool, Any]:
 
 
 def _port(address: str) -> int:
+    """The port of a ``host:port`` address; -1 for a Unix socket (as /info)."""
     port = address.rpartition(":")[2]
-    return int(port) if port.isdigit() else 0
+    return int(port) if port.isdigit() else -1
 
 
 def _go_parse_int(raw: str) -> int:

@@ -111,18 +111,30 @@ class HTTPServer:
         ``task_status.started`` is called once listening, with the bound address.
         """
         listeners = await trio.open_tcp_listeners(port, host=host)
+        sockname = listeners[0].socket.getsockname()
+        self.address = (sockname[0], sockname[1])
+        await self.serve_listeners(list(listeners), task_status=task_status)
+
+    async def serve_listeners(
+        self,
+        listeners: list[trio.abc.Listener[trio.SocketStream]],
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve on listeners already open (TCP or Unix sockets) until cancelled;
+        they are closed at the end."""
         try:
-            sockname = listeners[0].socket.getsockname()
-            self.address = (sockname[0], sockname[1])
             async with trio.open_nursery() as nursery:
                 for listener in listeners:
                     nursery.start_soon(self._accept_loop, listener, nursery)
-                task_status.started(self.address)
+                task_status.started(self.address or ("", 0))
         finally:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(
+        self, listener: trio.abc.Listener[trio.SocketStream], nursery: trio.Nursery
+    ) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -367,7 +379,9 @@ def _remote_addr(stream: trio.abc.Stream) -> str:
     if sock is None:
         return "127.0.0.1:0"
     try:
-        host, port = sock.getpeername()[:2]
+        peer = sock.getpeername()
     except OSError:
         return "127.0.0.1:0"
-    return f"{host}:{port}"
+    if not isinstance(peer, tuple):
+        return "@"  # a Unix socket's client, as Go names it
+    return f"{peer[0]}:{peer[1]}"

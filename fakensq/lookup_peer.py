@@ -164,7 +164,10 @@ class LookupPeer:
 
     async def _connect(self) -> None:
         self._peers.logf(logging.INFO, f"LOOKUP connecting to {self.address}")
-        host, port = split_host_port(self.address)
+        try:
+            host, port = split_host_port(self.address)
+        except ValueError as exc:  # nsqd logs it at each try and keeps running
+            raise LookupPeerError(f"dial tcp: {exc}") from None
         try:
             with trio.fail_after(_IO_TIMEOUT):
                 connector = _connectors.get(self._peers.nsqd)
@@ -439,9 +442,11 @@ class LookupPeers:
 
 
 def _port_of(address: str) -> int:
-    if not address:
+    # No port for a Unix socket (nsqd then identifies with port 0).
+    try:
+        return split_host_port(address)[1] if address else 0
+    except ValueError:
         return 0
-    return split_host_port(address)[1]
 
 
 async def run_lookup_peers(

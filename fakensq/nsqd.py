@@ -35,6 +35,7 @@ from .client import ClientConnection
 from .diskqueue import DiskBackedQueue
 from .gotls import prefer_go_cipher_suites
 from .hooks import NodeHooks
+from .listeners import UNIX_REMOTE_ADDRESS, is_unix_stream, open_listeners
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
 from .options import NSQDOptions
@@ -232,7 +233,7 @@ class NSQD:
         from .http import NSQDHTTP  # late: http imports this module
 
         opts = self.options
-        listeners: list[trio.SocketListener] = []
+        listeners: list[trio.abc.Listener[trio.SocketStream]] = []
         restored = False
         keep_metadata: Callable[[object], None] | None = None
         try:
@@ -250,19 +251,16 @@ class NSQD:
                     write_metadata(self, opts.data_path)
                     keep_metadata = metadata_writer(self, opts.data_path)
                     self.add_registry_listener(keep_metadata)
+                # host:port is TCP, anything else a Unix socket path, as nsqd.
                 if opts.tcp_address:
-                    host, port = split_address(opts.tcp_address)
-                    tcp = await trio.open_tcp_listeners(port, host=host)
+                    tcp, self.tcp_address = await open_listeners(opts.tcp_address)
                     listeners.extend(tcp)
-                    bound = tcp[0].socket.getsockname()
-                    self.tcp_address = _join(bound[0], bound[1])
                     for listener in tcp:
                         nursery.start_soon(self._accept_loop, listener)
                 if opts.http_address:
-                    host, port = split_address(opts.http_address)
+                    http, self.http_address = await open_listeners(opts.http_address)
                     server = NSQDHTTP(self, tls=False).server
-                    bound = await nursery.start(server.serve, host, port)
-                    self.http_address = _join(bound[0], bound[1])
+                    await nursery.start(server.serve_listeners, http)
                 # As nsqd: HTTPS only with a TLS configuration (the nsqd command's
                 # default https_address is 0.0.0.0:4152, unused without one).
                 if opts.https_address and self.tls_context is not None:
@@ -299,7 +297,7 @@ class NSQD:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
 
-    async def _accept_loop(self, listener: trio.SocketListener) -> None:
+    async def _accept_loop(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
         assert self._nursery is not None
         while True:
             try:
@@ -308,7 +306,8 @@ class NSQD:
                 log.warning("accept failed: %s", exc)
                 await trio.sleep(0.01)
                 continue
-            self._nursery.start_soon(self.handle_stream, stream)
+            remote = UNIX_REMOTE_ADDRESS if is_unix_stream(stream) else None
+            self._nursery.start_soon(self.handle_stream, stream, remote)
 
     async def handle_stream(
         self, stream: trio.abc.Stream, remote_address: str | None = None

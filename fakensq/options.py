@@ -124,6 +124,10 @@ class NSQDOptions:
     # /create_topic, ...), for scripts written against older nsqds.  Off, as in
     # v1.3.0: they answer 404 NOT_FOUND.
     legacy_http_aliases: bool = False
+    # fakensq only: what /config/data_path shows when it is not data_path (the
+    # nsqd command given no --data-path works in the current directory, as
+    # nsqd does, and shows the empty flag); None: data_path itself.
+    data_path_shown: str | None = None
 
     def replace(self, **changes: Any) -> NSQDOptions:
         return dataclasses.replace(self, **changes)

@@ -265,12 +265,15 @@ class Conformance:
         name: str,
         scenario: Scenario,
         *flags: str,
+        lookupd: Sequence[str] | None = None,
         normalize: Callable[[Normalizer], None] | None = None,
     ) -> Any:
         """Run ``scenario`` on fakensq's ``name`` (``"nsqd"``/``"nsqlookupd"``)
-        alone, normalized as :meth:`nsqd` does: for fakensq-only options, whose
-        outcome a test compares with another comparison's."""
-        return await self._run("fakensq", name, scenario, flags, None, normalize)
+        alone (with ``lookupd`` flags, registered with fakensq's nsqlookupd),
+        normalized as :meth:`nsqd` does: for fakensq-only options, whose outcome
+        a test compares with another comparison's."""
+        self._lookupd_kind = "fakensq"
+        return await self._run("fakensq", name, scenario, flags, lookupd, normalize)
 
     async def _compare(
         self,
