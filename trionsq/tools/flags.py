@@ -175,59 +175,29 @@ class FlagSet:
             self._flags[name] = flag
         self._order.append(flag)
 
-    def string(
-        self, name: str, default: str = "", help: str = "", *, dest: str | None = None, **kw: Any
-    ) -> None:
-        self._add(_Flag(name, "string", str, default, help, dest or _dest(name), **kw))
+    # Each declaration takes the flag's name, default and help text (the Go
+    # tools' own words); ``dest`` renames the attribute, ``hidden`` keeps it out
+    # of the usage, ``aliases`` adds other names, ``shown_default`` replaces the
+    # default the usage shows.
 
-    def strings(self, name: str, help: str = "", *, dest: str | None = None, **kw: Any) -> None:
+    def string(self, name: str, default: str = "", help: str = "", **kw: Any) -> None:
+        self.custom(name, str, default, help, kind="string", **kw)
+
+    def strings(self, name: str, help: str = "", **kw: Any) -> None:
         """A repeatable flag (Go's ``flag.Var`` of a string list)."""
-        self._add(_Flag(name, "value", str, [], help, dest or _dest(name), repeat=True, **kw))
+        self.custom(name, str, [], help, repeat=True, **kw)
 
-    def int(
-        self,
-        name: str,
-        default: int = 0,
-        help: str = "",
-        *,
-        kind: str = "int",
-        dest: str | None = None,
-        **kw: Any,
-    ) -> None:
-        self._add(_Flag(name, kind, go_int, default, help, dest or _dest(name), **kw))
+    def int(self, name: str, default: int = 0, help: str = "", **kw: Any) -> None:
+        self.custom(name, go_int, default, help, **{"kind": "int", **kw})
 
-    def float(
-        self,
-        name: str,
-        default: builtins.float = 0.0,
-        help: str = "",
-        *,
-        dest: str | None = None,
-        **kw: Any,
-    ) -> None:
-        self._add(_Flag(name, "float", _go_float, default, help, dest or _dest(name), **kw))
+    def float(self, name: str, default: builtins.float = 0.0, help: str = "", **kw: Any) -> None:
+        self.custom(name, _go_float, default, help, kind="float", **kw)
 
-    def duration(
-        self,
-        name: str,
-        default: builtins.float = 0.0,
-        help: str = "",
-        *,
-        dest: str | None = None,
-        **kw: Any,
-    ) -> None:
-        self._add(_Flag(name, "duration", go_duration, default, help, dest or _dest(name), **kw))
+    def duration(self, name: str, default: builtins.float = 0.0, help: str = "", **kw: Any) -> None:
+        self.custom(name, go_duration, default, help, kind="duration", **kw)
 
-    def bool(
-        self,
-        name: str,
-        help: str = "",
-        default: builtins.bool = False,
-        *,
-        dest: str | None = None,
-        **kw: Any,
-    ) -> None:
-        self._add(_Flag(name, "", go_bool, default, help, dest or _dest(name), **kw))
+    def bool(self, name: str, help: str = "", default: builtins.bool = False, **kw: Any) -> None:
+        self.custom(name, go_bool, default, help, kind="", **kw)
 
     def custom(
         self,
@@ -241,7 +211,7 @@ class FlagSet:
         dest: str | None = None,
         **kw: Any,
     ) -> None:
-        """A flag with its own conversion (ValueError: ``invalid value``)."""
+        """A flag with its own conversion (a ValueError: ``invalid value``)."""
         self._add(
             _Flag(name, kind, convert, default, help, dest or _dest(name), repeat=repeat, **kw)
         )
