@@ -27,7 +27,15 @@ from typing import Any, Final, TextIO, TypeVar
 
 import trio
 
-from .flags import Flag, FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
+from .flags import (
+    Flag,
+    FlagError,
+    FlagFatal,
+    FlagSet,
+    FlagValueError,
+    HelpRequested,
+    parse_go_duration,
+)
 from .gojson import format_float
 from .lookupd import LookupdOptions, NSQLookupd
 from .options import (
@@ -619,6 +627,10 @@ def _parse_or_exit(fs: FlagSet, argv: Sequence[str]) -> dict[str, Any] | int:
     except FlagError as exc:
         sys.stderr.write(f"{exc}\n{fs.usage()}")
         return 2
+    except FlagFatal as exc:
+        # Go's log.Fatalf: "2006/01/02 15:04:05 message", exit status 1.
+        sys.stderr.write(f"{datetime.now().strftime('%Y/%m/%d %H:%M:%S')} {exc}\n")
+        return 1
     return values
 
 

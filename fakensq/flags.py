@@ -30,6 +30,7 @@ from trionsq.protocol.names import go_quote
 
 __all__ = [
     "FlagError",
+    "FlagFatal",
     "HelpRequested",
     "FlagValueError",
     "Flag",
@@ -44,6 +45,11 @@ __all__ = [
 
 class FlagError(Exception):
     """A command line Go's flag package rejects; ``str()`` is Go's message."""
+
+
+class FlagFatal(Exception):
+    """A flag value whose parser calls Go's ``log.Fatalf`` (exit status 1, the
+    message on stderr after the date and time)."""
 
 
 class HelpRequested(Exception):
@@ -237,7 +243,14 @@ class Flag:
         if self.kind == "duration":
             return parse_go_duration(text)
         if self.kind == "floatlist":
-            return [parse_go_float(part) for part in text.split(",")]
+            # nsqd's FloatArray.Set: log.Fatalf on a part it cannot parse.
+            values = []
+            for part in text.split(","):
+                try:
+                    values.append(parse_go_float(part))
+                except FlagValueError:
+                    raise FlagFatal(f"Could not parse: {part}") from None
+            return values
         assert self.parse is not None
         return self.parse(text)
 
