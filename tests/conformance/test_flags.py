@@ -91,7 +91,7 @@ def compare(daemon: str, *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("daemon", DAEMONS)
 @pytest.mark.parametrize("flag", ["-h", "--help", "-help"])
 def test_usage_text(daemon: str, flag: str) -> None:
-    status, out, err = compare(daemon, flag)
+    status, _out, err = compare(daemon, flag)
     assert status == 0 and err.startswith(f"Usage of {daemon}:")
 
 
