@@ -414,10 +414,16 @@ class Consumer:
         if self._handler is None:
             # The block is over, so is any loop over the consumer: what it was
             # handed and left unanswered, nobody can answer any more.
-            for session in list(self._sessions):
-                for message in list(session.out):
-                    if message not in self._giving_up:
-                        self._abandon(message)
+            left = [
+                message
+                for session in self._sessions
+                for message in session.out
+                if message not in self._giving_up
+            ]
+            if left:
+                log.info("leaving: requeueing %d message(s) the block left unanswered", len(left))
+            for message in left:
+                self._abandon(message)
         with trio.move_on_after(self.config.close_timeout):
             while self._awaited():
                 self._settled_event = trio.Event()
@@ -467,6 +473,8 @@ class Consumer:
             await self._stack.__aexit__(None, None, None)
 
     async def _leave(self) -> None:
+        """Requeue every message still unanswered (no handler may answer any
+        more), then wait for each connection's CLOSE_WAIT and writes."""
         self._start_closing()
         # From now on no handler answers: cancelled, its message goes back.
         assert self._handlers is not None
