@@ -1,0 +1,175 @@
+"""An nsqd that stops and comes back, with an nsqlookupd of the same kind:
+killed (SIGKILL) or stopped (SIGTERM), restarted on the same ports and data
+path, compared between fakensq and NSQ v1.3.0: which topics, channels, pause
+flags and messages it has again, and what nsqlookupd shows once it registered
+again (readers that find nsqd through nsqlookupd depend on both: ansq's
+``test_restore_connection`` did)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+import fakensq
+from fakensq.lookupd import NSQLookupd
+
+from .. import reference
+from .conftest import Target, _diff
+from .lookupd import debug_times, lookupd_state
+from .normalize import Normalizer
+from .session import READ_TIMEOUT
+
+
+class Node:
+    """An nsqd of either kind, stopped (killed or not) and started again on the
+    same ports and data path."""
+
+    def __init__(self, kind: str, data: Path, lookupd: str) -> None:
+        self.kind = kind
+        self.data = data
+        self.lookupd = lookupd
+        self.real: reference.RealDaemon | None = None
+        self.fake: fakensq.NSQD | None = None
+        self.tcp_address = ""
+        self.http_address = ""
+        self._scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        if self.kind == "real":
+            if self.real is None:
+                self.real = reference.RealDaemon(
+                    "nsqd", [f"--lookupd-tcp-address={self.lookupd}"], data_path=self.data
+                )
+            await trio.to_thread.run_sync(self.real.start)
+            self.tcp_address, self.http_address = self.real.tcp_address, self.real.http_address
+            return
+        self.fake = fakensq.NSQD(
+            tcp_address=self.tcp_address or "127.0.0.1:0",
+            http_address=self.http_address or "127.0.0.1:0",
+            broadcast_address="127.0.0.1",
+            data_path=str(self.data),
+            lookupd_tcp_addresses=[self.lookupd],
+        )
+        await nursery.start(self._serve, self.fake)
+        self.tcp_address, self.http_address = self.fake.tcp_address, self.fake.http_address
+
+    async def _serve(self, node: fakensq.NSQD, *, task_status: trio.TaskStatus[None]) -> None:
+        self._done = trio.Event()
+        try:
+            with trio.CancelScope() as self._scope:
+                await node.run(task_status=task_status)
+        finally:
+            self._done.set()
+
+    async def stop(self, *, kill: bool) -> None:
+        if self.kind == "real":
+            assert self.real is not None
+            await trio.to_thread.run_sync(self.real.kill if kill else self.real.stop)
+            return
+        assert self.fake is not None and self._scope is not None and self._done is not None
+        self.fake.persist_on_stop = not kill  # a killed nsqd saves nothing at exit
+        self._scope.cancel()
+        await self._done.wait()
+
+    async def close(self) -> None:
+        if self.real is not None:
+            await trio.to_thread.run_sync(self.real.close)
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+@asynccontextmanager
+async def pair(kind: str, tmp: Path, normalizer: Normalizer) -> AsyncIterator[tuple[Node, Target]]:
+    """An nsqlookupd and an nsqd registered with it, both of ``kind``."""
+    async with trio.open_nursery() as nursery:
+        if kind == "real":
+            lookupd_cm: Any = reference.open_nsqlookupd()
+        else:
+            lookupd_cm = NSQLookupd(broadcast_address="127.0.0.1")
+        async with lookupd_cm as daemon:
+            lookupd = Target(kind, daemon.tcp_address, daemon.http_address, normalizer)
+            node = Node(kind, tmp, daemon.tcp_address)
+            try:
+                await node.start(nursery)
+                yield node, lookupd
+            finally:
+                await node.close()
+        nursery.cancel_scope.cancel()
+
+
+async def _wait(http: httpx.AsyncClient, url: str, ok: Any) -> None:
+    with trio.fail_after(READ_TIMEOUT):
+        while True:
+            r = await http.get(url)
+            if r.status_code == 200 and ok(r.json()):
+                return
+            await trio.sleep(0.01)  # another process's state: poll it
+
+
+def _view(stats: Any) -> Any:
+    return [
+        (
+            t["topic_name"],
+            t["paused"],
+            t["depth"],
+            [(c["channel_name"], c["paused"], c["depth"]) for c in t["channels"]],
+        )
+        for t in stats["topics"] or []
+    ]
+
+
+async def scenario(kind: str, tmp: Path, *, kill: bool) -> Any:
+    normalizer = Normalizer()
+    debug_times(normalizer)
+    normalizer.key_rules["remote_address"] = lambda v: "<nsqd's address>"
+    normalizer.key_rules["id"] = lambda v: "<nsqd's address>"
+    async with (
+        pair(kind, tmp, normalizer) as (node, lookupd),
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        for address, role in ((node.tcp_address, "nsqd:tcp"), (node.http_address, "nsqd:http")):
+            normalizer.alias(int(address.rpartition(":")[2]), f"<{role}_port>")
+        base = f"http://{node.http_address}"
+        for path in (
+            "/topic/create?topic=t",
+            "/channel/create?topic=t&channel=c",
+            "/channel/create?topic=t&channel=held",
+            "/channel/pause?topic=t&channel=held",
+            "/channel/create?topic=t&channel=gone%23ephemeral",
+            "/topic/create?topic=p",
+            "/topic/pause?topic=p",
+        ):
+            assert (await http.post(base + path)).status_code == 200, path
+        assert (await http.post(base + "/mpub?topic=t", content=b"one\ntwo")).status_code == 200
+        lookupd_url = f"http://{lookupd.http_address}"
+        await _wait(http, f"{lookupd_url}/lookup?topic=p", lambda doc: doc["producers"])
+        await node.stop(kill=kill)
+        await _wait(http, f"{lookupd_url}/nodes", lambda doc: not doc["producers"])
+        gone = await lookupd_state(lookupd, "t", "p")
+        async with trio.open_nursery() as nursery:
+            await node.start(nursery)
+            await _wait(http, f"{lookupd_url}/lookup?topic=t", lambda doc: doc["producers"])
+            await _wait(http, f"{lookupd_url}/lookup?topic=p", lambda doc: doc["producers"])
+            back = _view((await http.get(base + "/stats?format=json")).json())
+            registered = await lookupd_state(lookupd, "t", "p")
+            await node.stop(kill=False)
+        return normalizer((gone, back, registered))
+
+
+@pytest.mark.parametrize("kill", [True, False], ids=["SIGKILL", "SIGTERM"])
+async def test_nsqd_restart_with_lookupd(tmp_path: Path, kill: bool) -> None:
+    (tmp_path / "fakensq").mkdir()
+    fake = await scenario("fakensq", tmp_path / "fakensq", kill=kill)
+    if reference.binary("nsqd") is None or reference.binary("nsqlookupd") is None:
+        pytest.skip(f"fakensq ran it; no real daemons: {reference.skip_reason()}")
+    (tmp_path / "real").mkdir()
+    real = await scenario("real", tmp_path / "real", kill=kill)
+    if fake != real:
+        pytest.fail("fakensq and the real daemons differ:\n" + _diff(fake, real), pytrace=False)
