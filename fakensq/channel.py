@@ -117,7 +117,7 @@ class Channel:
         capacity = {
             c: c.ready_count - c.in_flight_count
             for c in self.clients.values()
-            if c.is_ready_for_messages() and not c.executing
+            if c.is_ready_for_messages()
         }
         if not capacity:
             return
@@ -203,16 +203,36 @@ class Channel:
         if dispatch:
             self.dispatch()
 
-    def requeue(self, client: ClientConnection, msg_id: bytes, delay: float) -> None:
-        """REQ: back to the queue now (delay 0), or deferred."""
+    def requeue(
+        self,
+        client: ClientConnection,
+        msg_id: bytes,
+        delay: float,
+        hold: list[Message] | None = None,
+    ) -> None:
+        """REQ: back to the queue now (delay 0), or deferred.  With ``hold``, a
+        message for the queue now is appended there instead, for the caller to
+        :meth:`put_back` later (nsqd's REQ passes through its channel queue,
+        so the message is not in flight again before the next command)."""
         msg = self._pop_in_flight(client, msg_id, "REQ")
         self.requeue_count += 1
         client.requeued_message()
-        if delay <= 0:
-            self._requeue(msg)
-        else:
-            msg.client = None
+        msg.client = None
+        if delay > 0:
             self._start_deferred(msg, delay)
+        elif hold is not None:
+            hold.append(msg)
+            return
+        else:
+            self._requeue(msg)
+        self.dispatch()
+
+    def put_back(self, msgs: list[Message]) -> None:
+        """Requeue messages a :meth:`requeue` held (unless the channel is gone)."""
+        if self.exiting:
+            return
+        for msg in msgs:
+            self._requeue(msg)
         self.dispatch()
 
     def touch(self, client: ClientConnection, msg_id: bytes) -> None:

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .message import Message
     from .nsqd import NSQD
+    from .topic import Topic
 
 __all__ = ["ClientConnection", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING"]
 
@@ -130,11 +131,17 @@ class ClientConnection:
             mpub_head=True,
         )
         self._send_lock = trio.Lock()
-        #: True while commands of one read are executed (no message handed out).
-        self.executing = False
-        self._msg_buf: list[bytes] = []
-        self._msg_buf_size = 0
-        self._responses: list[bytes] = []
+        # The output, in the order frames were made: nsqd's one buffered writer,
+        # which answers flush at once and message frames fill until a flush.
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._answered = False  # answers in _out wait for the end of the read
+        # FINs of one read hand out new messages once, before any later answer.
+        self._dispatch_pending = False
+        # Messages this read published or requeued (REQ 0): they reach the
+        # channels once the read is executed (see _reader_loop).
+        self._in_transit: list[tuple[Topic, list[Message]]] = []
+        self._requeued: list[Message] = []
         self._flush_now = False
         self._flush_deadline = math.inf
         self._next_heartbeat = math.inf
@@ -185,23 +192,15 @@ class ClientConnection:
     async def _reader_loop(self) -> None:
         parser = self.parser
         while True:
-            # nsqd's IOLoop runs every command already received before it blocks
-            # on the socket again, while its messagePump (another goroutine)
-            # hands out messages: answers to a read's commands go out before the
-            # messages those commands made available (a FIN then a PUB with RDY
-            # 1: the PUB's OK, then the message).  So no message is handed to
-            # this client while it executes; it gets its share afterwards.
-            self.executing = True
             try:
-                if not await self._execute_buffered():
-                    return
+                go_on = await self._execute_buffered()
             finally:
-                self.executing = False
-            if self._responses:
+                self._release_in_transit()
+            if self._answered:
                 # The answers to every publish of one read, in one write.
                 await self._send_frame(b"")
-            if self.channel is not None:
-                self.channel.dispatch()
+            if not go_on:
+                return
             data = await self._receive()
             if not data:
                 return
@@ -210,32 +209,61 @@ class ClientConnection:
             parser.feed(data)
 
     async def _execute_buffered(self) -> bool:
-        """Execute every whole command received; False once the connection must close."""
+        """Execute every whole command received; False once the connection must close.
+
+        The order of frames follows nsqd's, where the IOLoop runs every command
+        already received while the messagePump (another goroutine) hands out
+        messages: a message already queued goes out as soon as a command makes
+        room for it (RDY, FIN), before later answers; a message this read
+        publishes or requeues (REQ 0) passes through nsqd's topic and channel
+        pumps first, so it goes out after the read's answers (a FIN then a PUB,
+        RDY 1: the PUB's OK, then its message; REQ then REQ of one message: the
+        second fails, the message not being in flight yet).
+        """
         parser = self.parser
         while True:
             try:
                 command = parser.next_command()
             except LineTooLong:
-                if self._responses:  # answers to what came before still go out
-                    await self._send_frame(b"")
-                return False
+                return False  # (answers to what came before still go out)
             except NSQErrorResponse as exc:
                 await self._send_error(exc)
                 return False
             if command is None:
+                self._deliver_pending()
                 return True
             try:
                 if type(command) is cmds.Fin:
-                    # The hot path, kept out of a coroutine call.
+                    # The hot path, kept out of a coroutine call; new messages
+                    # are handed out once for a run of FINs.
                     channel = self.channel
                     assert channel is not None  # prechecked: subscribed or closing
-                    channel.finish(self, command.id)
+                    channel.finish(self, command.id, dispatch=False)
+                    self._dispatch_pending = True
                 else:
                     await self._exec(command)
             except NSQErrorResponse as exc:
                 await self._send_error(exc)
                 if exc.fatal:
                     return False
+
+    def _deliver_pending(self) -> None:
+        if self._dispatch_pending:
+            self._dispatch_pending = False
+            if self.channel is not None:
+                self.channel.dispatch()
+
+    def _release_in_transit(self) -> None:
+        """What this read published or requeued reaches its topics and channels."""
+        self._deliver_pending()
+        requeued, self._requeued = self._requeued, []
+        if requeued and self.channel is not None:
+            self.channel.put_back(requeued)
+        in_transit, self._in_transit = self._in_transit, []
+        for topic, msgs in in_transit:
+            if topic.exiting:  # deleted meanwhile: published to the new one
+                topic = self.nsqd.get_topic(topic.name)
+            topic.put_many(msgs, admitted=True)
 
     async def _receive(self) -> bytes:
         # nsqd's read deadline: two heartbeats missed and the client is gone.
@@ -283,30 +311,23 @@ class ClientConnection:
             self._rdy(command.count())
         elif isinstance(command, cmds.Pub):
             await self._check_auth("PUB", command.topic, "")
-            topic = self.nsqd.get_topic(command.topic)
-            topic.put(topic.new_message(command.body))
-            self._published(command.topic, 1)
-            self._respond_later(OK)
+            self._publish(command.topic, [command.body])
         elif isinstance(command, cmds.MPubHead):
             # nsqd authorizes an MPUB and creates its topic before reading the body.
             await self._check_auth("MPUB", command.topic, "")
             self.nsqd.get_topic(command.topic)
         elif isinstance(command, cmds.MPub):
-            topic = self.nsqd.get_topic(command.topic)
-            topic.put_many(topic.new_messages(command.bodies))
-            self._published(command.topic, len(command.bodies))
-            self._respond_later(OK)
+            self._publish(command.topic, command.bodies)
         elif isinstance(command, cmds.Req):
             delay_ns = min(max(command.delay_ns, 0), int(self.nsqd.options.max_req_timeout * 1e9))
-            self._subscribed_channel().requeue(self, command.id, delay_ns / 1e9)
+            self._subscribed_channel().requeue(
+                self, command.id, delay_ns / 1e9, hold=self._requeued
+            )
         elif isinstance(command, cmds.Touch):
             self._subscribed_channel().touch(self, command.id)
         elif isinstance(command, cmds.DPub):
             await self._check_auth("DPUB", command.topic, "")
-            topic = self.nsqd.get_topic(command.topic)
-            topic.put(topic.new_message(command.body, command.delay_ms / 1000))
-            self._published(command.topic, 1)
-            self._respond_later(OK)
+            self._publish(command.topic, [command.body], command.delay_ms / 1000)
         elif isinstance(command, cmds.Nop):
             pass
         elif isinstance(command, cmds.Sub):
@@ -324,8 +345,17 @@ class ClientConnection:
         assert self.channel is not None  # the precheck allows only subscribed/closing
         return self.channel
 
-    def _published(self, topic: str, count: int) -> None:
-        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
+    def _publish(self, name: str, bodies: list[bytes], defer: float = 0.0) -> None:
+        """PUB, MPUB, DPUB: answered now, in the topic once the read is executed."""
+        topic = self.nsqd.get_topic(name)
+        topic.admit(len(bodies))  # (a fault may refuse the publish)
+        if len(bodies) == 1:
+            msgs = [topic.new_message(bodies[0], defer)]
+        else:
+            msgs = topic.new_messages(bodies)
+        self.pub_counts[name] = self.pub_counts.get(name, 0) + len(bodies)
+        self._respond_later(OK)
+        self._in_transit.append((topic, msgs))
 
     def _rdy(self, count: int) -> None:
         max_rdy = self.nsqd.options.max_rdy_count
@@ -396,7 +426,8 @@ class ClientConnection:
             "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
         }
         async with self._send_lock:
-            await self._write(encode_response(gojson.dumps(reply)))
+            # (after the answers to what came before it in the same read)
+            await self._write(self._take_buffered() + encode_response(gojson.dumps(reply)))
             if tls_v1:
                 assert self.nsqd.tls_context is not None
                 tls_stream = trio.SSLStream(self.stream, self.nsqd.tls_context, server_side=True)
@@ -564,15 +595,15 @@ class ClientConnection:
             return
         self.in_flight_count += n
         self.message_count += n
-        buf = self._msg_buf
+        buf = self._out
         size = 30 * n
         for msg in batch:
             body = msg.body
             size += len(body)
             buf.append(message_frame_header(msg.timestamp, msg.attempts, msg.id, len(body)))
             buf.append(body)
-        self._msg_buf_size += size
-        if self._msg_buf_size >= self.output_buffer_size or not self.is_ready_for_messages():
+        self._out_size += size
+        if self._out_size >= self.output_buffer_size or not self.is_ready_for_messages():
             if not self._flush_now:
                 self._flush_now = True
                 self._wake.set()
@@ -582,7 +613,7 @@ class ClientConnection:
 
     def ready_state_changed(self) -> None:
         # nsqd's messagePump flushes as soon as the client cannot take more.
-        if self._msg_buf and not self.is_ready_for_messages():
+        if self._out and not self.is_ready_for_messages():
             self._flush_now = True
             self._wake.set()
 
@@ -606,25 +637,26 @@ class ClientConnection:
             await self.stream.send_all(data)
 
     def _take_buffered(self) -> bytes:
-        data = b"".join(self._msg_buf)
-        self._msg_buf.clear()
-        self._msg_buf_size = 0
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_size = 0
+        self._answered = False
         self._flush_now = False
         self._flush_deadline = math.inf
         return data
 
     def _respond_later(self, data: bytes) -> None:
-        """Queue a response frame; it goes out before the next read, or sooner
-        with any other frame (pipelined publishes get one write, not one each)."""
-        self._responses.append(encode_response(data))
+        """Queue an answer; it goes out at the end of the read, or sooner with
+        any other frame (pipelined publishes get one write, not one each)."""
+        self._deliver_pending()
+        self._out.append(encode_response(data))
+        self._answered = True
 
     async def _send_frame(self, frame: bytes) -> None:
+        """Send ``frame`` now, after everything before it (one stream, in order)."""
+        self._deliver_pending()
         async with self._send_lock:
-            # Buffered messages, then queued responses, go first: one stream, in order.
-            if self._responses:
-                frame = b"".join(self._responses) + frame
-                self._responses.clear()
-            await self._write(self._take_buffered() + frame if self._msg_buf else frame)
+            await self._write(self._take_buffered() + frame if self._out else frame)
 
     async def _send_response(self, data: bytes) -> None:
         await self._send_frame(encode_response(data))
@@ -648,11 +680,11 @@ class ClientConnection:
                     await self._wake.wait()
                 self._wake = trio.Event()
                 now = trio.current_time()
-                if self._msg_buf and (self._flush_now or now >= self._flush_deadline):
+                if self._out and (self._flush_now or now >= self._flush_deadline):
                     async with self._send_lock:
-                        if self._msg_buf:
+                        if self._out:
                             await self._write(self._take_buffered())
-                elif not self._msg_buf:
+                elif not self._out:
                     self._flush_now = False
                     self._flush_deadline = math.inf
                 if now >= self._next_heartbeat:

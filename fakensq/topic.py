@@ -62,11 +62,17 @@ class Topic:
     def put(self, msg: Message) -> None:
         self.put_many([msg])
 
-    def put_many(self, msgs: Sequence[Message]) -> None:
-        """Publish: count, then fan out (or keep, with no channel or paused)."""
+    def admit(self, count: int) -> None:
+        """Raise the error a fault injects for a publish of ``count`` messages."""
         hooks = self.nsqd.hooks
         if hooks is not None:
-            hooks.before_put(self.name, len(msgs))  # a fault may refuse the publish
+            hooks.before_put(self.name, count)
+
+    def put_many(self, msgs: Sequence[Message], *, admitted: bool = False) -> None:
+        """Publish: count, then fan out (or keep, with no channel or paused).
+        ``admitted``: :meth:`admit` was called for them already."""
+        if not admitted:
+            self.admit(len(msgs))  # a fault may refuse the publish
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.paused or not self.channels or not self.started:
