@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 import socket
@@ -24,6 +26,23 @@ def run_tool(
     *args: str, input: bytes | None = None, timeout: float = TIMEOUT
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(command(*args), input=input, capture_output=True, timeout=timeout)
+
+
+def run_here(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """``trionsq ARGS`` run in this process, as a CompletedProcess: for command
+    lines refused (or answered, like --help) before any I/O, where starting an
+    interpreter would be most of the cost."""
+    from trionsq import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(list(args))
+        except SystemExit as exc:
+            status = int(exc.code or 0)
+    return subprocess.CompletedProcess(
+        list(args), status, out.getvalue().encode(), err.getvalue().encode()
+    )
 
 
 def start_tool(*args: str) -> subprocess.Popen[bytes]:

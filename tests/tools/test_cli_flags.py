@@ -6,7 +6,7 @@ import pytest
 
 from fakensq import NSQD
 
-from .helpers import dead_address, run_tool
+from .helpers import dead_address, run_here, run_tool
 
 #: Every flag each NSQ v1.3.0 tool lists in its --help (to_nsq has no -version;
 #: ours does).
@@ -39,7 +39,7 @@ def listed_flags(help_text: str) -> set[str]:
 
 
 def test_top_level_help_lists_every_tool() -> None:
-    result = run_tool("--help")
+    result = run_here("--help")
     assert result.returncode == 0
     for name in TOOLS:
         assert name in result.stdout.decode()
@@ -48,7 +48,7 @@ def test_top_level_help_lists_every_tool() -> None:
 @pytest.mark.parametrize("tool", list(TOOLS))
 @pytest.mark.parametrize("form", ["--help", "-help", "-h"])
 def test_help_lists_every_flag_of_the_go_tool(tool: str, form: str) -> None:
-    result = run_tool(tool, form)
+    result = run_here(tool, form)
     assert result.returncode == 0, result.stderr
     text = result.stdout.decode()
     assert set(TOOLS[tool].split()) <= listed_flags(text)
@@ -58,7 +58,7 @@ def test_help_lists_every_flag_of_the_go_tool(tool: str, form: str) -> None:
 @pytest.mark.parametrize("tool", list(TOOLS))
 def test_version(tool: str) -> None:
     for form in ("--version", "-version", "--version=true"):
-        result = run_tool(tool, form)
+        result = run_here(tool, form)
         assert result.returncode == 0, result.stderr
         assert result.stdout.decode().startswith(f"trionsq {tool} v")
 
@@ -90,7 +90,7 @@ def test_version(tool: str) -> None:
     ],
 )
 def test_bad_flags_exit_2_with_go_s_message(args: list[str], message: str | None) -> None:
-    result = run_tool(*args, "--nsqd-http-address=http://x") if message is None else run_tool(*args)
+    result = run_here(*args, "--nsqd-http-address=http://x") if message is None else run_here(*args)
     if message is None:
         assert result.returncode == 1, result  # got past the flags
         return
@@ -209,7 +209,7 @@ def test_bad_flags_exit_2_with_go_s_message(args: list[str], message: str | None
     ],
 )
 def test_bad_values_exit_1_with_go_s_message(args: list[str], message: str) -> None:
-    result = run_tool(*args)
+    result = run_here(*args)
     assert result.returncode == 1, result
     err = result.stderr.decode()
     assert f"trionsq {args[0]}: error: {message}" in err, err

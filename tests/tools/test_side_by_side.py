@@ -9,9 +9,7 @@ tests/reference.py); CI has them.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import io
 import re
 import signal
 import subprocess
@@ -22,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from tests import reference
-from trionsq import cli
 
 from .helpers import (
     channel_stats,
@@ -31,6 +28,7 @@ from .helpers import (
     dead_address,
     drained,
     publish,
+    run_here,
     run_tool,
     wait_for,
 )
@@ -53,20 +51,6 @@ def go_argv(tool: str, *args: str) -> list[str]:
 
 def run_go(tool: str, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(go_argv(tool, *args), input=input, capture_output=True, timeout=TIMEOUT)
-
-
-def run_here(tool: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """Our tool run in this process (a command line refused before any I/O:
-    no interpreter to start), as a CompletedProcess."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = cli.main([tool, *args])
-        except SystemExit as exc:
-            status = int(exc.code or 0)
-    return subprocess.CompletedProcess(
-        [tool, *args], status, out.getvalue().encode(), err.getvalue().encode()
-    )
 
 
 def start(argv: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:

@@ -18,8 +18,6 @@ import ssl
 from collections.abc import Sequence
 from typing import Any
 
-import trio
-
 from ..config import BackoffPolicy, Config
 from ..connection import Connection, NegotiationError
 from ..protocol.errors import NSQError
@@ -35,11 +33,12 @@ __all__ = [
     "add_status_every",
     "add_tls_flags",
     "add_topic_flag",
+    "check_names",
     "check_lookupds",
     "check_nsqds",
     "check_sources",
     "consumer_options",
-    "only_topic",
+    "parse_opts",
     "producer_options",
     "require_sources",
     "tls_options",
@@ -67,12 +66,6 @@ def add_topic_flag(flags: FlagSet, *, many: bool, help: str = "nsq topic") -> No
         flags.strings("topic", f"{help} (may be given multiple times)", dest="topics")
     else:
         flags.string("topic", "", help)
-
-
-def only_topic(args: argparse.Namespace) -> str:
-    """The one ``--topic`` of a tool that takes a single topic (last one wins, as Go)."""
-    topic: str = args.topic
-    return topic
 
 
 def add_source_flags(flags: FlagSet) -> None:
@@ -394,13 +387,3 @@ async def check_sources(config: Config) -> None:
         await check_nsqds(config.nsqd_tcp_addresses, config)
     if config.lookupd_http_addresses:
         await check_lookupds(config.lookupd_http_addresses, config.connect_timeout)
-
-
-async def wait_then_cancel(stop: trio.Event, scope: trio.CancelScope, grace: float) -> None:
-    """Once ``stop`` is set, give ``scope`` ``grace`` seconds, then cancel it."""
-    await stop.wait()
-    await trio.sleep(grace)
-    scope.cancel()
-
-
-__all__ += ["check_names", "parse_opts", "wait_then_cancel", "explained"]
