@@ -277,6 +277,13 @@ class Nsqd:
                     await producer.multi_publish(topic, [BODY] * min(1000, count - start))
 
         trio.run(main)
+        # nsqd copies the topic's messages into the channel in the background:
+        # time nothing before they are all there.
+        deadline = time.monotonic() + 120
+        while self.channel(topic).get("depth") != count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: the channel never held {count} messages")
+            time.sleep(0.05)
 
     def check_published(self, topic: str, count: int) -> None:
         got = self.topic(topic).get("message_count")

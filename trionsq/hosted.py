@@ -13,15 +13,20 @@ This module holds the producer side; :mod:`trionsq.hosted_consumer` the consumer
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
 
 from .bridge import Inbox
 from .config import Config
-from .connection import ConnectionClosedError
-from .producer import Producer
+from .connection import Connection, ConnectionClosedError, PendingResponse
+from .producer import Producer, ProducerStats, _check_body, _check_topic
+from .protocol import commands
+from .protocol.errors import BadBodyError, NSQError, ProtocolError
+from .protocol.frames import OK
 from .transport import Connector
 from .trio_thread import LoopStoppedError, TrioThread
 
@@ -42,8 +47,39 @@ class Completion(Protocol):
     def set_exception(self, error: BaseException) -> None: ...
 
 
-#: A job for the loop: ``await fn(*args)``, its outcome to ``done``.
-Job = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], Completion]
+#: A job for the loop: ``(method, args, done)``, ``method`` one of the
+#: Producer's (``"publish"``, ``"multi_publish"``, ``"deferred_publish"``), its
+#: outcome to ``done``.
+Job = tuple[str, tuple[Any, ...], Completion]
+
+#: Bytes queued on the connection after which the pump waits for the writer
+#: (as a Producer's own publishes do).
+_HIGH_WATER = 1024 * 1024
+
+
+def encode(method: str, args: tuple[Any, ...]) -> tuple[bytes, int]:
+    """The command for a job, and how many messages it carries; raises what
+    :class:`trionsq.Producer`'s method raises for the same arguments."""
+    if method == "publish":
+        topic, body = args
+        _check_topic("PUB", topic)
+        return commands.pub(topic, _check_body("PUB", body)), 1
+    if method == "multi_publish":
+        topic, bodies = args
+        _check_topic("MPUB", topic)
+        data = [_check_body("MPUB", body) for body in bodies]
+        if not data:
+            raise BadBodyError("MPUB invalid message count 0")
+        return commands.mpub(topic, data), len(data)
+    if method == "deferred_publish":
+        topic, body, delay = args
+        _check_topic("DPUB", topic)
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise TypeError("delay must be a number of seconds")
+        if not math.isfinite(delay) or delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        return commands.dpub(topic, round(delay * 1000), _check_body("DPUB", body)), 1
+    raise ValueError(f"unknown publishing method {method!r}")
 
 
 def tracking_connector(connector: Connector, runner: TrioThread) -> Connector:
@@ -60,14 +96,22 @@ def tracking_connector(connector: Connector, runner: TrioThread) -> Connector:
 
 
 class HostedProducer:
-    """A :class:`trionsq.Producer` served on its own thread, running the jobs
+    """A :class:`trionsq.Producer` served on its own thread, publishing the jobs
     other threads put in :attr:`inbox`.
 
-    Jobs run in a pool of worker tasks, one job each at a time, so that as many
-    publishes are pipelined on the connection as jobs are waiting (up to
-    ``publish_window`` workers: the front ends bound the jobs outstanding to it).
-    Closing lets the jobs already put finish (for up to ``close_timeout``) and
-    fails the rest with :class:`ClientClosedError`.
+    The Producer connects (and fails over between nsqds); the publishes
+    themselves are pipelined here without a task each, which is what makes a
+    hosted producer as fast as the async one driven by hundreds of tasks: a pump
+    task takes the jobs, checks and encodes them as the Producer would, and
+    queues them on its connection (:meth:`Connection.request_nowait`), at most
+    ``publish_window`` awaiting an answer; a collector task takes the answers in
+    order (nsqd answers in order), and hands each job its outcome, as the
+    Producer's method would have raised or returned it.  Closing lets the jobs
+    already put finish (for up to ``close_timeout``) and fails the rest with
+    :class:`ClientClosedError`.
+
+    ``end_of_batch`` (optional) is called in the loop after each run of outcomes
+    (the asyncio front end wakes its loop once for all of them).
     """
 
     def __init__(
@@ -79,22 +123,29 @@ class HostedProducer:
         self.runner = TrioThread(name)
         self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
         self.producer = Producer(config=self.config)
-        self.inbox: Inbox[Job] = Inbox(self.runner.run_sync_soon, self._on_wake)
-        self._max_workers = self.config.publish_window
-        self._workers = 0
-        # Workers that will look at the inbox before they sleep or exit (runnable,
-        # or woken and not yet run); the others are idle or awaiting an answer.
-        self._scanning = 0
-        self._idle = trio.lowlevel.ParkingLot()
-        self._nursery: trio.Nursery | None = None
-        self._closing = False
+        self.inbox: Inbox[Job] = Inbox(self.runner.run_sync_soon)
+        self._end_of_batch = end_of_batch
+        # Queued on the connection, awaiting nsqd's answer, in order.
+        self._waiting: deque[tuple[PendingResponse, Completion, int]] = deque()
+        self._window = self.config.publish_window
+        self._room = trio.lowlevel.ParkingLot()  # the pump, while the window is full
+        self._answers = trio.lowlevel.ParkingLot()  # the collector, while nothing waits
+        self._published = 0
+        self._batches = 0
+        self._errors = 0
         self._close_requested: trio.Event | None = None
         self._served: trio.Event | None = None
-        # Completions of one scheduler pass are followed by one end_of_batch()
-        # (the asyncio front end wakes its loop once for them).
-        self._end_of_batch = end_of_batch
-        self._in_batch = False
-        self._batch_ended = trio.Event()
+
+    @property
+    def stats(self) -> ProducerStats:
+        """The counters of :class:`trionsq.ProducerStats`, for the hosted publishes."""
+        return ProducerStats(
+            published=self._published,
+            batches=self._batches,
+            errors=self._errors,
+            in_flight=len(self._waiting),
+            window=self._window,
+        )
 
     # --- life (called from the front end's thread) ---
 
@@ -169,11 +220,17 @@ class HostedProducer:
             self.runner.request_stop()
 
     def fail_leftovers(self) -> None:
-        """Fail the jobs nobody will run (after the loop ended)."""
+        """Fail the jobs nobody will finish (after the service ended)."""
+        error = ClientClosedError("the Producer closed before nsqd answered")
+        while self._waiting:
+            _, done, _ = self._waiting.popleft()
+            done.set_exception(error)
         items = self.inbox.items
         while items:
             _, _, done = items.popleft()
             done.set_exception(ClientClosedError("the Producer is closed"))
+        if self._end_of_batch is not None:
+            self._end_of_batch()
 
     # --- the service (in the loop) ---
 
@@ -182,107 +239,103 @@ class HostedProducer:
     ) -> None:
         self._close_requested = trio.Event()
         self._served = trio.Event()
+        pumped = trio.Event()
         try:
-            async with self.producer, trio.open_nursery() as workers:
-                self._nursery = workers
-                batcher = trio.CancelScope()
-                if self._end_of_batch is not None:
-                    workers.start_soon(self._batcher, batcher)
+            async with self.producer, trio.open_nursery() as nursery:
+                nursery.start_soon(self._collector)
+                nursery.start_soon(self._pump, pumped)
                 task_status.started()
                 await self._close_requested.wait()
-                self._closing = True
-                self._idle.unpark_all()
-                if self.inbox.items and self._scanning == 0:
-                    self._wake_workers(len(self.inbox.items))
                 # Jobs already put get their answers; a hung one is cut off.
-                workers.cancel_scope.deadline = trio.current_time() + self.config.close_timeout
-                batcher.cancel()
+                self.inbox.close()
+                with trio.move_on_after(self.config.close_timeout):
+                    await pumped.wait()
+                    while self._waiting:  # until the collector has handed them out
+                        last = self._waiting[-1][0]
+                        if last.done:
+                            await trio.lowlevel.checkpoint()
+                        else:
+                            await last.event.wait()
+                nursery.cancel_scope.cancel()
             self.fail_leftovers()
         finally:
             self._served.set()
             # The producer was the thread's only purpose.
             self.runner.request_stop()
 
-    async def _batcher(self, scope: trio.CancelScope) -> None:
-        """Call ``end_of_batch`` once per scheduler pass that completed jobs."""
-        assert self._end_of_batch is not None
-        try:
-            with scope:
-                while True:
-                    await self._batch_ended.wait()
-                    self._batch_ended = trio.Event()
-                    self._in_batch = False
-                    self._end_of_batch()
-        finally:
-            self._end_of_batch()  # the last completions
-
-    def _on_wake(self) -> None:
-        """A put found nobody looking at the inbox: get workers going."""
-        items = self.inbox.items
-        while True:
-            self.inbox.awake = True
-            self._wake_workers(len(items) - self._scanning)
-            if self._scanning > 0:
-                return
-            self.inbox.awake = False
-            if not items or self._workers >= self._max_workers:
-                # Nothing to do, or every worker is busy and comes back for it.
-                return
-
-    def _wake_workers(self, count: int) -> None:
-        """Have up to ``count`` more workers look at the inbox."""
-        if count <= 0 or self._nursery is None:
-            return
-        woken = len(self._idle.unpark(count=count))
-        self._scanning += woken
-        while woken < count and self._workers < self._max_workers:
-            self._workers += 1
-            self._scanning += 1
-            woken += 1
-            self._nursery.start_soon(self._worker)
-
-    async def _worker(self) -> None:
-        inbox = self.inbox
-        items = inbox.items
+    async def _pump(self, pumped: trio.Event) -> None:
+        """Encode the jobs and queue them on the connection, window permitting."""
+        inbox, items, waiting = self.inbox, self.inbox.items, self._waiting
+        conn: Connection | None = None
         try:
             while True:
-                if items:
-                    fn, args, done = items.popleft()
-                    self._scanning -= 1
-                    if items:
-                        self._wake_workers(len(items) - self._scanning)
-                    elif self._scanning == 0:
-                        inbox.awake = False
-                        if items:  # put meanwhile (it saw awake set)
-                            inbox.awake = True
-                            self._wake_workers(len(items))
-                    try:
-                        result = await fn(*args)
-                    except trio.Cancelled:
-                        done.set_exception(ClientClosedError("closed before nsqd answered"))
-                        raise
-                    except Exception as exc:
-                        done.set_exception(exc)
-                    else:
-                        done.set_result(result)
-                    if self._end_of_batch is not None:
-                        if self._closing:  # the batcher is gone: no batching
-                            self._end_of_batch()
-                        elif not self._in_batch:
-                            self._in_batch = True
-                            self._batch_ended.set()
-                    self._scanning += 1
-                    continue
-                if self._closing:
-                    self._scanning -= 1
-                    return
-                self._scanning -= 1
-                if self._scanning == 0:
-                    inbox.awake = False
-                    if items:
-                        inbox.awake = True
-                        self._scanning += 1
+                await inbox.wait()
+                if not items:
+                    return  # closed, and nothing left
+                queued = 0
+                while items:
+                    if len(waiting) >= self._window:
+                        await self._room.park()
                         continue
-                await self._idle.park()  # whoever wakes us counts us as scanning
+                    method, args, done = items.popleft()
+                    try:
+                        data, messages = encode(method, args)
+                    except Exception as exc:  # refused before reaching nsqd (not an error)
+                        done.set_exception(exc)
+                        self._batch_done()
+                        continue
+                    try:
+                        if conn is None or conn.closed:
+                            conn = await self.producer._connection()
+                        pending = conn.request_nowait(data)
+                    except (NSQError, OSError) as exc:
+                        self._errors += 1
+                        done.set_exception(exc)
+                        self._batch_done()
+                        continue
+                    waiting.append((pending, done, messages if method == "multi_publish" else 0))
+                    if len(waiting) == 1:
+                        self._answers.unpark()
+                    queued += len(data)
+                    if queued >= _HIGH_WATER:  # let the writer catch up, as Producer does
+                        queued = 0
+                        await conn.flush()
         finally:
-            self._workers -= 1
+            pumped.set()
+
+    async def _collector(self) -> None:
+        """Hand each queued job its outcome, in order, as the answers come."""
+        waiting = self._waiting
+        while True:
+            if not waiting:
+                await self._answers.park()
+                continue
+            head = waiting[0][0]
+            if not head.done:
+                await head.event.wait()
+            # Every answer that has come, in one go (one read brings many).
+            while waiting and waiting[0][0].done:
+                pending, done, batch = waiting.popleft()
+                self._answer(pending, done, batch)
+            if self._room:
+                self._room.unpark()
+            self._batch_done()
+
+    def _answer(self, pending: PendingResponse, done: Completion, batch: int) -> None:
+        if pending.error is not None:
+            self._errors += 1
+            done.set_exception(pending.error)
+        elif pending.value != OK:
+            self._errors += 1
+            done.set_exception(
+                ProtocolError(f"unexpected response to a publish: {pending.value[:100]!r}")
+            )
+        else:
+            self._published += batch or 1
+            if batch:
+                self._batches += 1
+            done.set_result(None)
+
+    def _batch_done(self) -> None:
+        if self._end_of_batch is not None:
+            self._end_of_batch()

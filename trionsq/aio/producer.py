@@ -126,7 +126,7 @@ class Producer:
             raise ForkedError("this Producer was opened before a fork(); open one in this process")
         future: asyncio.Future[None] = loop.create_future()
         try:
-            hosted.inbox.put((getattr(hosted.producer, method), args, _Reply(calls, future)))
+            hosted.inbox.put((method, args, _Reply(calls, future)))
         except LoopStoppedError as exc:
             raise ClientClosedError("the Producer's loop has stopped") from exc
         return future
@@ -149,7 +149,7 @@ class Producer:
         hosted = self._hosted
         if hosted is None:
             return _core.ProducerStats(window=self.config.publish_window)
-        return hosted.producer.stats
+        return hosted.stats
 
     @property
     def address(self) -> str | None:

@@ -222,7 +222,7 @@ class Producer:
                 raise ClientClosedError("the Producer is closed")
             if self._free > 0 and not self._waiters:
                 self._free -= 1
-                job: Job = (getattr(hosted.producer, method), args, reply)
+                job: Job = (method, args, reply)
                 try:
                     hosted.inbox.put(job)
                 finally:
@@ -250,7 +250,7 @@ class Producer:
                     closed = True
                 else:
                     closed = False
-                    job = (getattr(hosted.producer, method), args, reply)
+                    job = (method, args, reply)
                     hosted.inbox.put(job)
             if closed:
                 raise ClientClosedError("the Producer is closed")
@@ -326,7 +326,7 @@ class Producer:
         hosted = self._hosted
         if hosted is None:
             return _core.ProducerStats(window=self.config.publish_window)
-        return hosted.producer.stats
+        return hosted.stats
 
     @property
     def address(self) -> str | None:
