@@ -26,6 +26,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from ._options import NSQOptionError
 from .datasource import NSQDataSource
 from .sink import NSQCommitMessage
-from .source import SCHEMA, NSQInputPartition
+from .source import SCHEMA, NSQInputPartition, NSQSourceError
 
-__all__ = ["SCHEMA", "NSQCommitMessage", "NSQDataSource", "NSQInputPartition", "NSQOptionError"]
+__all__ = [
+    "SCHEMA",
+    "NSQCommitMessage",
+    "NSQDataSource",
+    "NSQInputPartition",
+    "NSQOptionError",
+    "NSQSourceError",
+]

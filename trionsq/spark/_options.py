@@ -33,10 +33,9 @@ __all__ = [
 
 #: nsqd's default max-rdy-count: how many messages one connection may hold in flight.
 DEFAULT_MAX_RDY_COUNT = 2500
-DEFAULT_MAX_IN_FLIGHT = DEFAULT_MAX_RDY_COUNT
 DEFAULT_MSG_TIMEOUT = 60.0
 DEFAULT_MAX_BATCH_WAIT = 0.5
-DEFAULT_NUM_PARTITIONS = 2
+DEFAULT_CONNECTIONS_PER_NSQD = 2
 DEFAULT_SINK_BATCH_SIZE = 500
 
 #: Options Spark itself adds or passes through (``save(path)``, ``writeStream``).
@@ -61,12 +60,15 @@ COMMON_OPTIONS = (
 SOURCE_OPTIONS = (
     "channel",
     "max_in_flight",
+    "connections_per_nsqd",
     "max_messages_per_trigger",
     "max_batch_wait",
     "num_partitions",
     "msg_timeout",
     "max_attempts",
     "lookupd_poll_interval",
+    "coordinator_host",
+    "coordinator_port",
 )
 SINK_OPTIONS = ("value_column", "batch_size")
 
@@ -121,6 +123,14 @@ def _int(
         bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
         raise NSQOptionError(f"option '{name}' must be {bound}, got {number}")
     return number
+
+
+def _auto_int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
+    """An integer option that may be left out (or ``auto``) for an automatic value."""
+    value = _get(options, name)
+    if value is None or value == "" or value.lower() == "auto":
+        return None
+    return _int(options, name, minimum, minimum=minimum)
 
 
 def _seconds(options: Mapping[str, str], name: str, default: float, minimum: float) -> float:
@@ -219,22 +229,31 @@ class ConnectionOptions:
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    """What ``spark.readStream.format("nsq")`` was given, validated."""
+    """What ``spark.readStream.format("nsq")`` was given, validated.
+
+    ``None`` means automatic: ``max_in_flight`` (per partition) is what nsqd grants
+    each connection (its max-rdy-count), ``max_messages_per_trigger`` is everything
+    the partitions hold, ``num_partitions`` is one per executor core.
+    """
 
     topic: str
     channel: str
     connection: ConnectionOptions
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    max_messages_per_trigger: int = DEFAULT_MAX_IN_FLIGHT
+    max_in_flight: int | None = None
+    connections_per_nsqd: int = DEFAULT_CONNECTIONS_PER_NSQD
+    max_messages_per_trigger: int | None = None
     max_batch_wait: float = DEFAULT_MAX_BATCH_WAIT
-    num_partitions: int = DEFAULT_NUM_PARTITIONS
+    num_partitions: int | None = None
     msg_timeout: float = DEFAULT_MSG_TIMEOUT
     max_attempts: int = 0
     lookupd_poll_interval: float = 60.0
+    #: the address executors reach the driver's coordinator at (None: found)
+    coordinator_host: str | None = None
+    coordinator_port: int = 0
 
     def consumer_config(self) -> Config:
         return self.connection.config(
-            max_in_flight=self.max_in_flight,
+            max_in_flight=self.max_in_flight or DEFAULT_MAX_RDY_COUNT,
             # Always sent, so the touch schedule knows nsqd's timeout for us.
             msg_timeout=self.msg_timeout,
             max_attempts=self.max_attempts,
@@ -310,27 +329,22 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         raise NSQOptionError(
             "give 'nsqd_tcp_addresses' or 'lookupd_http_addresses' (comma-separated host:port)"
         )
-    max_in_flight = _int(options, "max_in_flight", DEFAULT_MAX_IN_FLIGHT, minimum=1)
-    per_trigger = _int(options, "max_messages_per_trigger", max_in_flight, minimum=1)
-    if per_trigger > max_in_flight:
-        # Every message of a batch is held un-FINed until the batch is committed, so a
-        # batch can never hold more than max_in_flight: say so rather than stall.
-        raise NSQOptionError(
-            f"option 'max_messages_per_trigger' ({per_trigger}) cannot exceed "
-            f"'max_in_flight' ({max_in_flight}): a batch's messages are all in flight "
-            "until it is committed"
-        )
     parsed = SourceOptions(
         topic=topic,
         channel=channel,
         connection=connection,
-        max_in_flight=max_in_flight,
-        max_messages_per_trigger=per_trigger,
+        max_in_flight=_auto_int(options, "max_in_flight", minimum=1),
+        connections_per_nsqd=_int(
+            options, "connections_per_nsqd", DEFAULT_CONNECTIONS_PER_NSQD, minimum=1, maximum=64
+        ),
+        max_messages_per_trigger=_auto_int(options, "max_messages_per_trigger", minimum=1),
         max_batch_wait=_seconds(options, "max_batch_wait", DEFAULT_MAX_BATCH_WAIT, minimum=0.0),
-        num_partitions=_int(options, "num_partitions", DEFAULT_NUM_PARTITIONS, minimum=1),
+        num_partitions=_auto_int(options, "num_partitions", minimum=1),
         msg_timeout=_seconds(options, "msg_timeout", DEFAULT_MSG_TIMEOUT, minimum=1.0),
         max_attempts=_int(options, "max_attempts", 0, minimum=0, maximum=65535),
         lookupd_poll_interval=_seconds(options, "lookupd_poll_interval", 60.0, minimum=0.01),
+        coordinator_host=_get(options, "coordinator_host") or None,
+        coordinator_port=_int(options, "coordinator_port", 0, minimum=0, maximum=65535),
     )
     parsed.consumer_config()  # what trionsq itself checks (addresses, TLS files...)
     return parsed

@@ -1,0 +1,133 @@
+"""The task side: find (or start) this executor's agent and ask it for rows.
+
+Runs in PySpark's Python worker, with blocking sockets.  The agent's Unix socket
+lives in a private folder (``$TMPDIR/trionsq-spark-<uid>``, mode 0700), named
+after the process that bounds the executor's life (the PySpark daemon), so every
+Python worker of an executor finds the same agent and a new executor starts its
+own.  Starting one is serialized with a lock file, so concurrent tasks start it
+once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import _framing as framing
+from ._executor import ExecutorIdentity, process_start_time
+
+__all__ = ["AgentUnavailableError", "agent_socket_path", "read_from_agent"]
+
+#: How long a new agent may take to answer (Python, Trio and trionsq imports).
+START_TIMEOUT = 60.0
+
+_spawned: list[subprocess.Popen[bytes]] = []
+
+
+class AgentUnavailableError(RuntimeError):
+    """The executor's agent could not be started or reached."""
+
+
+def _private_dir() -> Path:
+    folder = Path(tempfile.gettempdir()) / f"trionsq-spark-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise AgentUnavailableError(f"{folder} belongs to another user")
+    return folder
+
+
+def agent_socket_path(identity: ExecutorIdentity) -> str:
+    return str(_private_dir() / f"agent-{identity.anchor_pid}.sock")
+
+
+def _connect(path: str, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _reap() -> None:
+    for process in list(_spawned):
+        if process.poll() is not None:
+            _spawned.remove(process)
+
+
+def _start(identity: ExecutorIdentity, path: str) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "trionsq.spark.agent",
+        "--socket",
+        path,
+        "--identity",
+        json.dumps(asdict(identity)),
+    ]
+    start = process_start_time(identity.anchor_pid)
+    if start is not None:
+        argv += ["--anchor-start", str(start)]
+    # Same process group as this worker: the PySpark daemon's SIGHUP on executor
+    # shutdown reaches the agent too.  stderr goes where the worker's goes (the
+    # executor's log).
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True
+    )
+    _spawned.append(process)
+    return process
+
+
+def connect_agent(identity: ExecutorIdentity, timeout: float) -> socket.socket:
+    """A connection to this executor's agent, started first if need be."""
+    _reap()
+    path = agent_socket_path(identity)
+    try:
+        return _connect(path, timeout)
+    except OSError:
+        pass
+    with open(path + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _connect(path, timeout)
+        except OSError:
+            pass
+        process = _start(identity, path)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                return _connect(path, timeout)
+            except OSError:
+                pass
+            code = process.poll()
+            if code is not None:
+                raise AgentUnavailableError(
+                    f"the nsq source's agent exited with {code} at start (see the executor's log)"
+                )
+            if time.monotonic() > deadline:
+                raise AgentUnavailableError(
+                    f"the nsq source's agent did not answer within {START_TIMEOUT:g}s"
+                )
+            time.sleep(0.02)  # polling another process's start-up
+
+
+def read_from_agent(
+    identity: ExecutorIdentity, request: dict[str, Any], options: object, timeout: float
+) -> tuple[dict[str, Any], bytes]:
+    """Send one read request; the agent's answer (header, Arrow IPC bytes)."""
+    sock = connect_agent(identity, timeout)
+    with sock:
+        framing.send_sync(sock, request, pickle.dumps(options))
+        return framing.receive_sync(sock)

@@ -1,0 +1,97 @@
+"""Which Spark executor this Python process works for, found from its ancestors.
+
+A task's Python worker is forked by PySpark's daemon, which the executor's JVM
+started (without the daemon, the JVM starts the worker itself).  The JVM's
+command line names the executor (``--executor-id``), the address Spark reaches
+it at (``--hostname``) and its task slots (``--cores``); in local mode the
+"executor" is the driver's JVM, which has none of these.  Linux's ``/proc`` is
+read when it is there; elsewhere only the defaults are known.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ExecutorIdentity", "identify", "parent_of", "process_start_time"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorIdentity:
+    #: Spark's executor id (``"driver"`` in local mode)
+    executor_id: str
+    #: the address other executors reach this one at
+    host: str
+    #: the executor's task slots
+    cores: int
+    #: the process whose life bounds the agent's: the daemon (or JVM) above the worker
+    anchor_pid: int
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent process id of ``pid`` (Linux ``/proc``), if known."""
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself hold spaces or parentheses.
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[1])
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot, to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for index, part in enumerate(argv[:-1]):
+        if part == name:
+            return argv[index + 1]
+    return None
+
+
+def identify(worker_pid: int | None = None) -> ExecutorIdentity:
+    """The executor that runs the Python worker ``worker_pid`` (default: this process)."""
+    override = os.environ.get("TRIONSQ_SPARK_AGENT_ANCHOR")
+    worker = os.getpid() if worker_pid is None else worker_pid
+    anchor = parent_of(worker) or os.getppid()
+    jvm = anchor
+    if any("pyspark.daemon" in part or part.endswith("daemon.py") for part in _cmdline(anchor)):
+        jvm = parent_of(anchor) or anchor
+    argv = _cmdline(jvm)
+    executor_id = _flag(argv, "--executor-id") or "driver"
+    host = (
+        _flag(argv, "--hostname")
+        or os.environ.get("SPARK_LOCAL_IP")
+        or os.environ.get("SPARK_LOCAL_HOSTNAME")
+        or "127.0.0.1"
+    )
+    cores_flag = _flag(argv, "--cores")
+    try:
+        cores = int(cores_flag) if cores_flag is not None else (os.cpu_count() or 1)
+    except ValueError:
+        cores = os.cpu_count() or 1
+    if override:
+        anchor = int(override)
+    return ExecutorIdentity(executor_id, host, max(1, cores), anchor)
+
+
+def short_hostname() -> str:
+    return socket.gethostname().split(".")[0]

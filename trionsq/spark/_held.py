@@ -1,0 +1,78 @@
+"""Messages an agent holds un-FINed, and how they become Arrow rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..message import Message
+
+__all__ = ["Held", "arrow_schema", "to_arrow", "to_ipc"]
+
+
+def _pyarrow() -> Any:
+    import pyarrow  # type: ignore[import-untyped]
+
+    return pyarrow
+
+
+class Held:
+    """A message held un-FINed, with when nsqd's timeout for it last started."""
+
+    __slots__ = ("message", "touched")
+
+    def __init__(self, message: Message, now: float) -> None:
+        self.message = message
+        #: delivery or last TOUCH, on the holder's Trio clock
+        self.touched = now
+
+
+def arrow_schema() -> Any:
+    """The ``nsq`` source's rows as Arrow, exactly as Spark checks a batch against them."""
+    pa = _pyarrow()
+    return pa.schema(
+        [
+            pa.field("body", pa.binary()),
+            pa.field("id", pa.string()),
+            pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+            pa.field("attempts", pa.int32()),
+            pa.field("nsqd_address", pa.string()),
+            pa.field("topic", pa.string()),
+        ]
+    )
+
+
+def to_arrow(topic: str, messages: Sequence[Message]) -> Any:
+    """One Arrow record batch of ``messages``."""
+    pa = _pyarrow()
+    count = len(messages)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.body for m in messages], pa.binary()),
+            pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string()),
+            # Spark's timestamps are microseconds; nsqd's are nanoseconds.
+            pa.array([m.timestamp // 1000 for m in messages], pa.timestamp("us", tz="UTC")),
+            pa.array([m.attempts for m in messages], pa.int32()),
+            pa.array([m.address for m in messages], pa.string()),
+            pa.array([topic] * count, pa.string()),
+        ],
+        schema=arrow_schema(),
+    )
+
+
+def to_ipc(topic: str, messages: Iterable[Held]) -> bytes:
+    """``messages`` as an Arrow IPC stream (what an agent sends a task)."""
+    pa = _pyarrow()
+    batch = to_arrow(topic, [h.message for h in messages])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        if batch.num_rows:
+            writer.write_batch(batch)
+    return bytes(sink.getvalue())
+
+
+def from_ipc(data: bytes) -> list[Any]:
+    """The record batches of an Arrow IPC stream."""
+    pa = _pyarrow()
+    with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+        return list(reader)

@@ -1,0 +1,76 @@
+"""A request/reply link between two of the source's processes, over frames.
+
+The coordinator and each agent keep one TCP connection per query; either side
+sends requests (a header with an ``id``) and notifications (no ``id``), and
+replies carry the request's id back in ``re``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import trio
+
+from . import _framing as framing
+
+__all__ = ["Link", "ReadError"]
+
+
+class ReadError(Exception):
+    """A read this agent cannot serve; the task fails with this one-line reason."""
+
+
+class Link:
+    """Frames to and from one peer over a stream: requests with ids, and replies."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.receive = framing.FrameReceiver(stream)
+        self._send_lock = trio.Lock()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
+        self.closed = False
+        self.last_heard = trio.current_time()
+
+    async def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        async with self._send_lock:
+            await framing.send(self.stream, header, payload)
+
+    async def request(self, header: dict[str, Any], patience: float = math.inf) -> dict[str, Any]:
+        """Send ``header`` with a new id and wait for the reply carrying it back."""
+        if self.closed:
+            raise ConnectionError("link closed")
+        ident = next(self._ids)
+        event = trio.Event()
+        box: list[dict[str, Any]] = []
+        self._pending[ident] = (event, box)
+        try:
+            await self.send({**header, "id": ident})
+            with trio.fail_after(patience):
+                await event.wait()
+        finally:
+            self._pending.pop(ident, None)
+        if not box:
+            raise ConnectionError("link closed before the reply")
+        reply = box[0]
+        if "error" in reply:
+            raise ReadError(str(reply["error"]))
+        return reply
+
+    def deliver(self, header: dict[str, Any]) -> bool:
+        """Hand a reply to its waiting request; False if ``header`` is not a reply."""
+        ident = header.get("re")
+        if not isinstance(ident, int):
+            return False
+        waiting = self._pending.get(ident)
+        if waiting is not None:
+            waiting[1].append(header)
+            waiting[0].set()
+        return True
+
+    def fail_pending(self) -> None:
+        self.closed = True
+        for event, _ in self._pending.values():
+            event.set()

@@ -1,0 +1,224 @@
+"""A slot: one partition's NSQ connections and RDY budget, on an agent.
+
+Every task of a query that runs on an executor takes its messages from a slot of
+that executor's agent; concurrent tasks get different slots, so each partition
+has a RDY budget of its own.  A slot holds ``connections_per_nsqd`` trionsq
+Consumers (each one connection per nsqd), prefetching up to its budget: what
+arrives waits in :attr:`Slot.buffer` for the next task, held un-FINed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+
+import trio
+
+from ..consumer import Consumer
+from ._held import Held
+from ._options import SourceOptions
+
+__all__ = ["NoConnectionError", "Slot"]
+
+log = logging.getLogger("trionsq.spark.agent")
+
+#: A take closes once no message has arrived for this long (well above the 25 ms
+#: output buffer timeout the consumers ask nsqd for).
+QUIET = 0.1
+#: How often the automatic budget follows the connections' max-rdy-count.
+_BUDGET_EVERY = 0.5
+
+
+class NoConnectionError(ConnectionError):
+    """A read found no nsqd connection up after the connect timeout."""
+
+
+class Slot:
+    """Consumers, their prefetch buffer, and the take that hands it to a task."""
+
+    def __init__(
+        self,
+        index: int,
+        options: SourceOptions,
+        user_agent: str,
+        on_arrival: Callable[[], None],
+    ) -> None:
+        self.index = index
+        self.options = options
+        self._user_agent = user_agent
+        self._on_arrival = on_arrival
+        self.consumers: list[Consumer] = []
+        #: received, eligible for the next take, in arrival order
+        self.buffer: deque[Held] = deque()
+        #: past the Trigger.AvailableNow cutoff: held back until the query ends
+        self.later: deque[Held] = deque()
+        #: messages taken from this slot into sets not resolved yet
+        self.in_sets = 0
+        self.cutoff_ns: int | None = None
+        self.busy = False
+        self.last_used = trio.current_time()
+        self.last_arrival = -math.inf
+        self._wanted = math.inf
+        self._arrived: trio.Event | None = None
+        self._closing = trio.Event()
+        self._closed = trio.Event()
+        #: each consumer's max_in_flight
+        self._limits: list[int] = []
+
+    # --- budget ---
+
+    @property
+    def auto_budget(self) -> bool:
+        return self.options.max_in_flight is None
+
+    def capacity(self) -> int:
+        """How many messages this slot may hold in flight right now."""
+        total = 0
+        for consumer, limit in zip(self.consumers, self._limits, strict=True):
+            granted = sum(c.max_rdy_count for c in consumer.stats.connections.values())
+            total += min(limit, granted)
+        return total
+
+    def _initial_limit(self) -> int:
+        groups = self.options.connections_per_nsqd
+        explicit = self.options.max_in_flight
+        if explicit is not None:
+            return max(1, math.ceil(explicit / groups))
+        # Until nsqd says otherwise (IDENTIFY), assume its default max-rdy-count.
+        return 2500 * max(1, len(self.options.connection.nsqd_tcp_addresses))
+
+    async def _follow_budget(self) -> None:
+        """Automatic budget: every connection gets what its nsqd grants (max-rdy-count)."""
+        while True:
+            for index, consumer in enumerate(self.consumers):
+                granted = sum(c.max_rdy_count for c in consumer.stats.connections.values())
+                if granted and granted != self._limits[index]:
+                    self._limits[index] = granted
+                    await consumer.set_max_in_flight(granted)
+            await trio.sleep(_BUDGET_EVERY)
+
+    # --- life ---
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, prefetch until :meth:`close`, then requeue what is not in a set."""
+        options = self.options
+        limit = self._initial_limit()
+        config = options.consumer_config().replace(max_in_flight=limit, user_agent=self._user_agent)
+        try:
+            async with AsyncExitStack() as stack:
+                for _ in range(options.connections_per_nsqd):
+                    consumer = Consumer(options.topic, options.channel, config=config)
+                    self.consumers.append(await stack.enter_async_context(consumer))
+                    self._limits.append(limit)
+                async with trio.open_nursery() as nursery:
+                    for consumer in self.consumers:
+                        nursery.start_soon(self._receive, consumer)
+                    if self.auto_budget:
+                        nursery.start_soon(self._follow_budget)
+                    task_status.started()
+                    await self._closing.wait()
+                    nursery.cancel_scope.cancel()
+                await self.requeue_unbatched()
+        finally:
+            self._closed.set()
+
+    async def close(self) -> None:
+        self._closing.set()
+        await self._closed.wait()
+
+    async def requeue_unbatched(self) -> int:
+        """REQ (no delay) what this slot holds outside sets."""
+        held = [*self.buffer, *self.later]
+        self.buffer.clear()
+        self.later.clear()
+        for item in held:
+            await item.message.requeue(0, backoff=False)
+        return len(held)
+
+    async def _receive(self, consumer: Consumer) -> None:
+        buffer, later = self.buffer, self.later
+        async for message in consumer:
+            now = trio.current_time()
+            held = Held(message, now)
+            cutoff = self.cutoff_ns
+            if cutoff is not None and message.timestamp > cutoff:
+                later.append(held)
+                continue
+            buffer.append(held)
+            self.last_arrival = now
+            waiter = self._arrived
+            if waiter is not None and (len(buffer) >= self._wanted or len(buffer) == 1):
+                waiter.set()
+            if len(buffer) == 1:
+                self._on_arrival()
+
+    def set_cutoff(self, cutoff_ns: int | None) -> None:
+        """Trigger.AvailableNow: only messages nsqd received up to ``cutoff_ns`` are taken."""
+        if cutoff_ns == self.cutoff_ns:
+            return
+        self.cutoff_ns = cutoff_ns
+        if cutoff_ns is None:
+            self.buffer.extend(self.later)
+            self.later.clear()
+            return
+        keep = [h for h in self.buffer if h.message.timestamp <= cutoff_ns]
+        self.later.extend(h for h in self.buffer if h.message.timestamp > cutoff_ns)
+        self.buffer.clear()
+        self.buffer.extend(keep)
+
+    # --- taking ---
+
+    def connected(self) -> set[str]:
+        return {address for c in self.consumers for address in c.connections}
+
+    async def wait_connected(self) -> None:
+        """Wait until one of the consumers has an nsqd connection."""
+        async with trio.open_nursery() as nursery:
+
+            async def one(consumer: Consumer) -> None:
+                await consumer.wait_connected()
+                nursery.cancel_scope.cancel()
+
+            for consumer in self.consumers:
+                nursery.start_soon(one, consumer)
+
+    async def take(self, limit: int | None, max_wait: float) -> list[Held]:
+        """Up to ``limit`` buffered messages (or all this slot may hold).
+
+        Returns at once when half of the slot's budget is buffered: the other half
+        then prefetches the next batch while this one is written, so a steady
+        stream never waits here.  Otherwise waits up to ``max_wait`` for more, and
+        returns early once deliveries pause.
+        """
+        capacity = self.capacity()
+        room = capacity - self.in_sets - len(self.later)
+        wanted = max(0, room if limit is None else min(limit, room))
+        enough = min(wanted, max(1, capacity // 2))
+        buffer = self.buffer
+        began = trio.current_time()
+        deadline = began + max_wait
+        self._wanted = enough
+        try:
+            while True:
+                held = len(buffer)
+                now = trio.current_time()
+                if held >= enough or now >= deadline:
+                    break
+                quiet_since = max(self.last_arrival, began)
+                if held and now - quiet_since >= QUIET:
+                    break
+                wake = deadline if not held else min(deadline, quiet_since + QUIET)
+                self._arrived = trio.Event()
+                with trio.move_on_at(wake):
+                    await self._arrived.wait()
+        finally:
+            self._arrived = None
+            self._wanted = math.inf
+        count = min(wanted, len(buffer))
+        taken = [buffer.popleft() for _ in range(count)]
+        self.in_sets += len(taken)
+        self.last_used = trio.current_time()
+        return taken

@@ -1,0 +1,616 @@
+"""The executor's agent: NSQ connections that outlive the tasks reading them.
+
+One agent process runs per Spark executor (per PySpark daemon, to be exact),
+started by the first task of an ``nsq`` query that runs there
+(``python -m trionsq.spark.agent``).  It serves:
+
+- the executor's tasks, on a Unix socket: a task asks for its partition's
+  messages and gets them as Arrow rows;
+- the other agents, on TCP: a task retried or speculated on another executor
+  replays the messages this agent handed to the first attempt;
+- and it keeps, per query, a link to the driver's coordinator: it announces
+  every read there (which decides *fresh* or *replay*), and hears there which
+  message sets to FIN (their batch was committed) or REQ.
+
+Messages stay un-FINed, TOUCHed before nsqd's timeout, until the coordinator
+says; if the coordinator goes away (the driver died, the query stopped) the
+agent requeues everything of that query and closes its connections.  The agent
+leaves when its executor does (the PySpark daemon's SIGHUP, or its anchor
+process gone), and on its own after a minute with no query.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+from typing import Any
+
+import httpx
+import trio
+
+from .. import __version__
+from ..lookupd import lookup
+from . import _framing as framing
+from ._executor import ExecutorIdentity, process_start_time
+from ._held import Held, to_ipc
+from ._link import Link, ReadError
+from ._options import SourceOptions
+from ._slot import NoConnectionError, Slot
+
+__all__ = ["Agent", "main"]
+
+log = logging.getLogger("trionsq.spark.agent")
+
+#: How often a link's peer hears from us, and how long silence means it is gone.
+TICK = 1.0
+LINK_TIMEOUT = 15.0
+#: A slot no task used for this long gives back its prefetched messages and closes.
+SLOT_IDLE = 30.0
+#: With no query for this long, the agent leaves.
+IDLE_EXIT = 60.0
+#: How long a stopping agent gives its connections to requeue and close.
+SHUTDOWN_GRACE = 3.0
+
+
+class QueryRun:
+    """One query's state on this agent: its coordinator link, slots and held sets."""
+
+    def __init__(
+        self, agent: Agent, token: str, coordinator: tuple[str, int], options: SourceOptions
+    ) -> None:
+        self.agent = agent
+        self.token = token
+        self.coordinator = coordinator
+        self.options = options
+        self.link: Link | None = None
+        self.slots: list[Slot] = []
+        #: set id -> (slot, messages)
+        self.sets: dict[int, tuple[Slot, list[Held]]] = {}
+        self.cutoff_ns: int | None = None
+        #: set to end the query here; ``finished`` once everything is released
+        self.ended = trio.Event()
+        self.finished = trio.Event()
+        self._ready = trio.Event()
+        self._error: str | None = None
+        self._nursery: trio.Nursery | None = None
+        self._status_due = trio.Event()
+        self._last_status = -1
+
+    # --- life ---
+
+    async def run(self) -> None:
+        """Link to the coordinator, then serve until it goes away or says stop."""
+        options = self.options
+        host, port = self.coordinator
+        try:
+            with trio.fail_after(options.connection.connect_timeout):
+                stream = await trio.open_tcp_stream(host, port)
+        except (OSError, trio.TooSlowError) as exc:
+            self._error = (
+                f"cannot reach the nsq source's coordinator on the driver at {host}:{port} "
+                f"within {options.connection.connect_timeout:g}s ({exc or 'timed out'}); "
+                "executors must reach it (options coordinator_host, coordinator_port)"
+            )
+            self._ready.set()
+            self.ended.set()
+            self.finished.set()
+            self.agent.queries.pop(self.token, None)
+            return
+        link = self.link = Link(stream)
+        try:
+            if await self._hello(link):
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._receive_loop, link)
+                    nursery.start_soon(self._status_loop, link)
+                    nursery.start_soon(self._touch_loop)
+                    nursery.start_soon(self._idle_slots_loop)
+                    self._ready.set()
+                    await self.ended.wait()
+                    with trio.move_on_after(SHUTDOWN_GRACE):
+                        await self._release_everything()
+                    nursery.cancel_scope.cancel()
+        finally:
+            link.fail_pending()
+            self._ready.set()
+            self.ended.set()
+            with trio.CancelScope(shield=True):
+                # Cancelled (the agent is leaving): REQs are queued, and go out if the
+                # connections live long enough; otherwise nsqd's timeout brings them back.
+                await self._requeue_sets()
+                await link.stream.aclose()
+            self.agent.queries.pop(self.token, None)
+            self.finished.set()
+
+    async def _hello(self, link: Link) -> bool:
+        """Introduce this agent to the coordinator; False (and why) if it refuses."""
+        identity = self.agent.identity
+        hello = {
+            "op": "hello",
+            "id": 0,
+            "token": self.token,
+            "agent": self.agent.id,
+            "executor": identity.executor_id,
+            "host": identity.host,
+            "cores": identity.cores,
+            "peer": [identity.host, self.agent.peer_port],
+            "pid": os.getpid(),
+        }
+        try:
+            with trio.fail_after(self.options.connection.connect_timeout):
+                await link.send(hello)
+                reply, _ = await link.receive()
+        except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
+            self._error = f"the nsq source's coordinator did not answer: {exc!r}"
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._error = f"the nsq source's coordinator closed the link: {exc!r}"
+            return False
+        if "error" in reply:
+            self._error = f"the nsq source's coordinator refused this executor: {reply['error']}"
+            return False
+        return True
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+        if self._error is not None:
+            raise ReadError(self._error)
+        if self.ended.is_set():
+            raise ReadError("the query's state on this executor was closed (query stopped?)")
+
+    async def _requeue_sets(self) -> int:
+        requeued = 0
+        for slot, held in list(self.sets.values()):
+            slot.in_sets -= len(held)
+            for item in held:
+                await item.message.requeue(0, backoff=False)
+            requeued += len(held)
+        self.sets.clear()
+        return requeued
+
+    async def _release_everything(self) -> int:
+        """REQ every message this query holds here, and close every slot (CLS)."""
+        requeued = await self._requeue_sets()
+        slots, self.slots = self.slots, []
+        for slot in slots:
+            requeued += await slot.requeue_unbatched()
+            await slot.close()
+        if requeued:
+            log.info("query %s: requeued %d message(s) held here", self.token[:8], requeued)
+        return requeued
+
+    # --- the coordinator link ---
+
+    async def _receive_loop(self, link: Link) -> None:
+        try:
+            while True:
+                with trio.fail_after(LINK_TIMEOUT):
+                    header, _ = await link.receive()
+                link.last_heard = trio.current_time()
+                if link.deliver(header):
+                    continue
+                op = header.get("op")
+                if op == "resolve":
+                    result = await self._resolve(header)
+                    await link.send({"re": header.get("id"), **result})
+                elif op == "stop":
+                    requeued = 0
+                    with trio.move_on_after(SHUTDOWN_GRACE):
+                        requeued = await self._release_everything()
+                    await link.send({"re": header.get("id"), "requeued": requeued})
+                    self.ended.set()
+                    return
+                elif op == "tick":
+                    continue
+                else:
+                    log.warning("coordinator sent an unknown operation %r", op)
+        except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
+            log.info("query %s: coordinator link ended (%r)", self.token[:8], exc)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            link.fail_pending()
+            self.ended.set()
+
+    async def _resolve(self, header: dict[str, Any]) -> dict[str, Any]:
+        finished = requeued = 0
+        for set_id in header.get("fin") or []:
+            entry = self.sets.pop(int(set_id), None)
+            if entry is None:
+                continue
+            slot, held = entry
+            slot.in_sets -= len(held)
+            for item in held:
+                await item.message.finish()
+            finished += len(held)
+        for set_id in header.get("req") or []:
+            entry = self.sets.pop(int(set_id), None)
+            if entry is None:
+                continue
+            slot, held = entry
+            slot.in_sets -= len(held)
+            for item in held:
+                await item.message.requeue(0, backoff=False)
+            requeued += len(held)
+        return {"finished": finished, "requeued": requeued}
+
+    def buffered(self) -> int:
+        return sum(len(slot.buffer) for slot in self.slots)
+
+    def status_changed(self) -> None:
+        self._status_due.set()
+
+    async def _status_loop(self, link: Link) -> None:
+        """Tell the coordinator how many messages wait here (it plans batches from it)."""
+        while True:
+            with trio.move_on_after(TICK):
+                await self._status_due.wait()
+            self._status_due = trio.Event()
+            await link.send({"op": "status", "buffered": self.buffered(), "slots": len(self.slots)})
+
+    async def _touch_loop(self) -> None:
+        """TOUCH what has been held for half of msg_timeout, so that nsqd keeps it ours."""
+        timeout = self.options.msg_timeout
+        while True:
+            await trio.sleep(timeout / 4)
+            now = trio.current_time()
+            groups: list[Any] = [held for _, held in self.sets.values()]
+            for slot in self.slots:
+                groups.extend((slot.buffer, slot.later))
+            due = [h for group in groups for h in group if now - h.touched >= timeout / 2]
+            for held in due:
+                held.touched = now
+                await held.message.touch()
+
+    async def _idle_slots_loop(self) -> None:
+        while True:
+            await trio.sleep(SLOT_IDLE / 4)
+            now = trio.current_time()
+            for slot in list(self.slots):
+                if not slot.busy and not slot.in_sets and now - slot.last_used > SLOT_IDLE:
+                    self.slots.remove(slot)
+                    count = await slot.requeue_unbatched()
+                    await slot.close()
+                    log.info(
+                        "query %s: closed idle slot %d (%d requeued)",
+                        self.token[:8],
+                        slot.index,
+                        count,
+                    )
+                    self.status_changed()
+
+    # --- reads ---
+
+    def _free_slot(self) -> Slot | None:
+        free = [s for s in self.slots if not s.busy]
+        # The fullest free slot: its messages have waited longest.
+        return max(free, key=lambda s: len(s.buffer), default=None)
+
+    async def _new_slot(self) -> Slot:
+        assert self._nursery is not None
+        identity = self.agent.identity
+        index = max((s.index for s in self.slots), default=-1) + 1
+        user_agent = (
+            f"trionsq/{__version__} spark-agent executor={identity.executor_id} "
+            f"pid={os.getpid()} slot={index}"
+        )
+        slot = Slot(index, self.options, user_agent, self.status_changed)
+        slot.set_cutoff(self.cutoff_ns)
+        await self._nursery.start(slot.run)
+        self.slots.append(slot)
+        return slot
+
+    async def read(self, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """Serve one task's read: ask the coordinator, then take, replay or fetch."""
+        await self.wait_ready()
+        link = self.link
+        assert link is not None
+        cutoff = request.get("cutoff")
+        if cutoff != self.cutoff_ns:
+            self.cutoff_ns = cutoff
+            for slot in self.slots:
+                slot.set_cutoff(cutoff)
+        decision = await link.request(
+            {
+                "op": "read",
+                "batch": request["batch"],
+                "partition": request["partition"],
+                "stage": request["stage"],
+                "attempt": request["attempt"],
+                "task": request["task"],
+            }
+        )
+        set_id = int(decision["set"])
+        topic = self.options.topic
+        if not decision["fresh"]:
+            if decision["holder"] == self.agent.id:
+                entry = self.sets.get(set_id)
+                if entry is None:
+                    raise ReadError(f"message set {set_id} is no longer held here")
+                return {"rows": len(entry[1]), "set": set_id, "replayed": True}, to_ipc(
+                    topic, entry[1]
+                )
+            return await self._fetch(decision, set_id)
+        try:
+            held = await self._take(request.get("limit"))
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                try:
+                    await link.send({"op": "void", "set": set_id})
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            if isinstance(exc, NoConnectionError):
+                raise ReadError(await self._unreachable_reason()) from None
+            raise
+        slot, taken = held
+        self.sets[set_id] = (slot, taken)
+        await link.send({"op": "ready", "set": set_id, "count": len(taken)})
+        self.status_changed()
+        return {"rows": len(taken), "set": set_id, "replayed": False}, to_ipc(topic, taken)
+
+    async def _take(self, limit: int | None) -> tuple[Slot, list[Held]]:
+        slot = self._free_slot()
+        if slot is None:
+            slot = await self._new_slot()
+        slot.busy = True
+        try:
+            with trio.move_on_after(self.options.connection.connect_timeout):
+                await slot.wait_connected()
+            if not slot.connected():
+                raise NoConnectionError("no nsqd connection")
+            taken = await slot.take(limit, self.options.max_batch_wait)
+            lost = {h.message.address for h in taken} - slot.connected()
+            if lost:
+                slot.in_sets -= len(taken)
+                for item in taken:
+                    await item.message.requeue(0, backoff=False)
+                raise ReadError(
+                    f"lost the connection to nsqd {', '.join(sorted(lost))} while reading "
+                    "this partition; its messages come again (Spark retries the task)"
+                )
+            return slot, taken
+        finally:
+            slot.busy = False
+            slot.last_used = trio.current_time()
+
+    async def _unreachable_reason(self) -> str:
+        """Why no nsqd could be reached, one line, by asking each address directly."""
+        connection = self.options.connection
+        timeout = connection.connect_timeout
+        reasons: list[str] = []
+        for address in connection.nsqd_tcp_addresses:
+            host, _, port = address.rpartition(":")
+            try:
+                with trio.fail_after(timeout):
+                    stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+                await stream.aclose()
+                reasons.append(f"nsqd {address}: reachable, but the handshake or SUB failed")
+            except (OSError, trio.TooSlowError) as exc:
+                reasons.append(f"nsqd {address}: {exc or 'timed out'}")
+        if connection.lookupd_http_addresses:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                for address in connection.lookupd_http_addresses:
+                    try:
+                        found = await lookup(client, address, self.options.topic)
+                        reasons.append(
+                            f"lookupd {address}: {len(found)} nsqd(s) for topic "
+                            f"{self.options.topic!r}"
+                        )
+                    except (httpx.HTTPError, ValueError) as exc:
+                        reasons.append(f"lookupd {address}: {exc}")
+        return (
+            f"no nsqd connection for {self.options.topic}/{self.options.channel} after "
+            f"{timeout:g}s: " + "; ".join(reasons)
+        )
+
+    async def _fetch(self, decision: dict[str, Any], set_id: int) -> tuple[dict[str, Any], bytes]:
+        """Replay a set another executor's agent holds (a retried or speculated task)."""
+        host, port = decision["peer"]
+        try:
+            with trio.fail_after(self.options.connection.connect_timeout + 30):
+                stream = await trio.open_tcp_stream(host, int(port))
+                async with stream:
+                    await framing.send(stream, {"op": "fetch", "token": self.token, "set": set_id})
+                    header, payload = await framing.receive(stream)
+        except (OSError, EOFError, framing.FramingError, trio.TooSlowError) as exc:
+            raise ReadError(
+                f"cannot replay message set {set_id} from the agent at {host}:{port}: {exc}"
+            ) from None
+        if "error" in header:
+            raise ReadError(str(header["error"]))
+        return {"rows": header.get("rows", 0), "set": set_id, "replayed": True}, payload
+
+    def serve_fetch(self, set_id: int) -> tuple[dict[str, Any], bytes]:
+        entry = self.sets.get(set_id)
+        if entry is None:
+            return {"error": f"message set {set_id} is not held by {self.agent.id}"}, b""
+        return {"rows": len(entry[1])}, to_ipc(self.options.topic, entry[1])
+
+
+class Agent:
+    """The agent process (see the module docstring)."""
+
+    def __init__(self, identity: ExecutorIdentity, socket_path: str, anchor_start: int | None):
+        self.identity = identity
+        self.socket_path = socket_path
+        self.anchor_start = anchor_start
+        self.id = f"{identity.executor_id}/{identity.host}/{os.getpid()}"
+        self.queries: dict[str, QueryRun] = {}
+        self.peer_port = 0
+        self._nursery: trio.Nursery | None = None
+        self._leave = trio.Event()
+
+    async def main(self) -> None:
+        unix = _bind_unix(self.socket_path)
+        try:
+            peers = await trio.open_tcp_listeners(0, host=self.identity.host)
+            self.peer_port = peers[0].socket.getsockname()[1]
+            log.info(
+                "agent %s: tasks on %s, peers on port %d", self.id, self.socket_path, self.peer_port
+            )
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                tasks = [trio.SocketListener(trio.socket.from_stdlib_socket(unix))]
+                nursery.start_soon(trio.serve_listeners, self._serve_task, tasks)
+                nursery.start_soon(trio.serve_listeners, self._serve_peer, peers)
+                nursery.start_soon(self._watchdog)
+                nursery.start_soon(self._signals)
+                await self._leave.wait()
+                # Each query requeues what it holds and closes its connections (CLS).
+                for run in list(self.queries.values()):
+                    run.ended.set()
+                with trio.move_on_after(SHUTDOWN_GRACE + 1):
+                    for run in list(self.queries.values()):
+                        await run.finished.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+
+    async def _signals(self) -> None:
+        # The PySpark daemon sends its process group SIGHUP when the executor stops.
+        with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("agent %s: signal %d, leaving", self.id, signum)
+                self._leave.set()
+                return
+
+    async def _watchdog(self) -> None:
+        """Leave with the executor (anchor gone) or after a while with nothing to do."""
+        anchor = self.identity.anchor_pid
+        last_busy = trio.current_time()
+        while True:
+            await trio.sleep(1.0)
+            if not _alive(anchor, self.anchor_start):
+                log.info("agent %s: process %d is gone, leaving", self.id, anchor)
+                self._leave.set()
+                return
+            now = trio.current_time()
+            if self.queries:
+                last_busy = now
+            elif now - last_busy > IDLE_EXIT:
+                log.info("agent %s: no query for %.0fs, leaving", self.id, IDLE_EXIT)
+                self._leave.set()
+                return
+
+    async def _query(
+        self, token: str, coordinator: tuple[str, int], options: SourceOptions
+    ) -> QueryRun:
+        run = self.queries.get(token)
+        if run is None:
+            assert self._nursery is not None
+            run = self.queries[token] = QueryRun(self, token, coordinator, options)
+            self._nursery.start_soon(run.run)
+        return run
+
+    async def _serve_task(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                header, payload = await framing.receive(stream)
+            except (EOFError, OSError, framing.FramingError, trio.BrokenResourceError):
+                return
+            reply: dict[str, Any]
+            try:
+                if header.get("op") != "read":
+                    raise ReadError(f"unknown operation {header.get('op')!r}")
+                options = pickle.loads(payload)
+                if not isinstance(options, SourceOptions):
+                    raise ReadError("the read request carries no source options")
+                host, port = header["coordinator"]
+                run = await self._query(str(header["token"]), (str(host), int(port)), options)
+                reply, data = await run.read(header)
+            except ReadError as exc:
+                reply, data = {"error": str(exc)}, b""
+            except Exception as exc:  # one task's failure must not end the agent
+                log.exception("read failed")
+                reply, data = {"error": f"{type(exc).__name__}: {exc}"}, b""
+            try:
+                await framing.send(stream, reply, data)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                log.info("a task left before its rows were sent")
+
+    async def _serve_peer(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                with trio.fail_after(30):
+                    header, _ = await framing.receive(stream)
+            except (
+                EOFError,
+                OSError,
+                framing.FramingError,
+                trio.TooSlowError,
+                trio.BrokenResourceError,
+            ):
+                return
+            run = self.queries.get(str(header.get("token")))
+            if header.get("op") != "fetch" or run is None:
+                reply, data = {"error": f"{self.id} holds nothing of that query"}, b""
+            else:
+                reply, data = run.serve_fetch(int(header.get("set", -1)))
+            try:
+                await framing.send(stream, reply, data)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start is None or process_start_time(pid) in (None, start)
+
+
+def _bind_unix(path: str) -> socket.socket:
+    """Bind the task socket; a stale file (its agent died) is replaced, a live agent wins."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody answers: a dead agent's file
+            sock.bind(path)
+        else:
+            probe.close()
+            sock.close()
+            raise SystemExit(0) from None  # another agent serves this executor
+    os.chmod(path, 0o600)
+    sock.listen(256)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trionsq.spark.agent")
+    parser.add_argument("--socket", required=True, help="the Unix socket tasks connect to")
+    parser.add_argument("--identity", required=True, help="the executor (JSON, see _executor)")
+    parser.add_argument("--anchor-start", type=int, default=None)
+    args = parser.parse_args(argv)
+    level = os.environ.get("TRIONSQ_SPARK_AGENT_LOG", "WARNING").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.WARNING),
+        format="%(asctime)s trionsq-spark-agent[%(process)d] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    identity = ExecutorIdentity(**json.loads(args.identity))
+    agent = Agent(identity, args.socket, args.anchor_start)
+    trio.run(agent.main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The driver side of the ``nsq`` source: plans batches, carries no message.
+
+Runs in the process Spark runs the source's driver half in, on a Trio thread,
+as a small TCP server.  The executors' agents connect to it (one link per agent
+and query), tell it how many messages wait in their prefetch buffers, and ask it
+how to serve every read (:mod:`._ledger`).  Spark's calls map onto it:
+
+- ``latestOffset(start)``: the batches up to ``start`` are committed, so their
+  message sets are FINed (told to their agents); then a batch is planned if an
+  agent holds messages (or none is known yet: the first batch finds them);
+- ``partitions``: one partition per executor core the agents reported (or the
+  ``num_partitions`` option), each naming this server and the batch;
+- ``stop()``: every agent requeues what it holds for the query and closes its
+  connections to nsqd.
+
+Offsets are ``{"batch": n}``: NSQ has no positions, so an offset only counts
+micro-batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from . import _framing as framing
+from ._ledger import LateReadError, Ledger, SetState
+from ._link import Link, ReadError
+from ._options import SourceOptions
+
+__all__ = ["Coordinator", "default_host"]
+
+log = logging.getLogger("trionsq.spark")
+
+#: Agents hear from the coordinator at least this often (their link times out
+#: after agent.LINK_TIMEOUT of silence).
+TICK = 1.0
+LINK_TIMEOUT = 15.0
+#: How long committing or stopping waits for the agents' acknowledgements.
+ACK_TIMEOUT = 10.0
+
+
+def default_host() -> str:
+    """The address executors reach this driver at: Spark's own choice if it was
+    given (``SPARK_LOCAL_IP``, ``SPARK_LOCAL_HOSTNAME``), else this host's address
+    on its default route, else loopback."""
+    import os
+
+    for name in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME"):
+        value = os.environ.get(name)
+        if value:
+            return value
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        # No packet is sent: connecting a UDP socket only picks the route.
+        probe.connect(("192.0.2.1", 9))
+        address: str = probe.getsockname()[0]
+        return address
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+@dataclass(slots=True)
+class AgentInfo:
+    id: str
+    executor: str
+    host: str
+    cores: int
+    peer: tuple[str, int]
+    link: Link
+    pid: int = 0
+    buffered: int = 0
+    slots: int = 0
+    reads: int = 0
+    finished: int = 0
+    requeued: int = 0
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    partitions: int
+    limit: int | None
+
+
+@dataclass(slots=True)
+class CoordinatorStats:
+    """What the coordinator knows (for tests, the benchmark and logs)."""
+
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    finished: int = 0
+    requeued: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+class Coordinator:
+    """The TCP server agents link to, and the bookkeeping behind Spark's calls."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.token = secrets.token_hex(16)
+        self.ledger = Ledger()
+        self.agents: dict[str, AgentInfo] = {}
+        self.address: tuple[str, int] | None = None
+        self.plans: dict[int, BatchPlan] = {}
+        self.stats = CoordinatorStats()
+        self._data = trio.Event()
+        self._changes: dict[int, trio.Event] = {}
+        self._stopped = False
+
+    # --- serving ---
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        host = self.options.coordinator_host or default_host()
+        listeners = await trio.open_tcp_listeners(self.options.coordinator_port, host=host)
+        port = listeners[0].socket.getsockname()[1]
+        self.address = (host, port)
+        log.info("nsq source coordinator on %s:%d", host, port)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+            nursery.start_soon(self._tick)
+            task_status.started(self.address)
+
+    async def _tick(self) -> None:
+        while True:
+            await trio.sleep(TICK)
+            for agent in list(self.agents.values()):
+                try:
+                    await agent.link.send({"op": "tick"})
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        link = Link(stream)
+        agent: AgentInfo | None = None
+        try:
+            async with stream:
+                agent = await self._hello(link)
+                if agent is None:
+                    return
+                async with trio.open_nursery() as nursery:
+                    await self._receive(agent, nursery)
+                    nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            link.fail_pending()
+            if agent is not None:
+                self._agent_lost(agent)
+
+    async def _hello(self, link: Link) -> AgentInfo | None:
+        try:
+            with trio.fail_after(LINK_TIMEOUT):
+                header, _ = await link.receive()
+        except (EOFError, OSError, framing.FramingError, trio.TooSlowError):
+            return None
+        if header.get("op") != "hello" or header.get("token") != self.token:
+            await link.send({"re": header.get("id"), "error": "not this query's agent"})
+            return None
+        if self._stopped:
+            await link.send({"re": header.get("id"), "error": "the query is stopping"})
+            return None
+        peer = header.get("peer") or ["", 0]
+        agent = AgentInfo(
+            id=str(header["agent"]),
+            executor=str(header.get("executor", "?")),
+            host=str(header.get("host", "?")),
+            cores=max(1, int(header.get("cores", 1))),
+            peer=(str(peer[0]), int(peer[1])),
+            link=link,
+            pid=int(header.get("pid", 0)),
+        )
+        self.agents[agent.id] = agent
+        self.ledger.agent_joined(agent.id)
+        log.info("nsq source: agent %s (executor %s) linked", agent.id, agent.executor)
+        await link.send({"re": header.get("id"), "ok": True})
+        return agent
+
+    async def _receive(self, agent: AgentInfo, nursery: trio.Nursery) -> None:
+        link = agent.link
+        try:
+            while True:
+                with trio.fail_after(LINK_TIMEOUT):
+                    header, _ = await link.receive()
+                if not link.deliver(header):
+                    self._dispatch(agent, header, nursery)
+        except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
+            log.info("nsq source: agent %s gone (%r)", agent.id, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    def _agent_lost(self, agent: AgentInfo) -> None:
+        if self.agents.get(agent.id) is agent:
+            del self.agents[agent.id]
+        for set_id in self.ledger.agent_lost(agent.id):
+            self._changed(set_id)
+
+    def _changed(self, set_id: int) -> None:
+        event = self._changes.pop(set_id, None)
+        if event is not None:
+            event.set()
+
+    def _dispatch(self, agent: AgentInfo, header: dict[str, Any], nursery: trio.Nursery) -> None:
+        op = header.get("op")
+        if op == "status":
+            agent.buffered = int(header.get("buffered", 0))
+            agent.slots = int(header.get("slots", 0))
+            if agent.buffered > 0:
+                self._data.set()
+        elif op == "read":
+            agent.reads += 1
+            nursery.start_soon(self._decide, agent, header)
+        elif op == "ready":
+            self.ledger.set_ready(int(header["set"]), int(header.get("count", 0)))
+            self._changed(int(header["set"]))
+        elif op == "void":
+            self.ledger.set_void(int(header["set"]))
+            self._changed(int(header["set"]))
+        else:
+            log.warning("nsq source: agent %s sent an unknown operation %r", agent.id, op)
+
+    async def _decide(self, agent: AgentInfo, header: dict[str, Any]) -> None:
+        """Answer a read: fresh, or replay the partition's live set (once it is ready)."""
+        batch, partition = int(header["batch"]), int(header["partition"])
+        reply: dict[str, Any]
+        while True:
+            live = self.ledger.live_set(batch, partition)
+            if live is not None and live.state is SetState.TAKING:
+                # Another attempt is taking it right now: replay it once complete.
+                event = self._changes.setdefault(live.id, trio.Event())
+                await event.wait()
+                continue
+            try:
+                decision = self.ledger.start_read(
+                    batch,
+                    partition,
+                    int(header.get("stage", 0)),
+                    int(header.get("attempt", 0)),
+                    int(header.get("task", 0)),
+                    agent.id,
+                )
+            except LateReadError as exc:
+                reply = {"error": f"{exc}: this task's rows are not used"}
+                break
+            except KeyError:
+                reply = {"error": "this executor's agent is not linked any more"}
+                break
+            holder = self.agents.get(decision.holder)
+            reply = {
+                "fresh": decision.fresh,
+                "set": decision.set_id,
+                "holder": decision.holder,
+                "peer": list(holder.peer) if holder is not None else None,
+            }
+            break
+        try:
+            await agent.link.send({"re": header.get("id"), **reply})
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    # --- Spark's calls ---
+
+    def buffered(self) -> int:
+        return sum(a.buffered for a in self.agents.values())
+
+    def partition_count(self) -> int:
+        """``num_partitions``, else one per executor core the agents reported."""
+        if self.options.num_partitions is not None:
+            return self.options.num_partitions
+        cores: dict[tuple[str, str], int] = {}
+        for agent in self.agents.values():
+            if agent.executor == "driver":
+                # Local mode: the JVM does not say how many task slots it has; count
+                # the slots its agent needed (tasks that ran at once), at least 2.
+                slots = max(2, agent.slots)
+            else:
+                slots = agent.cores
+            key = (agent.executor, agent.host)
+            cores[key] = max(cores.get(key, 0), slots)
+        if not cores:
+            return max(2, len(self.options.connection.nsqd_tcp_addresses))
+        return max(1, sum(cores.values()))
+
+    async def latest(self, start: int, per_trigger: int | None) -> int:
+        """Commit through ``start``, then the end of the next batch (``start``: none)."""
+        await self.commit(start)
+        if self.agents and self.buffered() == 0:
+            self._data = trio.Event()
+            with trio.move_on_after(self.options.max_batch_wait):
+                await self._data.wait()
+            if self.buffered() == 0:
+                return start
+        # Messages wait on some executor, or no agent is known yet (the first batch
+        # starts them; it reads what arrives within max_batch_wait).
+        partitions = self.partition_count()
+        limit = math.ceil(per_trigger / partitions) if per_trigger is not None else None
+        self.plans[start + 1] = BatchPlan(partitions, limit)
+        return start + 1
+
+    def plan(self, batch: int) -> BatchPlan:
+        """How batch ``batch`` is read (planned now if an earlier run planned it)."""
+        plan = self.plans.pop(batch, None)
+        for old in [b for b in self.plans if b < batch]:
+            del self.plans[old]
+        if plan is None:
+            per_trigger = self.options.max_messages_per_trigger
+            partitions = self.partition_count()
+            limit = math.ceil(per_trigger / partitions) if per_trigger is not None else None
+            plan = BatchPlan(partitions, limit)
+        return plan
+
+    async def commit(self, through: int) -> None:
+        """The batches up to ``through`` are committed: FIN the sets they used."""
+        if through <= self.ledger.resolved_through:
+            return
+        resolution = self.ledger.resolve(through)
+        for warning in resolution.warnings:
+            log.warning("nsq source %s/%s: %s", self.options.topic, self.options.channel, warning)
+            self.stats.warnings.append(warning)
+        agents = resolution.agents
+        if not agents:
+            return
+        async with trio.open_nursery() as nursery:
+            for agent_id in agents:
+                agent = self.agents.get(agent_id)
+                if agent is None:
+                    continue
+                header = {
+                    "op": "resolve",
+                    "fin": resolution.fin.get(agent_id, []),
+                    "req": resolution.req.get(agent_id, []),
+                }
+                nursery.start_soon(self._tell, agent, header)
+
+    async def _tell(self, agent: AgentInfo, header: dict[str, Any]) -> None:
+        try:
+            reply = await agent.link.request(header, patience=ACK_TIMEOUT)
+        except (OSError, ConnectionError, ReadError, trio.TooSlowError) as exc:
+            log.warning("nsq source: agent %s did not answer %s: %r", agent.id, header["op"], exc)
+            return
+        finished = int(reply.get("finished", 0))
+        requeued = int(reply.get("requeued", 0))
+        agent.finished += finished
+        agent.requeued += requeued
+        self.stats.finished += finished
+        self.stats.requeued += requeued
+
+    async def stop(self) -> None:
+        """Every agent requeues what it holds of this query and closes its connections."""
+        self._stopped = True
+        self.ledger.release_all()
+        async with trio.open_nursery() as nursery:
+            for agent in list(self.agents.values()):
+                nursery.start_soon(self._tell, agent, {"op": "stop"})
+
+    def snapshot(self) -> CoordinatorStats:
+        self.stats.agents = {
+            a.id: {
+                "executor": a.executor,
+                "host": a.host,
+                "pid": a.pid,
+                "cores": a.cores,
+                "slots": a.slots,
+                "buffered": a.buffered,
+                "reads": a.reads,
+                "finished": a.finished,
+                "requeued": a.requeued,
+            }
+            for a in self.agents.values()
+        }
+        return self.stats
