@@ -1,221 +1,417 @@
-"""NSQ into Parquet with Spark (local[2]), against a same-run baseline with no NSQ.
+"""NSQ to Parquet with Spark, against Go's ``nsq_to_file``, on real nsqds, in one run.
 
-The NSQ run: N messages of 100 bytes wait in a fakensq nsqd (a thread of this
-process); a query reads them with ``format("nsq")`` (trigger availableNow, 2500
-messages per trigger: nsqd's default RDY budget) and writes Parquet.  Its time
-covers everything from ``start()`` to the end of the query: connecting, every
-micro-batch, every FIN, and the idle wait that tells the source the channel is
-drained.
+The load: ``--nsqds`` real nsqd v1.3.0 at their default settings, each prefilled
+with ``--messages`` 100-byte messages (each different) on topic ``bench``,
+channel ``archive``.  Every contender drains the same nsqds, refilled before
+each turn:
 
-The baseline: the same query over a Python streaming data source with no NSQ
-behind it, producing the same N rows (same schema, same bodies, same partition
-class and Arrow conversion, same rows per trigger) from memory.  The ratio is what
-NSQ delivery and at-least-once bookkeeping cost over Spark's own per-batch work.
+- **Go ``nsq_to_file``** ``--max-in-flight=2500``: timed from its start until its
+  output files hold every message (``nsq_to_file`` FINs after an fsync, and the
+  last partial batch waits for its 30 s sync interval: the time the data is in
+  its files is the fair figure);
+- **Spark ``format("nsq")``** to Parquet, ``Trigger.AvailableNow``, with nothing
+  but topic, channel and addresses set, on ``--master`` (default
+  ``local-cluster[2,1,1024]``: two executor processes of one core each): timed
+  from ``start()`` until the query has committed every batch, with the time to
+  the first committed batch (executors' Python workers and agents starting,
+  connecting) and the steady rate after it reported apart.  The Spark session
+  and its executors are up before the clock starts (a warm-up job runs first).
 
-    python benchmarks/bench_spark.py [--messages N] [--rounds R] [--per-trigger M]
+Every run is checked: the Parquet output holds every message exactly once, each
+nsqd's channel is drained with nothing in flight, and every subscribing
+connection nsqd saw came from an executor's agent (``user_agent`` names its
+executor and pid, and no pid is the driver's).  The per-executor rates come from
+nsqd's ``/stats`` (FINs per client), sampled during the run.
+
+``--scaling`` adds the same Spark query on ``local-cluster[1,1,1024]`` and
+``local-cluster[3,1,1024]`` (one and three executors of one core each).
+
+    python benchmarks/bench_spark.py [--messages 200000] [--nsqds 3] [--rounds 1]
+        [--master 'local-cluster[2,1,1024]'] [--scaling] [--json results.json]
+
+The real binaries come from ``NSQ_BIN`` or ``shared/reference/nsq-bin`` above the
+checkout (see ``tests/reference.py``); without them the script says so and stops.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import json
+import os
+import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trio
-from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
+import httpx
 
-import trionsq
-from fakensq import NSQD
-from fakensq.threaded import BackgroundNode
-from trionsq.spark import SCHEMA, NSQDataSource, NSQInputPartition
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-BODY = b"x" * 100
-PER_TRIGGER = 2500
-PARTITIONS = 2
+from tests import reference  # noqa: E402
+
+TOPIC = "bench"
+CHANNEL = "archive"
+BODY_SIZE = 100
+GO_IN_FLIGHT = 2500
+RUN_LIMIT = 900.0
+_USER_AGENT = re.compile(r"spark-agent executor=(\S+) pid=(\d+)")
 
 
-class MemoryReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The baseline: ``total`` rows like the nsq source's, made up on the spot."""
+@dataclass
+class Result:
+    name: str
+    messages: int
+    seconds: float
+    #: Spark only: time to the first committed batch, and the rate after it
+    first_batch_seconds: float | None = None
+    steady_rate: float | None = None
+    batches: int = 0
+    #: executor id -> messages FINed
+    per_executor: dict[str, int] = field(default_factory=dict)
+    cores: str = ""
 
-    def __init__(self, total: int, per_trigger: int) -> None:
-        self.total = total
-        self.per_trigger = per_trigger
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
 
-    def initialOffset(self) -> dict[str, Any]:
-        return {"seq": 0}
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.per_trigger)
+def body(nsqd: int, index: int) -> bytes:
+    return (b"%02d:%08d:" % (nsqd, index)).ljust(BODY_SIZE, b"x")
 
-    def prepareForTriggerAvailableNow(self) -> None:
-        pass
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.total
-        return {"seq": min(self.total, start["seq"] + rows)}
+def prefill(daemons: list[reference.RealDaemon], count: int) -> None:
+    with httpx.Client(timeout=60) as client:
+        for n, daemon in enumerate(daemons):
+            url = f"http://{daemon.http_address}"
+            client.post(f"{url}/channel/create", params={"topic": TOPIC, "channel": CHANNEL})
+            for start in range(0, count, 10_000):
+                stop = min(count, start + 10_000)
+                data = b"\n".join(body(n, i) for i in range(start, stop))
+                response = client.post(f"{url}/mpub", params={"topic": TOPIC}, content=data)
+                response.raise_for_status()
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        first, last = start["seq"], end["seq"]
-        now = time.time_ns()
-        bounds = [first + (last - first) * i // PARTITIONS for i in range(PARTITIONS + 1)]
-        return [
-            NSQInputPartition(
-                "bench",
-                [BODY] * (b - a),
-                [f"{i:016x}" for i in range(a, b)],
-                [now] * (b - a),
-                [1] * (b - a),
-                ["127.0.0.1:4150"] * (b - a),
-            )
-            for a, b in itertools.pairwise(bounds)
-            if b > a
+
+def channel_stats(daemon: reference.RealDaemon) -> dict[str, Any]:
+    stats = httpx.get(f"http://{daemon.http_address}/stats?format=json", timeout=10).json()
+    for topic in stats["topics"]:
+        if topic["topic_name"] == TOPIC:
+            for channel in topic["channels"]:
+                if channel["channel_name"] == CHANNEL:
+                    return dict(channel)
+    return {}
+
+
+def check_drained(daemons: list[reference.RealDaemon], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        left = [
+            (channel_stats(d).get("depth"), channel_stats(d).get("in_flight_count"))
+            for d in daemons
         ]
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, NSQInputPartition)
-        yield partition.to_arrow()
-
-
-class MemorySource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "bench_memory"
-
-    def schema(self) -> StructType:
-        return SCHEMA
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MemoryReader(int(self.options["rows"]), int(self.options["per_trigger"]))
+        if all(pair == (0, 0) for pair in left):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: nsqd not drained: (depth, in flight) = {left}")
+        time.sleep(0.1)
 
 
-def session() -> SparkSession:
+# --- Go ----------------------------------------------------------------------------
+
+
+def run_go(daemons: list[reference.RealDaemon], total: int) -> Result:
+    out = Path(tempfile.mkdtemp(prefix="bench-go-"))
+    binary = reference.binary("nsq_to_file")
+    assert binary is not None
+    argv = [
+        str(binary),
+        f"--topic={TOPIC}",
+        f"--channel={CHANNEL}",
+        f"--max-in-flight={GO_IN_FLIGHT}",
+        f"--output-dir={out}",
+        "--log-level=warn",
+        *[f"--nsqd-tcp-address={d.tcp_address}" for d in daemons],
+    ]
+
+    def lines() -> int:
+        count = 0
+        for path in out.iterdir():
+            with path.open("rb") as f:
+                count += sum(chunk.count(b"\n") for chunk in iter(lambda f=f: f.read(1 << 20), b""))
+        return count
+
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while lines() < total:
+            if time.perf_counter() - started > RUN_LIMIT:
+                raise TimeoutError("nsq_to_file did not finish")
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        written = lines()
+        assert written == total, f"nsq_to_file wrote {written} lines, expected {total}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        shutil.rmtree(out, ignore_errors=True)
+    # Its last partial batch is FINed at the next sync; requeued at its exit.  Drain
+    # what is left so that the next contender starts from empty channels.
+    _drain_leftovers(daemons)
+    return Result("Go nsq_to_file", total, elapsed, cores="any")
+
+
+def _drain_leftovers(daemons: list[reference.RealDaemon]) -> None:
+    for daemon in daemons:
+        httpx.post(
+            f"http://{daemon.http_address}/channel/empty",
+            params={"topic": TOPIC, "channel": CHANNEL},
+            timeout=10,
+        )
+
+
+# --- Spark -------------------------------------------------------------------------
+
+
+class ClientSampler:
+    """Samples nsqd's client list: FINs per executor, and who subscribed."""
+
+    def __init__(self, daemons: list[reference.RealDaemon]) -> None:
+        self.daemons = daemons
+        self.finished: dict[tuple[str, str], int] = {}
+        self.user_agents: set[str] = set()
+        self._agents: dict[tuple[str, str], str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ClientSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self.sample()
+
+    def sample(self) -> None:
+        for daemon in self.daemons:
+            try:
+                channel = channel_stats(daemon)
+            except httpx.HTTPError:
+                continue
+            for client in channel.get("clients", []):
+                key = (daemon.tcp_address, client["remote_address"])
+                self.user_agents.add(client["user_agent"])
+                self.finished[key] = max(self.finished.get(key, 0), client["finish_count"])
+                self._agents[key] = client["user_agent"]
+
+    def per_executor(self) -> dict[str, int]:
+        totals: dict[str, int] = defaultdict(int)
+        for key, count in self.finished.items():
+            agent = self._agents.get(key)
+            if agent is None:
+                continue
+            match = _USER_AGENT.search(agent)
+            totals[match.group(1) if match else agent] += count
+        return dict(totals)
+
+    def pids(self) -> set[int]:
+        return {int(m.group(2)) for ua in self.user_agents if (m := _USER_AGENT.search(ua))}
+
+
+def spark_session(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    from trionsq.spark import NSQDataSource
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName("bench-spark")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", str(ROOT)))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(NSQDataSource)
-    spark.dataSource.register(MemorySource)
+    # Executors up, Python workers forked, before any clock starts.
+    executors = _executor_count(master)
+    spark.sparkContext.parallelize(range(executors * 4), executors * 4).map(lambda x: x).count()
     return spark
 
 
-def publish(address: str, count: int) -> None:
-    async def main() -> None:
-        async with trionsq.Producer(nsqd_tcp_addresses=[address]) as producer:
-            for start in range(0, count, 1000):
-                await producer.multi_publish("bench", [BODY] * min(1000, count - start))
-
-    trio.run(main)
+def _executor_count(master: str) -> int:
+    match = re.match(r"local-cluster\[(\d+),", master)
+    return int(match.group(1)) if match else 1
 
 
-def run_query(spark: SparkSession, reader: Any, rows: int) -> tuple[float, float]:
-    """Run to completion into fresh Parquet; (wall-clock rows/s, rows/s within batches)."""
+def _driver_pids(spark: Any) -> set[int]:
+    jvm = spark.sparkContext._jvm
+    return {os.getpid(), int(jvm.java.lang.ProcessHandle.current().pid())}
+
+
+def run_spark(spark: Any, master: str, daemons: list[reference.RealDaemon], total: int) -> Result:
     tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:
-        start = time.perf_counter()
-        query = (
-            reader.load()
-            .writeStream.format("parquet")
-            .option("checkpointLocation", str(tmp / "checkpoint"))
-            .trigger(availableNow=True)
-            .start(str(tmp / "out"))
+        with ClientSampler(daemons) as sampler:
+            started = time.perf_counter()
+            query = (
+                spark.readStream.format("nsq")
+                .option("topic", TOPIC)
+                .option("channel", CHANNEL)
+                .option("nsqd_tcp_addresses", ",".join(d.tcp_address for d in daemons))
+                .load()
+                .writeStream.format("parquet")
+                .option("checkpointLocation", str(tmp / "checkpoint"))
+                .trigger(availableNow=True)
+                .start(str(tmp / "out"))
+            )
+            first_commit: float | None = None
+            while query.isActive:
+                if first_commit is None and any(p["numInputRows"] for p in query.recentProgress):
+                    first_commit = time.perf_counter()
+                if time.perf_counter() - started > RUN_LIMIT:
+                    query.stop()
+                    raise TimeoutError("the Spark query did not finish")
+                time.sleep(0.02)
+            query.awaitTermination()
+            elapsed = time.perf_counter() - started
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+        read = sum(p["numInputRows"] for p in progress)
+        assert read == total, f"the query read {read} rows, expected {total}"
+        rows = spark.read.parquet(str(tmp / "out"))
+        written = rows.count()
+        distinct = rows.select("body").distinct().count()
+        assert written == distinct == total, (
+            f"{written} rows, {distinct} distinct, expected {total}"
         )
-        query.awaitTermination()
-        elapsed = time.perf_counter() - start
-        progress = query.recentProgress
-        got = sum(p["numInputRows"] for p in progress)
-        assert got == rows, f"read {got} rows, expected {rows}"
-        busy = sum(p["durationMs"]["triggerExecution"] for p in progress if p["numInputRows"])
-        written = spark.read.parquet(str(tmp / "out")).count()
-        assert written == rows, f"wrote {written} rows, expected {rows}"
-        return rows / elapsed, rows / (busy / 1000)
+        check_drained(daemons, "spark")
+        driver = _driver_pids(spark)
+        executors = sampler.pids()
+        assert executors and not executors & driver, (
+            f"subscribers' pids {executors} include the driver's {driver}"
+        )
+        assert all("spark-agent" in ua for ua in sampler.user_agents), sampler.user_agents
+        first_seconds = (first_commit or started) - started
+        rest = sum(p["numInputRows"] for p in progress[1:])
+        steady = rest / (elapsed - first_seconds) if rest and elapsed > first_seconds else None
+        return Result(
+            f"Spark format('nsq'), {master}",
+            total,
+            elapsed,
+            first_batch_seconds=first_seconds,
+            steady_rate=steady,
+            batches=len(progress),
+            per_executor=sampler.per_executor(),
+            cores=master,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# --- main --------------------------------------------------------------------------
+
+
+def report(rounds: list[dict[str, Result]], baseline: str) -> None:
+    names = list(rounds[0])
+    header = f"{'contender':<52} {'msg/s':>9} {'ratio':>6} {'first batch':>12}"
+    print(f"\n{header} {'steady msg/s':>13} {'s. ratio':>9}")
+    for name in names:
+        rates = [r[name].rate / r[baseline].rate for r in rounds]
+        steady = [r[name].steady_rate / r[baseline].rate for r in rounds if r[name].steady_rate]
+        result = rounds[-1][name]
+        first = f"{result.first_batch_seconds:.1f} s" if result.first_batch_seconds else ""
+        steady_rate = f"{result.steady_rate:,.0f}" if result.steady_rate else ""
+        print(
+            f"{name:<52} {statistics.median(r[name].rate for r in rounds):>9,.0f} "
+            f"{statistics.median(rates):>6.2f} {first:>12} {steady_rate:>13} "
+            f"{statistics.median(steady) if steady else float('nan'):>9.2f}"
+        )
+        if result.per_executor:
+            seconds = result.seconds - (result.first_batch_seconds or 0)
+            parts = ", ".join(
+                f"executor {e}: {n:,} ({n / result.seconds:,.0f}/s overall)"
+                for e, n in sorted(result.per_executor.items())
+            )
+            print(f"{'':<4}{parts}; {result.batches} batches; steady part {seconds:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=25_000)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument(
-        "--per-trigger",
-        type=int,
-        default=PER_TRIGGER,
-        help="messages per micro-batch (nsqd's max-rdy-count is raised to match)",
-    )
+    parser.add_argument("--messages", type=int, default=200_000, help="per nsqd")
+    parser.add_argument("--nsqds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--json")
     args = parser.parse_args()
-    spark = session()
-    n = args.messages
-    per_trigger = args.per_trigger
-
-    def baseline(rows: int) -> tuple[float, float]:
-        reader = (
-            spark.readStream.format("bench_memory")
-            .option("rows", rows)
-            .option("per_trigger", per_trigger)
-        )
-        return run_query(spark, reader, rows)
-
-    node = BackgroundNode(
-        lambda: NSQD(
-            tcp_address="127.0.0.1:0",
-            http_address="127.0.0.1:0",
-            max_rdy_count=max(2500, per_trigger),
-        )
-    )
-    with node as nsqd:
-
-        def nsq(rows: int) -> tuple[float, float]:
-            publish(nsqd.tcp_address, rows)
-            reader = (
-                spark.readStream.format("nsq")
-                .option("topic", "bench")
-                .option("channel", "parquet")
-                .option("nsqd_tcp_addresses", nsqd.tcp_address)
-                .option("max_in_flight", max(2500, per_trigger))
-                .option("max_messages_per_trigger", per_trigger)
-                .option("num_partitions", PARTITIONS)
-            )
-            return run_query(spark, reader, rows)
-
-        baseline(per_trigger * 2)  # warm the JVM and the Python workers up
-        nsq(per_trigger * 2)
-        results: dict[str, list[tuple[float, float]]] = {"nsq": [], "baseline": []}
-        for _ in range(args.rounds):
-            results["baseline"].append(baseline(n))
-            results["nsq"].append(nsq(n))
-    spark.stop()
-
-    best = {name: max(r[0] for r in runs) for name, runs in results.items()}
-    busy = {name: statistics.median(r[1] for r in runs) for name, runs in results.items()}
-    print(f"{n} messages of {len(BODY)} bytes into Parquet, local[2], {per_trigger} per trigger")
-    print(f"  baseline (Python source, no NSQ): {best['baseline']:9,.0f} rows/s")
-    print(f"  nsq source (fakensq over TCP):    {best['nsq']:9,.0f} messages/s")
-    print(f"  ratio nsq / baseline:             {best['nsq'] / best['baseline']:9.0%}")
+    if reference.binary("nsqd") is None or reference.binary("nsq_to_file") is None:
+        sys.exit(f"no real NSQ binaries: {reference.skip_reason()}")
+    total = args.messages * args.nsqds
+    masters = [args.master]
+    if args.scaling:
+        masters += [
+            m for m in ("local-cluster[1,1,1024]", "local-cluster[3,1,1024]") if m not in masters
+        ]
+    daemons = [reference.RealDaemon("nsqd", ["--log-level=warn"]) for _ in range(args.nsqds)]
+    rounds: list[dict[str, Result]] = []
+    try:
+        for daemon in daemons:
+            daemon.start()
+        sessions: dict[str, Any] = {}
+        for number in range(args.rounds):
+            results: dict[str, Result] = {}
+            prefill(daemons, args.messages)
+            results["go"] = run_go(daemons, total)
+            print(f"round {number + 1}: Go nsq_to_file {results['go'].rate:,.0f} msg/s", flush=True)
+            for master in masters:
+                spark = sessions.get(master)
+                if spark is None:
+                    for other in list(sessions.values()):
+                        other.stop()
+                    sessions.clear()
+                    spark = sessions[master] = spark_session(master)
+                prefill(daemons, args.messages)
+                result = run_spark(spark, master, daemons, total)
+                results[master] = result
+                print(
+                    f"round {number + 1}: {result.name} {result.rate:,.0f} msg/s "
+                    f"(first batch {result.first_batch_seconds:.1f} s, steady "
+                    f"{result.steady_rate or 0:,.0f} msg/s)",
+                    flush=True,
+                )
+            rounds.append({r.name: r for r in results.values()})
+        for spark in sessions.values():
+            spark.stop()
+    finally:
+        for daemon in daemons:
+            daemon.close()
     print(
-        "  within batches (excluding start-up and the end of the stream): "
-        f"baseline {busy['baseline']:,.0f}/s, nsq {busy['nsq']:,.0f}/s "
-        f"({busy['nsq'] / busy['baseline']:.0%})"
+        f"\n{args.nsqds} real nsqd v1.3.0 (defaults) x {args.messages:,} messages of "
+        f"{BODY_SIZE} bytes; {os.cpu_count()} cores on this machine; {args.rounds} round(s)"
     )
+    report(rounds, "Go nsq_to_file")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([{k: asdict(v) for k, v in r.items()} for r in rounds], indent=2)
+        )
 
 
 if __name__ == "__main__":

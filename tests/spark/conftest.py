@@ -18,6 +18,10 @@ import trionsq
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# Spark, the coordinator and the agents listen on loopback only (set before any JVM
+# starts: executors inherit it).
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
 # Skipped (not failed) only where Spark cannot run at all.
 if importlib.util.find_spec("pyspark") is None:
     SKIP_REASON: str | None = "pyspark is not installed (pip install 'trionsq[spark]')"
@@ -33,6 +37,11 @@ def pytest_report_header() -> str | None:
     return f"tests/spark skipped: {SKIP_REASON}" if SKIP_REASON else None
 
 
+#: Two executor processes of one core each: tasks, agents and NSQ connections live
+#: outside the driver, as on a real cluster (and one of them can be killed).
+MASTER = "local-cluster[2,1,1024]"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
@@ -40,8 +49,9 @@ def spark() -> Iterator[SparkSession]:
     from trionsq.spark import NSQDataSource
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(MASTER)
         .appName("trionsq-tests")
+        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")

@@ -166,13 +166,16 @@ class QueryRun:
             raise ReadError("the query's state on this executor was closed (query stopped?)")
 
     async def _requeue_sets(self) -> int:
+        # Forget them first: a replay asked for meanwhile must not get messages
+        # that are going back to nsqd.
+        entries = list(self.sets.values())
+        self.sets.clear()
         requeued = 0
-        for slot, held in list(self.sets.values()):
+        for slot, held in entries:
             slot.in_sets -= len(held)
             for item in held:
                 await item.message.requeue(0, backoff=False)
             requeued += len(held)
-        self.sets.clear()
         return requeued
 
     async def _release_everything(self) -> int:
@@ -256,15 +259,16 @@ class QueryRun:
             await link.send({"op": "status", "buffered": self.buffered(), "slots": len(self.slots)})
 
     async def _touch_loop(self) -> None:
-        """TOUCH what has been held for half of msg_timeout, so that nsqd keeps it ours."""
+        """TOUCH what has been held for a third of msg_timeout, so that nsqd keeps it
+        ours (a TOUCH goes out at most 0.53 msg_timeout after the last one)."""
         timeout = self.options.msg_timeout
         while True:
-            await trio.sleep(timeout / 4)
+            await trio.sleep(timeout / 5)
             now = trio.current_time()
             groups: list[Any] = [held for _, held in self.sets.values()]
             for slot in self.slots:
                 groups.extend((slot.buffer, slot.later))
-            due = [h for group in groups for h in group if now - h.touched >= timeout / 2]
+            due = [h for group in groups for h in group if now - h.touched >= timeout / 3]
             for held in due:
                 held.touched = now
                 await held.message.touch()
@@ -386,14 +390,7 @@ class QueryRun:
         timeout = connection.connect_timeout
         reasons: list[str] = []
         for address in connection.nsqd_tcp_addresses:
-            host, _, port = address.rpartition(":")
-            try:
-                with trio.fail_after(timeout):
-                    stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-                await stream.aclose()
-                reasons.append(f"nsqd {address}: reachable, but the handshake or SUB failed")
-            except (OSError, trio.TooSlowError) as exc:
-                reasons.append(f"nsqd {address}: {exc or 'timed out'}")
+            reasons.append(f"nsqd {address}: {await _probe(address, timeout)}")
         if connection.lookupd_http_addresses:
             async with httpx.AsyncClient(timeout=timeout) as client:
                 for address in connection.lookupd_http_addresses:
@@ -428,7 +425,7 @@ class QueryRun:
         return {"rows": header.get("rows", 0), "set": set_id, "replayed": True}, payload
 
     def serve_fetch(self, set_id: int) -> tuple[dict[str, Any], bytes]:
-        entry = self.sets.get(set_id)
+        entry = None if self.ended.is_set() else self.sets.get(set_id)
         if entry is None:
             return {"error": f"message set {set_id} is not held by {self.agent.id}"}, b""
         return {"rows": len(entry[1])}, to_ipc(self.options.topic, entry[1])
@@ -562,6 +559,24 @@ class Agent:
                 pass
 
 
+async def _probe(address: str, seconds: float) -> str:
+    """Why a TCP connection to ``address`` fails, in the OS's words."""
+    host, _, port = address.rpartition(":")
+    try:
+        with trio.fail_after(seconds):
+            infos = await trio.socket.getaddrinfo(
+                host.strip("[]"), int(port), type=socket.SOCK_STREAM
+            )
+            family, kind, proto, _, target = infos[0]
+            with trio.socket.socket(family, kind, proto) as sock:
+                await sock.connect(target)
+    except trio.TooSlowError:
+        return f"no answer within {seconds:g}s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return "reachable, but the handshake or SUB failed (see the executor's log)"
+
+
 def _alive(pid: int, start: int | None) -> bool:
     try:
         os.kill(pid, 0)
@@ -607,6 +622,10 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s trionsq-spark-agent[%(process)d] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    # Imported before serving: importing it in the event loop would stall every
+    # connection (and their TOUCHes) for as long as the import takes.
+    import pyarrow  # type: ignore[import-untyped]  # noqa: F401
+
     identity = ExecutorIdentity(**json.loads(args.identity))
     agent = Agent(identity, args.socket, args.anchor_start)
     trio.run(agent.main)
