@@ -4,10 +4,16 @@ Every message of the channel becomes a row (body, id, timestamp, attempts,
 nsqd_address, topic) in Parquet files; a message is FINed only once the batch
 holding it is committed, so a crash loses nothing (it may write a message twice).
 
-Against a real cluster::
+Against a real cluster (the messages are read on the executors; the driver only
+plans batches)::
 
     python examples/spark_archive.py --lookupd 127.0.0.1:4161 --topic clicks \\
-        --channel archive --output /data/clicks --checkpoint /data/clicks.checkpoint
+        --channel archive --output /data/clicks --checkpoint /data/clicks.checkpoint \\
+        [--master spark://host:7077] [--option msg_timeout=120 ...]
+
+Started again with the same ``--checkpoint`` after a crash, it carries on where the
+last committed batch ended: what the crashed run had not committed comes again
+from nsqd.
 
 With no arguments it starts an embedded fakensq nsqd, publishes a few thousand
 messages, archives them (trigger availableNow) and prints what was written.
@@ -36,33 +42,36 @@ def archive(
     checkpoint: str,
     connect: dict[str, str],
     once: bool = False,
-    max_messages_per_trigger: int = 2500,
+    max_messages_per_trigger: int | None = None,
+    every: str = "5 seconds",
+    options: dict[str, str] | None = None,
 ) -> StreamingQuery:
-    """Start the archiving query (``connect``: nsqd_tcp_addresses or lookupd_http_addresses)."""
+    """Start the archiving query (``connect``: nsqd_tcp_addresses or lookupd_http_addresses;
+    ``options``: more of the source's options)."""
     spark.dataSource.register(NSQDataSource)
-    stream = (
+    reader = (
         spark.readStream.format("nsq")
         .option("topic", topic)
         .option("channel", channel)
         .options(**connect)
-        .option("max_messages_per_trigger", str(max_messages_per_trigger))
-        .load()
+        .options(**(options or {}))
     )
+    if max_messages_per_trigger is not None:
+        reader = reader.option("max_messages_per_trigger", str(max_messages_per_trigger))
+    stream = reader.load()
     writer = (
         stream.selectExpr("*", "to_date(timestamp) AS date")
         .writeStream.format("parquet")
         .partitionBy("date")
         .option("checkpointLocation", checkpoint)
     )
-    writer = (
-        writer.trigger(availableNow=True) if once else writer.trigger(processingTime="5 seconds")
-    )
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=every)
     return writer.start(output)
 
 
-def local_session() -> SparkSession:
+def local_session(master: str = "local[2]") -> SparkSession:
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName("nsq-archive")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -119,6 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", help="where the Parquet files go")
     parser.add_argument("--checkpoint", help="the query's checkpoint directory")
     parser.add_argument("--once", action="store_true", help="archive what is there, then stop")
+    parser.add_argument("--master", default="local[2]", help="Spark's master URL")
+    parser.add_argument("--every", default="5 seconds", help="the trigger's interval")
+    parser.add_argument("--max-per-trigger", type=int, help="messages per micro-batch at most")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="NAME=VALUE", help="a source option"
+    )
     args = parser.parse_args(argv)
     if args.topic is None:
         demo()
@@ -130,14 +145,18 @@ def main(argv: list[str] | None = None) -> None:
         connect["nsqd_tcp_addresses"] = args.nsqd
     if args.lookupd:
         connect["lookupd_http_addresses"] = args.lookupd
+    options = dict(option.split("=", 1) for option in args.option)
     query = archive(
-        local_session(),
+        local_session(args.master),
         topic=args.topic,
         channel=args.channel,
         output=args.output,
         checkpoint=args.checkpoint,
         connect=connect,
         once=args.once,
+        max_messages_per_trigger=args.max_per_trigger,
+        every=args.every,
+        options=options,
     )
     query.awaitTermination()
 

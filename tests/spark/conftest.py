@@ -126,3 +126,114 @@ def example(name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# --- real nsqd and Spark's processes ---------------------------------------------------
+
+
+@pytest.fixture
+def real_nsqds() -> Iterator[Callable[..., Any]]:
+    """``real_nsqds(count, *flags)``: started real nsqd v1.3.0 (skips without them)."""
+    from tests import reference
+
+    reference.require("nsqd")
+    made: list[Any] = []
+
+    def make(count: int = 1, *flags: str) -> list[Any]:
+        daemons = [reference.RealDaemon("nsqd", ["--log-level=warn", *flags]) for _ in range(count)]
+        made.extend(daemons)
+        for daemon in daemons:
+            daemon.start()
+        return daemons
+
+    yield make
+    for daemon in made:
+        daemon.close()
+
+
+def http_publish(daemon: Any, topic: str, bodies: list[bytes]) -> None:
+    """MPUB over HTTP in chunks (newline-separated, so bodies hold no newline)."""
+    import httpx
+
+    with httpx.Client(timeout=30) as client:
+        for start in range(0, len(bodies), 5000):
+            response = client.post(
+                f"http://{daemon.http_address}/mpub",
+                params={"topic": topic},
+                content=b"\n".join(bodies[start : start + 5000]),
+            )
+            response.raise_for_status()
+
+
+def nsqd_channel(daemon: Any, topic: str, channel: str) -> dict[str, Any]:
+    import httpx
+
+    stats = httpx.get(f"http://{daemon.http_address}/stats?format=json", timeout=10).json()
+    for t in stats["topics"]:
+        if t["topic_name"] == topic:
+            for c in t["channels"]:
+                if c["channel_name"] == channel:
+                    return dict(c)
+    return {}
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def cmdline(pid: int) -> str:
+    from pathlib import Path
+
+    try:
+        return (Path(f"/proc/{pid}/cmdline").read_bytes()).replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def driver_pid(spark: SparkSession) -> int:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return int(jvm.java.lang.ProcessHandle.current().pid())
+
+
+def executor_pids(spark: SparkSession) -> dict[str, int]:
+    """Executor id -> pid of the executor JVMs of a local-cluster (children of the driver)."""
+    found = {}
+    for pid in children(driver_pid(spark)):
+        line = cmdline(pid)
+        if "CoarseGrainedExecutorBackend" in line:
+            found[line.split("--executor-id ")[1].split()[0]] = pid
+    return found
+
+
+def wait_for_executors(spark: SparkSession, count: int = 2, timeout: float = 120) -> None:
+    """Until ``count`` executors are registered (after one was killed, say)."""
+
+    def registered() -> bool:
+        tracker = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()  # type: ignore[union-attr]
+        return int(tracker.size()) - 1 >= count  # the driver's block manager counts too
+
+    wait_for(registered, timeout=timeout, what=f"{count} executors")

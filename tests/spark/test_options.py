@@ -47,7 +47,11 @@ def test_source_defaults_and_parsing() -> None:
             "lookupd_http_addresses": "127.0.0.1:4161",
             "snappy": "TRUE",
             "max_in_flight": "5000",
-            "max_messages_per_trigger": "1000",
+            "connections_per_nsqd": "3",
+            "max_messages_per_trigger": "10000",
+            "num_partitions": "auto",
+            "coordinator_host": "10.0.0.7",
+            "coordinator_port": "7077",
             "msg_timeout": "30",
             "checkpointLocation": "/ignored",  # Spark's own options pass through
         }
@@ -56,11 +60,16 @@ def test_source_defaults_and_parsing() -> None:
     assert options.connection.nsqd_tcp_addresses == ("127.0.0.1:4150", "127.0.0.1:4250")
     assert options.connection.lookupd_http_addresses == ("127.0.0.1:4161",)
     assert options.connection.snappy is True
-    assert (options.max_in_flight, options.max_messages_per_trigger) == (5000, 1000)
+    assert (options.max_in_flight, options.max_messages_per_trigger) == (5000, 10000)
+    assert (options.connections_per_nsqd, options.num_partitions) == (3, None)
+    assert (options.coordinator_host, options.coordinator_port) == ("10.0.0.7", 7077)
     config = options.consumer_config()
     assert (config.max_in_flight, config.msg_timeout, config.max_attempts) == (5000, 30.0, 0)
+    # Left out: automatic (what nsqd grants, everything held, one per executor core).
     defaults = parse_source_options(SOURCE)
-    assert defaults.max_messages_per_trigger == defaults.max_in_flight == 2500
+    assert defaults.max_in_flight is defaults.max_messages_per_trigger is None
+    assert defaults.num_partitions is None and defaults.connections_per_nsqd == 4
+    assert (defaults.coordinator_host, defaults.coordinator_port) == (None, 0)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +84,10 @@ def test_source_defaults_and_parsing() -> None:
         ({**SOURCE, "lookupd_http_addresses": "ftp://x:1"}, "invalid lookupd address"),
         ({**SOURCE, "max_in_flight": "lots"}, "option 'max_in_flight' must be an integer"),
         ({**SOURCE, "max_in_flight": "0"}, "option 'max_in_flight' must be >= 1"),
-        ({**SOURCE, "max_messages_per_trigger": "3000"}, "cannot exceed 'max_in_flight'"),
+        ({**SOURCE, "max_messages_per_trigger": "0"}, "must be >= 1"),
+        ({**SOURCE, "num_partitions": "some"}, "option 'num_partitions' must be an integer"),
+        ({**SOURCE, "connections_per_nsqd": "0"}, "must be between 1 and 64"),
+        ({**SOURCE, "coordinator_port": "70000"}, "must be between 0 and 65535"),
         ({**SOURCE, "msg_timeout": "0.5"}, "option 'msg_timeout' must be >= 1 seconds"),
         ({**SOURCE, "max_batch_wait": "soon"}, "option 'max_batch_wait' must be a number"),
         ({**SOURCE, "tls": "maybe"}, "option 'tls' must be true or false"),

@@ -36,8 +36,9 @@ def test_archive_example_puts_every_message_in_parquet(
     query.awaitTermination(60)
     assert not query.isActive
     batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    # At most max_messages_per_trigger each (a batch closes early if deliveries pause).
-    assert sum(batches) == 250 and max(batches) == 100 and len(batches) >= 3
+    # At most max_messages_per_trigger each, shared by the partitions (one per
+    # executor core); a partition whose executor holds fewer messages reads fewer.
+    assert sum(batches) == 250 and max(batches) <= 100 and len(batches) >= 3
     rows = spark.read.parquet(str(tmp_path / "out")).collect()
     assert sorted(r.body for r in rows) == sorted(bodies)
     assert {(r.topic, r.nsqd_address, r.attempts) for r in rows} == {

@@ -35,7 +35,7 @@ __all__ = [
 DEFAULT_MAX_RDY_COUNT = 2500
 DEFAULT_MSG_TIMEOUT = 60.0
 DEFAULT_MAX_BATCH_WAIT = 0.5
-DEFAULT_CONNECTIONS_PER_NSQD = 2
+DEFAULT_CONNECTIONS_PER_NSQD = 4
 DEFAULT_SINK_BATCH_SIZE = 500
 
 #: Options Spark itself adds or passes through (``save(path)``, ``writeStream``).
