@@ -112,8 +112,8 @@ def test_bad_source_options(options: dict[str, str], message: str) -> None:
     ("options", "message"),
     [
         ({"nsqd_tcp_addresses": "h:1"}, "option 'topic' is required"),
-        ({"topic": "t"}, "option 'nsqd_tcp_addresses' is required for writing"),
-        ({**SINK, "lookupd_http_addresses": "h:1"}, "only applies to reading"),
+        ({"topic": "t"}, "give 'nsqd_tcp_addresses' (the nsqds to publish to)"),
+        ({**SINK, "lookupd_http_addresses": "ftp://x"}, "invalid lookupd address"),
         ({**SINK, "channel": "c"}, "option 'channel' only applies to reading"),
         ({**SINK, "batch_size": "-1"}, "option 'batch_size' must be >= 1"),
         ({**SINK, "topix": "t"}, "did you mean 'topic'?"),

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import trio
 from pyspark.sql import SparkSession
 
-from fakensq import NSQD
+from fakensq import NSQD, Cluster
 
-from .conftest import consume, example
+from .conftest import consume, example, wait_for
 from .test_reader import channel_stats
 
 
@@ -58,3 +64,66 @@ def test_aggregate_example_streams_counts_back_to_a_topic(
     # The clicks were FINed once the batch counting them was committed.
     stats = channel_stats(nsqd, "clicks", "page-views")
     assert (stats["depth"], stats["in_flight_count"]) == (0, 0)
+
+
+def test_write_through_lookupd(spark: SparkSession, nsq_cluster: Cluster) -> None:
+    [address] = nsq_cluster.nsqd_tcp_addresses
+    [lookupd] = nsq_cluster.lookupd_http_addresses
+    wait_for(
+        lambda: httpx.get(f"http://{lookupd}/nodes").json()["producers"], what="registration"
+    )
+    df = spark.createDataFrame([(f"v{i}",) for i in range(40)], ["value"])
+    (
+        df.write.format("nsq")
+        .option("topic", "via_lookupd")
+        .option("lookupd_http_addresses", lookupd)
+        .mode("append")
+        .save()
+    )
+    assert sorted(consume(address, "via_lookupd", "check", 40)) == sorted(
+        f"v{i}".encode() for i in range(40)
+    )
+
+
+def test_an_nsqd_dying_mid_write_is_replaced_by_the_next(
+    spark: SparkSession, real_nsqds: Callable[..., list[Any]]
+) -> None:
+    # The first nsqd keeps every message it acknowledged, even through SIGKILL (and
+    # takes its time over it: a write lasts long enough to be cut in the middle).
+    first = real_nsqds(1, "--mem-queue-size=0", "--sync-every=1")[0]
+    [second] = real_nsqds(1)
+    rows = 3000
+
+    def kill_mid_write() -> None:
+        deadline = time.monotonic() + 120
+        while topic_depth(first) < 300 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        first.kill()
+
+    df = spark.range(rows).selectExpr("CAST(id AS STRING) AS value").repartition(1)
+    killer = threading.Thread(target=kill_mid_write, daemon=True)
+    killer.start()
+    (
+        df.write.format("nsq")
+        .option("topic", "failover")
+        .option("nsqd_tcp_addresses", f"{first.tcp_address},{second.tcp_address}")
+        .option("batch_size", "20")
+        .mode("append")
+        .save()
+    )
+    killer.join()
+    assert not first.running
+    first.start()
+    counts: Counter[bytes] = Counter()
+    depths = [topic_depth(first), topic_depth(second)]
+    assert all(depths)  # both had a share: the write moved over when the first died
+    for daemon, depth in zip((first, second), depths, strict=True):
+        counts.update(consume(daemon.tcp_address, "failover", "check", depth, timeout=60))
+    assert set(counts) == {str(i).encode() for i in range(rows)}  # nothing lost
+    # At most the chunk in flight when the connection died is there twice.
+    assert sum(n - 1 for n in counts.values()) <= 20
+
+
+def topic_depth(daemon: Any) -> int:
+    stats = httpx.get(f"http://{daemon.http_address}/stats?format=json").json()
+    return sum(t["depth"] for t in stats["topics"] or [] if t["topic_name"] == "failover")

@@ -355,14 +355,10 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     _check_known(options, (*COMMON_OPTIONS, *SINK_OPTIONS), SOURCE_OPTIONS)
     topic = _topic(options)
     connection = _connection_options(options)
-    if not connection.nsqd_tcp_addresses:
+    if not connection.nsqd_tcp_addresses and not connection.lookupd_http_addresses:
         raise NSQOptionError(
-            "option 'nsqd_tcp_addresses' is required for writing (comma-separated host:port)"
-        )
-    if connection.lookupd_http_addresses:
-        raise NSQOptionError(
-            "option 'lookupd_http_addresses' only applies to reading: "
-            "give the nsqds to publish to in 'nsqd_tcp_addresses'"
+            "give 'nsqd_tcp_addresses' (the nsqds to publish to) or 'lookupd_http_addresses' "
+            "(publish to the nsqds they list), or both"
         )
     parsed = SinkOptions(
         topic=topic,

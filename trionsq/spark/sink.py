@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import trio
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -29,6 +30,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from ..connection import ConnectionClosedError, NSQConnectionError
+from ..lookupd import parse_lookup_response
 from ..producer import Producer
 from ._loop import LoopThread
 from ._options import ConnectionOptions, NSQOptionError, SinkOptions
@@ -48,6 +51,8 @@ class NSQCommitMessage(WriterCommitMessage):
     partition_id: int
     messages: int
     bytes: int
+    #: chunks published again on another nsqd after a lost connection
+    failovers: int = 0
 
 
 def resolve_value_column(schema: StructType, requested: str | None) -> str:
@@ -84,14 +89,27 @@ def resolve_value_column(schema: StructType, requested: str | None) -> str:
 
 
 class _Publisher:
-    """A trionsq Producer on a Trio thread of its own."""
+    """A trionsq Producer on a Trio thread of its own, failing over between nsqds.
+
+    The nsqds are ``nsqd_tcp_addresses`` and, with ``lookupd_http_addresses``,
+    every nsqd the lookupds list (``/nodes``, asked again when none answers).  A
+    chunk whose connection is lost before nsqd's answer is published again on
+    the next nsqd: it may then be there twice (NSQ cannot tell whether the lost
+    MPUB was applied).
+    """
 
     def __init__(self, connection: ConnectionOptions) -> None:
         self.connection = connection
+        #: chunks published again after a lost connection (each may be duplicated)
+        self.failovers = 0
+        self._nursery: trio.Nursery | None = None
+        self._producer: Producer | None = None
+        self._producer_scope: trio.CancelScope | None = None
+        self._addresses: tuple[str, ...] = ()
         self._loop = LoopThread("trionsq-spark-producer")
         self._loop.start()
         try:
-            self._producer: Producer = self._loop.start_service(self._serve)
+            self._loop.start_service(self._serve)
         except BaseException:
             self._loop.close()
             raise
@@ -101,17 +119,98 @@ class _Publisher:
         return self._loop.alive
 
     async def _serve(
-        self, *, task_status: trio.TaskStatus[Producer] = trio.TASK_STATUS_IGNORED
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        async with Producer(config=self.connection.config()) as producer:
-            task_status.started(producer)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
             await trio.sleep_forever()
 
+    async def _run_producer(
+        self,
+        addresses: tuple[str, ...],
+        *,
+        task_status: trio.TaskStatus[tuple[Producer, trio.CancelScope]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        config = self.connection.config(nsqd_tcp_addresses=addresses, lookupd_http_addresses=())
+        async with Producer(config=config) as producer:
+            with trio.CancelScope() as scope:
+                task_status.started((producer, scope))
+                await trio.sleep_forever()
+
+    async def _find_nsqds(self) -> tuple[str, ...]:
+        """The configured nsqds, then those the lookupds know of (in a stable order)."""
+        static = self.connection.nsqd_tcp_addresses
+        found: set[str] = set()
+        lookupds = self.connection.lookupd_http_addresses
+        if lookupds:
+            async with httpx.AsyncClient(timeout=self.connection.connect_timeout) as client:
+                for lookupd in lookupds:
+                    try:
+                        found |= await _nodes(client, lookupd)
+                    except (httpx.HTTPError, ValueError) as exc:
+                        log.warning("nsq sink: lookupd %s: %s", lookupd, exc)
+        addresses = static + tuple(sorted(found - set(static)))
+        if not addresses:
+            raise NSQConnectionError(
+                "no nsqd to publish to: the lookupds ("
+                + ", ".join(lookupds)
+                + ") list none (has any nsqd registered with them?)"
+            )
+        return addresses
+
+    async def _current(self, refresh: bool) -> Producer:
+        if self._producer is not None and not refresh:
+            return self._producer
+        addresses = await self._find_nsqds()
+        if self._producer is not None and addresses == self._addresses:
+            return self._producer
+        if self._producer_scope is not None:
+            self._producer_scope.cancel()
+        assert self._nursery is not None
+        self._producer, self._producer_scope = await self._nursery.start(
+            self._run_producer, addresses
+        )
+        self._addresses = addresses
+        return self._producer
+
+    async def _publish(self, topic: str, bodies: list[bytes]) -> None:
+        refresh = False
+        attempts = 0
+        while True:
+            producer = await self._current(refresh)
+            try:
+                await producer.multi_publish(topic, bodies)
+                return
+            except NSQConnectionError as exc:
+                attempts += 1
+                if attempts >= max(3, 2 * len(self._addresses)):
+                    raise
+                # "No nsqd reachable": ask the lookupds again; a lost connection: the
+                # producer moves on to the next nsqd by itself.
+                refresh = not isinstance(exc, ConnectionClosedError)
+                self.failovers += 1
+                log.warning(
+                    "nsq sink: %s; publishing the chunk of %d message(s) again on another "
+                    "nsqd (it may be there twice)",
+                    exc,
+                    len(bodies),
+                )
+                await trio.sleep(min(1.0, 0.05 * attempts))
+
     def publish(self, topic: str, bodies: list[bytes]) -> None:
-        self._loop.run(self._producer.multi_publish, topic, bodies)
+        self._loop.run(self._publish, topic, bodies)
 
     def close(self) -> None:
         self._loop.close(5.0)
+
+
+async def _nodes(client: httpx.AsyncClient, lookupd: str) -> set[str]:
+    """Every nsqd registered with ``lookupd`` (``/nodes``)."""
+    base = lookupd if "://" in lookupd else f"http://{lookupd}"
+    response = await client.get(base.rstrip("/") + "/nodes")
+    response.raise_for_status()
+    return parse_lookup_response(response.json())
 
 
 _pool: dict[ConnectionOptions, _Publisher] = {}
@@ -155,6 +254,7 @@ def _partition_id() -> int:
 def _write(options: SinkOptions, column: str, batches: Iterator[Any]) -> NSQCommitMessage:
     """Publish ``column`` of every Arrow batch; raise (failing the task) if nsqd refuses."""
     publisher = _publisher(options.connection)
+    failovers = publisher.failovers
     topic = options.topic
     limit = options.batch_size
     chunk: list[bytes] = []
@@ -183,7 +283,19 @@ def _write(options: SinkOptions, column: str, batches: Iterator[Any]) -> NSQComm
             total_bytes += len(body)
     if chunk:
         publisher.publish(topic, chunk)
-    return NSQCommitMessage(_partition_id(), messages, total_bytes)
+    return NSQCommitMessage(_partition_id(), messages, total_bytes, publisher.failovers - failovers)
+
+
+def _warn_failovers(options: SinkOptions, messages: list[WriterCommitMessage | None]) -> None:
+    failovers = sum(m.failovers for m in messages if isinstance(m, NSQCommitMessage))
+    if failovers:
+        log.warning(
+            "nsq sink: %d chunk(s) were published again on another nsqd after a lost "
+            "connection: up to %d message(s) of %s may be there twice",
+            failovers,
+            failovers * options.batch_size,
+            options.topic,
+        )
 
 
 def _totals(messages: list[WriterCommitMessage | None]) -> tuple[int, int, int]:
@@ -204,6 +316,7 @@ class NSQBatchWriter(DataSourceArrowWriter):
         return _write(self.options, self.column, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _warn_failovers(self.options, messages)
         self.totals = tasks, count, size = _totals(messages)
         log.info(
             "nsq sink: published %d message(s) (%d bytes) to %s from %d task(s)",
@@ -237,6 +350,7 @@ class NSQStreamWriter(DataSourceStreamArrowWriter):
         return _write(self.options, self.column, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _warn_failovers(self.options, messages)
         self.totals = tasks, count, size = _totals(messages)
         log.info(
             "nsq sink: batch %d published %d message(s) (%d bytes) to %s from %d task(s)",
