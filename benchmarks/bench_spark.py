@@ -13,9 +13,14 @@ each turn:
   but topic, channel and addresses set, on ``--master`` (default
   ``local-cluster[2,1,1024]``: two executor processes of one core each): timed
   from ``start()`` until the query has committed every batch, with the time to
-  the first committed batch (executors' Python workers and agents starting,
-  connecting) and the steady rate after it reported apart.  The Spark session
-  and its executors are up before the clock starts (a warm-up job runs first).
+  the first committed batch (the query's source process, the executors' agents
+  starting and connecting) and the steady rate after it reported apart.  The
+  Spark session, its executors and their Python workers are up before the clock
+  starts: a warm-up streaming query (from memory to Parquet) runs first, so that
+  Spark's own one-time costs (JIT, code generation, imports) are not counted;
+- **Spark's floor**: the same query over a Python streaming source that makes
+  the same rows from memory on the executors (no NSQ), in batches as big as the
+  nsq query's were: what Spark itself costs, for reference.
 
 Every run is checked: the Parquet output holds every message exactly once, each
 nsqd's channel is drained with nothing in flight, and every subscribing
@@ -28,6 +33,7 @@ nsqd's ``/stats`` (FINs per client), sampled during the run.
 
     python benchmarks/bench_spark.py [--messages 200000] [--nsqds 3] [--rounds 1]
         [--master 'local-cluster[2,1,1024]'] [--scaling] [--json results.json]
+        [--option connections_per_nsqd=8 ...]   # experiments; the defaults otherwise
 
 The real binaries come from ``NSQ_BIN`` or ``shared/reference/nsq-bin`` above the
 checkout (see ``tests/reference.py``); without them the script says so and stops.
@@ -36,6 +42,7 @@ checkout (see ``tests/reference.py``); without them the script says so and stops
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -183,6 +190,108 @@ def _drain_leftovers(daemons: list[reference.RealDaemon]) -> None:
 # --- Spark -------------------------------------------------------------------------
 
 
+def _memory_source() -> Any:
+    """A Python streaming source making ``rows`` rows like the nsq source's, on the
+    executors, ``per_batch`` at a time (Spark's floor)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
+
+    from trionsq.spark import SCHEMA
+
+    class Slice(InputPartition):  # type: ignore[misc]
+        def __init__(self, first: int, last: int) -> None:
+            super().__init__(first)
+            self.first, self.last = first, last
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+        def __init__(self, rows: int, per_batch: int, partitions: int) -> None:
+            self.rows, self.per_batch, self.parts = rows, per_batch, partitions
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def getDefaultReadLimit(self) -> Any:
+            return ReadAllAvailable()
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"n": min(self.rows, start["n"] + self.per_batch)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Any]:
+            a, b = start["n"], end["n"]
+            cuts = [a + (b - a) * i // self.parts for i in range(self.parts + 1)]
+            return [Slice(x, y) for x, y in itertools.pairwise(cuts) if y > x]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+
+            from trionsq.spark.source import arrow_schema
+
+            n = partition.last - partition.first
+            now = time.time_ns() // 1000
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([body(0, i) for i in range(partition.first, partition.last)]),
+                    pa.array([f"{i:016x}" for i in range(partition.first, partition.last)]),
+                    pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+                    pa.array([1] * n, pa.int32()),
+                    pa.array(["127.0.0.1:4150"] * n),
+                    pa.array([TOPIC] * n),
+                ],
+                schema=arrow_schema(),
+            )
+
+    class Memory(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "bench_memory"
+
+        def schema(self) -> Any:
+            return SCHEMA
+
+        def streamReader(self, schema: Any) -> Any:
+            o = self.options
+            return Reader(int(o["rows"]), int(o["per_batch"]), int(o["partitions"]))
+
+    return Memory
+
+
+def run_floor(spark: Any, master: str, total: int, per_batch: int) -> Result:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-floor-"))
+    try:
+        partitions = 2 * _executor_count(master)
+        started = time.perf_counter()
+        query = (
+            spark.readStream.format("bench_memory")
+            .option("rows", total)
+            .option("per_batch", per_batch)
+            .option("partitions", partitions)
+            .load()
+            .writeStream.format("parquet")
+            .option("checkpointLocation", str(tmp / "checkpoint"))
+            .trigger(availableNow=True)
+            .start(str(tmp / "out"))
+        )
+        query.awaitTermination()
+        elapsed = time.perf_counter() - started
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+        first = progress[0]["durationMs"]["triggerExecution"] / 1000
+        rest = sum(p["numInputRows"] for p in progress[1:])
+        return Result(
+            f"Spark's floor: same rows from memory, {master}",
+            total,
+            elapsed,
+            first_batch_seconds=first,
+            steady_rate=rest / (elapsed - first) if rest and elapsed > first else None,
+            batches=len(progress),
+            cores=master,
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class ClientSampler:
     """Samples nsqd's client list: FINs per executor, and who subscribed."""
 
@@ -251,9 +360,12 @@ def spark_session(master: str) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(NSQDataSource)
-    # Executors up, Python workers forked, before any clock starts.
+    spark.dataSource.register(_memory_source())
+    # Executors up, Python workers forked and warm, Spark's code generated, before
+    # any clock starts.
     executors = _executor_count(master)
     spark.sparkContext.parallelize(range(executors * 4), executors * 4).map(lambda x: x).count()
+    run_floor(spark, master, 20_000, 10_000)
     return spark
 
 
@@ -267,7 +379,13 @@ def _driver_pids(spark: Any) -> set[int]:
     return {os.getpid(), int(jvm.java.lang.ProcessHandle.current().pid())}
 
 
-def run_spark(spark: Any, master: str, daemons: list[reference.RealDaemon], total: int) -> Result:
+def run_spark(
+    spark: Any,
+    master: str,
+    daemons: list[reference.RealDaemon],
+    total: int,
+    options: dict[str, str],
+) -> Result:
     tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:
         with ClientSampler(daemons) as sampler:
@@ -277,6 +395,7 @@ def run_spark(spark: Any, master: str, daemons: list[reference.RealDaemon], tota
                 .option("topic", TOPIC)
                 .option("channel", CHANNEL)
                 .option("nsqd_tcp_addresses", ",".join(d.tcp_address for d in daemons))
+                .options(**options)
                 .load()
                 .writeStream.format("parquet")
                 .option("checkpointLocation", str(tmp / "checkpoint"))
@@ -361,7 +480,10 @@ def main() -> None:
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--no-floor", action="store_true", help="skip Spark's floor")
     args = parser.parse_args()
+    options = dict(option.split("=", 1) for option in args.option)
     if reference.binary("nsqd") is None or reference.binary("nsq_to_file") is None:
         sys.exit(f"no real NSQ binaries: {reference.skip_reason()}")
     total = args.messages * args.nsqds
@@ -389,7 +511,7 @@ def main() -> None:
                     sessions.clear()
                     spark = sessions[master] = spark_session(master)
                 prefill(daemons, args.messages)
-                result = run_spark(spark, master, daemons, total)
+                result = run_spark(spark, master, daemons, total, options)
                 results[master] = result
                 print(
                     f"round {number + 1}: {result.name} {result.rate:,.0f} msg/s "
@@ -397,6 +519,11 @@ def main() -> None:
                     f"{result.steady_rate or 0:,.0f} msg/s)",
                     flush=True,
                 )
+                if not args.no_floor and master == args.master:
+                    per_batch = max(1, total // max(1, result.batches))
+                    floor = run_floor(spark, master, total, per_batch)
+                    results["floor"] = floor
+                    print(f"round {number + 1}: {floor.name} {floor.rate:,.0f} rows/s", flush=True)
             rounds.append({r.name: r for r in results.values()})
         for spark in sessions.values():
             spark.stop()
@@ -406,6 +533,7 @@ def main() -> None:
     print(
         f"\n{args.nsqds} real nsqd v1.3.0 (defaults) x {args.messages:,} messages of "
         f"{BODY_SIZE} bytes; {os.cpu_count()} cores on this machine; {args.rounds} round(s)"
+        + (f"; source options {options}" if options else "")
     )
     report(rounds, "Go nsq_to_file")
     if args.json:

@@ -5,7 +5,7 @@ agent (a Unix socket), agents to the driver's coordinator and to each other (TCP
 Every frame is::
 
     header length (4 bytes, big-endian) | header (UTF-8 JSON object)
-    payload length (4 bytes, big-endian) | payload (bytes, often empty)
+    payload length (8 bytes, big-endian) | payload (bytes, often empty)
 
 Headers carry the small things (operations, ids, counts, errors); payloads carry
 Arrow data and pickled options.  Both sides of every socket are trionsq code of
@@ -36,9 +36,10 @@ __all__ = [
 #: Headers are small JSON objects; anything bigger is a stray client.
 MAX_HEADER = 1 << 20
 #: A payload is one partition's Arrow data: bounded by what a slot holds.
-MAX_PAYLOAD = (1 << 32) - 1
+MAX_PAYLOAD = 1 << 40
 
 _LENGTH = struct.Struct(">I")
+_PAYLOAD_LENGTH = struct.Struct(">Q")
 
 
 class FramingError(ConnectionError):
@@ -52,7 +53,7 @@ def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:
         raise FramingError(f"frame header of {len(data)} bytes is too big")
     if len(payload) > MAX_PAYLOAD:
         raise FramingError(f"frame payload of {len(payload)} bytes is too big")
-    return [_LENGTH.pack(len(data)) + data + _LENGTH.pack(len(payload)), payload]
+    return [_LENGTH.pack(len(data)) + data + _PAYLOAD_LENGTH.pack(len(payload)), payload]
 
 
 def _header(data: bytes) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def _header(data: bytes) -> dict[str, Any]:
 
 
 def _length(data: bytes, limit: int, what: str) -> int:
-    (length,) = _LENGTH.unpack(data)
+    (length,) = (_LENGTH if len(data) == 4 else _PAYLOAD_LENGTH).unpack(data)
     if length > limit:
         raise FramingError(f"frame {what} of {length} bytes is too big")
     return int(length)
@@ -117,7 +118,7 @@ class FrameReceiver:
         size = _length(await reader.exactly(4), MAX_HEADER, "header")
         header = _header(await reader.exactly(size))
         try:
-            size = _length(await reader.exactly(4), MAX_PAYLOAD, "payload")
+            size = _length(await reader.exactly(8), MAX_PAYLOAD, "payload")
         except EOFError:
             raise FramingError("connection closed in the middle of a frame") from None
         payload = await reader.exactly(size) if size else b""
@@ -153,6 +154,6 @@ def _exactly_sync(sock: socket.socket, count: int) -> bytes:
 def receive_sync(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     size = _length(_exactly_sync(sock, 4), MAX_HEADER, "header")
     header = _header(_exactly_sync(sock, size))
-    size = _length(_exactly_sync(sock, 4), MAX_PAYLOAD, "payload")
+    size = _length(_exactly_sync(sock, 8), MAX_PAYLOAD, "payload")
     payload = _exactly_sync(sock, size) if size else b""
     return header, payload

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..message import Message
 
-__all__ = ["Held", "arrow_schema", "to_arrow", "to_ipc"]
+__all__ = ["Held", "arrow_schema", "chunks", "from_ipc", "to_arrow", "to_ipc"]
 
 
 def _pyarrow() -> Any:
@@ -60,14 +60,31 @@ def to_arrow(topic: str, messages: Sequence[Message]) -> Any:
     )
 
 
+#: Bodies per Arrow record batch at most: binary arrays index their data with
+#: 32-bit offsets (2 GiB), and smaller batches spread the JVM's work.
+MAX_BATCH_BYTES = 64 << 20
+
+
+def chunks(messages: Sequence[Message]) -> Iterable[Sequence[Message]]:
+    """``messages`` cut where their bodies pass :data:`MAX_BATCH_BYTES`."""
+    start = size = 0
+    for index, message in enumerate(messages):
+        size += len(message.body)
+        if size > MAX_BATCH_BYTES and index > start:
+            yield messages[start:index]
+            start, size = index, len(message.body)
+    if start < len(messages) or not messages:
+        yield messages[start:]
+
+
 def to_ipc(topic: str, messages: Iterable[Held]) -> bytes:
     """``messages`` as an Arrow IPC stream (what an agent sends a task)."""
     pa = _pyarrow()
-    batch = to_arrow(topic, [h.message for h in messages])
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        if batch.num_rows:
-            writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, arrow_schema()) as writer:
+        for chunk in chunks([h.message for h in messages]):
+            if chunk:
+                writer.write_batch(to_arrow(topic, chunk))
     return bytes(sink.getvalue())
 
 

@@ -61,6 +61,7 @@ class Slot:
         self.busy = False
         self.last_used = trio.current_time()
         self.last_arrival = -math.inf
+        self._now = trio.current_time()
         self._wanted = math.inf
         self._arrived: trio.Event | None = None
         self._closing = trio.Event()
@@ -114,6 +115,8 @@ class Slot:
                     self.consumers.append(await stack.enter_async_context(consumer))
                     self._limits.append(limit)
                 async with trio.open_nursery() as nursery:
+                    self._now = trio.current_time()
+                    nursery.start_soon(self._clock)
                     for consumer in self.consumers:
                         nursery.start_soon(self._receive, consumer)
                     if self.auto_budget:
@@ -138,10 +141,17 @@ class Slot:
             await item.message.requeue(0, backoff=False)
         return len(held)
 
+    async def _clock(self) -> None:
+        """A coarse clock for arrivals (reading Trio's per message costs more than
+        the rest of the bookkeeping); TOUCHes leave far more margin than 10 ms."""
+        while True:
+            self._now = trio.current_time()
+            await trio.sleep(0.01)
+
     async def _receive(self, consumer: Consumer) -> None:
         buffer, later = self.buffer, self.later
         async for message in consumer:
-            now = trio.current_time()
+            now = self._now
             held = Held(message, now)
             cutoff = self.cutoff_ns
             if cutoff is not None and message.timestamp > cutoff:
@@ -171,6 +181,21 @@ class Slot:
 
     # --- taking ---
 
+    def prune(self) -> int:
+        """Forget prefetched messages whose connection is gone: nsqd gives them out
+        again, and a FIN could not reach it anyway."""
+        connected = self.connected()
+        dropped = 0
+        for queue in (self.buffer, self.later):
+            if any(h.message.address not in connected for h in queue):
+                keep = [h for h in queue if h.message.address in connected]
+                dropped += len(queue) - len(keep)
+                queue.clear()
+                queue.extend(keep)
+        if dropped:
+            log.info("slot %d: dropped %d message(s) of lost connections", self.index, dropped)
+        return dropped
+
     def connected(self) -> set[str]:
         return {address for c in self.consumers for address in c.connections}
 
@@ -193,6 +218,7 @@ class Slot:
         stream never waits here.  Otherwise waits up to ``max_wait`` for more, and
         returns early once deliveries pause.
         """
+        self.prune()
         capacity = self.capacity()
         room = capacity - self.in_sets - len(self.later)
         wanted = max(0, room if limit is None else min(limit, room))

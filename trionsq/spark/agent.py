@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import pickle
+import secrets
 import signal
 import socket
 import sys
@@ -81,7 +82,9 @@ class QueryRun:
         self._error: str | None = None
         self._nursery: trio.Nursery | None = None
         self._status_due = trio.Event()
-        self._last_status = -1
+        #: this agent's name at the coordinator: a new link (after one was lost) is a
+        #: new name, so that the coordinator never confuses the two
+        self.name = f"{agent.id}#{secrets.token_hex(4)}"
 
     # --- life ---
 
@@ -136,7 +139,7 @@ class QueryRun:
             "op": "hello",
             "id": 0,
             "token": self.token,
-            "agent": self.agent.id,
+            "agent": self.name,
             "executor": identity.executor_id,
             "host": identity.host,
             "cores": identity.cores,
@@ -274,10 +277,12 @@ class QueryRun:
                 await held.message.touch()
 
     async def _idle_slots_loop(self) -> None:
+        """Close the slots no task used for a while, but one: its prefetch tells the
+        coordinator when messages wait (and serves the next task at once)."""
         while True:
             await trio.sleep(SLOT_IDLE / 4)
             now = trio.current_time()
-            for slot in list(self.slots):
+            for slot in sorted(self.slots, key=lambda s: s.last_used)[:-1]:
                 if not slot.busy and not slot.in_sets and now - slot.last_used > SLOT_IDLE:
                     self.slots.remove(slot)
                     count = await slot.requeue_unbatched()
@@ -334,7 +339,7 @@ class QueryRun:
         set_id = int(decision["set"])
         topic = self.options.topic
         if not decision["fresh"]:
-            if decision["holder"] == self.agent.id:
+            if decision["holder"] == self.name:
                 entry = self.sets.get(set_id)
                 if entry is None:
                     raise ReadError(f"message set {set_id} is no longer held here")

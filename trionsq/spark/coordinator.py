@@ -292,7 +292,10 @@ class Coordinator:
     async def latest(self, start: int, per_trigger: int | None) -> int:
         """Commit through ``start``, then the end of the next batch (``start``: none)."""
         await self.commit(start)
-        if self.agents and self.buffered() == 0:
+        # With no agent (the first batch, or all were lost) or no slot open yet,
+        # nobody could report messages: a batch finds out (and opens them).
+        probing = not any(agent.slots for agent in self.agents.values())
+        if not probing and self.buffered() == 0:
             self._data = trio.Event()
             with trio.move_on_after(self.options.max_batch_wait):
                 await self._data.wait()
