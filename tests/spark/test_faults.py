@@ -112,7 +112,7 @@ def test_every_subscriber_is_an_executor_process(
     daemons = real_nsqds(3)
     expected = []
     for n, daemon in enumerate(daemons):
-        bodies = bodies_for(f"n{n}", 2000)
+        bodies = bodies_for(f"n{n}", 1000)
         http_publish(daemon, TOPIC, bodies)
         expected += bodies
     query = parquet(stream(spark, daemons), out, available_now=True)
@@ -124,7 +124,7 @@ def test_every_subscriber_is_an_executor_process(
         time.sleep(0.05)
     assert query.exception() is None
     counts = check(spark, out, expected, duplicates_at_most=0)
-    assert sum(counts.values()) == 6000
+    assert sum(counts.values()) == 3000
     executors = executor_pids(spark)
     on_executors = set().union(*(descendants(pid) for pid in executors.values()))
     assert subscribers and subscribers <= on_executors
@@ -170,7 +170,7 @@ def test_a_query_stopped_and_started_again_loses_nothing(
     spark: SparkSession, real_nsqds: Callable[..., list[Any]], out: Path
 ) -> None:
     [daemon] = real_nsqds(1)
-    expected = bodies_for("s", 5000)
+    expected = bodies_for("s", 3000)
     http_publish(daemon, TOPIC, expected)
     options = {"max_messages_per_trigger": "500"}
     query = parquet(stream(spark, [daemon], **options), out)
@@ -190,7 +190,7 @@ def test_an_executor_killed_mid_batch_loses_nothing(
     spark: SparkSession, real_nsqds: Callable[..., list[Any]], out: Path
 ) -> None:
     [daemon] = real_nsqds(1)
-    expected = bodies_for("e", 8000)
+    expected = bodies_for("e", 5000)
     http_publish(daemon, TOPIC, expected)
 
     @F.udf("binary")
@@ -220,7 +220,7 @@ def test_an_nsqd_killed_and_restarted_loses_nothing(
     spark: SparkSession, real_nsqds: Callable[..., list[Any]], out: Path
 ) -> None:
     steady, victim = real_nsqds(2)
-    kept, flaky = bodies_for("kept", 3000), bodies_for("flaky", 3000)
+    kept, flaky = bodies_for("kept", 2000), bodies_for("flaky", 2000)
     http_publish(steady, TOPIC, kept)
     http_publish(victim, TOPIC, flaky)
     # Make the victim's own losses impossible: SIGKILL loses what nsqd holds in memory
@@ -251,7 +251,7 @@ def test_the_driver_killed_mid_batch_restarts_from_its_checkpoint(
     spark: SparkSession, real_nsqds: Callable[..., list[Any]], out: Path
 ) -> None:
     [daemon] = real_nsqds(1)
-    expected = bodies_for("d", 20000)
+    expected = bodies_for("d", 5000)
     http_publish(daemon, TOPIC, expected)
     checkpoint, output = out / "checkpoint", out / "out"
     argv = [
@@ -259,7 +259,7 @@ def test_the_driver_killed_mid_batch_restarts_from_its_checkpoint(
         str(ROOT / "examples" / "spark_archive.py"),
         "--topic", TOPIC, "--channel", CHANNEL, "--nsqd", daemon.tcp_address,
         "--output", str(output), "--checkpoint", str(checkpoint),
-        "--max-per-trigger", "1000", "--every", "0 seconds", "--option", "msg_timeout=5",
+        "--max-per-trigger", "500", "--every", "0 seconds", "--option", "msg_timeout=5",
     ]  # fmt: skip
     driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
     try:
@@ -284,5 +284,5 @@ def test_the_driver_killed_mid_batch_restarts_from_its_checkpoint(
     counts = Counter(r.body for r in spark.read.parquet(str(output)).select("body").collect())
     missing = set(expected) - set(counts)
     assert not missing, f"{len(missing)} lost"
-    assert sum(n - 1 for n in counts.values()) <= max(held, 1000)
+    assert sum(n - 1 for n in counts.values()) <= max(held, 500)
     wait_for(lambda: drained([daemon]), what="nothing left in flight")
