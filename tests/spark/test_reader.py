@@ -546,6 +546,7 @@ def test_a_killed_agent_loses_nothing(
         [agent] = agent_pids(nsqd)
         os.kill(agent, signal.SIGKILL)
         wait_for(lambda: not _alive(agent), what="the agent's death")
+        wait_for(lambda: not linked_agents(reader), what="the coordinator to notice")
         # No requeue this time: nsqd times the messages out, and they come again.
         end = 1
         seen: list[bytes] = []
