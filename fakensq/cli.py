@@ -684,18 +684,51 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
         # nsqd keeps its data in the working directory then (and /config shows
         # the empty flag).
         options = options.replace(data_path=os.getcwd(), data_path_shown="")
+    lock: int | None = None
     try:
+        lock = _lock_data_path(options.data_path)
         options = check_nsqd_options(options)
+        # nsqd.New logs these once its options are checked, then listens.
+        _setup_logging(options.log_prefix, options.log_level, sys.stderr)
+        log = logging.getLogger("fakensq.nsqd.main")
+        log.info(version_string("nsqd"))
+        log.info("ID: %d", options.node_id)
+        _check_listeners(options.tcp_address, options.http_address)
     except ValueError as exc:
+        if lock is not None:
+            os.close(lock)
         return _fatal(options.log_prefix, f"failed to instantiate nsqd - {exc}")
-    _setup_logging(options.log_prefix, options.log_level, sys.stderr)
     try:
-        trio.run(_run_nsqd, options)
-    except (OSError, ValueError) as exc:
-        return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(exc)}")
-    except BaseExceptionGroup as group:
-        return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(group)}")
-    return 0
+        try:
+            trio.run(_run_nsqd, options)
+        except (OSError, ValueError) as exc:
+            return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(exc)}")
+        except BaseExceptionGroup as group:
+            return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(group)}")
+        return 0
+    finally:
+        os.close(lock)
+
+
+def _lock_data_path(path: str) -> int:
+    """nsqd's dirlock: an exclusive flock on the data folder for the process's
+    life (a second nsqd on the same folder is refused); its descriptor."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ValueError(f"failed to lock data-path: {_go_os_error(exc)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        reason = _go_os_error(exc)
+        raise ValueError(
+            f"failed to lock data-path: cannot flock directory {path} - {reason} "
+            "(possibly in use by another instance of nsqd)"
+        ) from None
+    return fd
 
 
 def _go_os_error(exc: OSError, op: str = "open") -> str:
@@ -708,13 +741,6 @@ def _go_os_error(exc: OSError, op: str = "open") -> str:
 def check_nsqd_options(options: NSQDOptions) -> NSQDOptions:
     """nsqd.New's checks, in its order, with its texts (ValueError); returns the
     options as nsqd goes on with them (a client auth policy requires TLS)."""
-    try:
-        with open(options.data_path):  # dirlock opens the folder
-            pass
-    except IsADirectoryError:
-        pass
-    except OSError as exc:
-        raise ValueError(f"failed to lock data-path: {_go_os_error(exc)}") from None
     if not 1 <= options.max_deflate_level <= 9:
         raise ValueError("--max-deflate-level must be [1,9]")
     if not 0 <= options.node_id < 1024:
@@ -737,6 +763,18 @@ def check_nsqd_options(options: NSQDOptions) -> NSQDOptions:
     return options
 
 
+def _check_listeners(*addresses: str, unix: bool = True) -> None:
+    """nsqd.New's and nsqlookupd.New's listens, in order: ValueError with
+    ``listen (ADDRESS) failed - ...`` for the first that would fail."""
+    from .listeners import listen_error
+
+    for address in addresses:
+        if address:
+            error = listen_error(address, unix=unix)
+            if error is not None:
+                raise ValueError(f"listen ({address}) failed - {error}")
+
+
 def _first_error(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -749,8 +787,6 @@ async def _run_nsqd(options: NSQDOptions) -> None:
 
     log = logging.getLogger("fakensq.nsqd.main")
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        log.info(version_string("nsqd"))
-        log.info("ID: %d", options.node_id)
         async with NSQD(options=options) as nsqd:
             log.info("TCP: listening on %s", nsqd.tcp_address)
             if nsqd.http_address:
@@ -775,6 +811,19 @@ def nsqlookupd_main(argv: Sequence[str] | None = None) -> int:
     if isinstance(options, int):
         return options
     _setup_logging(options.log_prefix, options.log_level, sys.stderr)
+    # nsqlookupd.New logs its version, then listens.
+    logging.getLogger("fakensq.nsqlookupd").info(
+        version_string("nsqlookupd"), extra={"nsq_prefix": options.log_prefix}
+    )
+    try:
+        _check_listeners(options.tcp_address, options.http_address, unix=False)
+    except ValueError as exc:
+        # nsqlookupd's main.go passes the error to a format without a verb:
+        # Go prints it as %!(EXTRA ...).
+        return _fatal(
+            options.log_prefix,
+            f"failed to instantiate nsqlookupd%!(EXTRA *errors.errorString={exc})",
+        )
     try:
         trio.run(_run_nsqlookupd, options)
     except (OSError, ValueError) as exc:
@@ -785,10 +834,7 @@ def nsqlookupd_main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run_nsqlookupd(options: LookupdOptions) -> None:
-    log = logging.getLogger("fakensq.nsqlookupd")
-    extra = {"nsq_prefix": options.log_prefix}
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        log.info(version_string("nsqlookupd"), extra=extra)
         # NSQLookupd logs "TCP: listening on" and "HTTP: listening on" itself.
         async with NSQLookupd(options):
             await _wait_for_signal(signals)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import re
 import subprocess
@@ -48,8 +49,14 @@ def run(kind: str, daemon: str, *args: str) -> tuple[int, str, str]:
     if kind == "fakensq":
         main = nsqd_main if daemon == "nsqd" else nsqlookupd_main
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = main(list(args))
+        # The command sets up fakensq's logging as a process would: put it back.
+        logger = logging.getLogger("fakensq")
+        saved = (list(logger.handlers), logger.level, logger.propagate)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = main(list(args))
+        finally:
+            logger.handlers[:], logger.level, logger.propagate = saved
         return status, out.getvalue(), err.getvalue()
     return run_process(_command(kind, daemon), *args)
 
@@ -294,3 +301,73 @@ def test_the_console_scripts(daemon: str, how: str, tmp_path: Path) -> None:
         pytest.skip(f"fakensq ran it; no real {daemon}: {reference.skip_reason()}")
     assert fake == real
     assert run_process(command, "--nope")[:2] == run("real", daemon, "--nope")[:2]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--tcp-address=127.0.0.1:99999",),
+        ("--http-address=127.0.0.1:0", "--tcp-address=127.0.0.1:65536"),
+        ("--tcp-address=nohost.invalid:1",),
+        ("--tcp-address=/nonexistent/dir/nsqlookupd.sock",),
+        ("--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:x"),
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_nsqlookupd_listen_errors(args: tuple[str, ...]) -> None:
+    # The host lookup's error names the resolver on nsqlookupd: compared to it.
+    status, _, _err = compare_lines("nsqlookupd", *args)
+    assert status == 1
+
+
+@pytest.mark.parametrize("daemon", DAEMONS)
+@pytest.mark.parametrize("which", ["tcp", "http"])
+def test_address_in_use(daemon: str, which: str, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = f"127.0.0.1:{busy.getsockname()[1]}"
+        other = "tcp" if which == "http" else "http"
+        args = [f"--{which}-address={taken}", f"--{other}-address=127.0.0.1:0"]
+        if daemon == "nsqd":
+            args.append(f"--data-path={tmp_path}")
+        status, _, err = compare_lines(daemon, *args)
+    assert status == 1 and "address already in use" in err
+
+
+def compare_lines(daemon: str, *args: str) -> tuple[int, str, str]:
+    """:func:`compare` up to a host lookup's resolver address (Go names the DNS
+    server it asked)."""
+    fake = run("fakensq", daemon, *args)
+    if reference.binary(daemon) is None:
+        pytest.skip(f"fakensq ran it; no real {daemon}: {reference.skip_reason()}")
+    real = run("real", daemon, *args)
+    out = []
+    for status, stdout, stderr in (fake, real):
+        text = re.sub(r"(lookup \S+) on \S+: ", r"\1: ", _strip_log(stderr))
+        out.append((status, stdout, text))
+    assert out[0] == out[1]
+    return out[0]
+
+
+def test_data_path_in_use(tmp_path: Path) -> None:
+    """nsqd locks its data folder: a second nsqd on it is refused."""
+    import fcntl
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another "instance"
+        args = (
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={tmp_path}",
+        )
+        fake = run_process(_command("fakensq", "nsqd"), *args)
+        real = run_process(_command("real", "nsqd"), *args)
+    finally:
+        os.close(fd)
+    assert (fake[0], _strip_log(fake[2])) == (real[0], _strip_log(real[2]))
+    assert fake[0] == 1 and "possibly in use by another instance of nsqd" in fake[2]
