@@ -1,0 +1,258 @@
+"""Random command sequences on several connections, run on fakensq and on nsqd.
+
+Hypothesis draws a sequence of steps; each step is one command (valid or not:
+IDENTIFY with assorted fields, SUB, RDY, PUB, MPUB, DPUB, FIN, REQ, TOUCH, CLS,
+NOP, unknown commands, bad names and numbers) sent on one of three
+connections, or a connection closed.  After each step every open connection
+reads up to a sync point, so the transcripts are deterministic:
+
+- each connection subscribes only to a channel of its own (``c0``, ``c1``...),
+  so nsqd's random choice between consumers of one channel never comes in;
+- nothing depends on time: no heartbeat or msg_timeout short enough to fire,
+  no DPUB or REQ delay short enough to come due (long ones stay deferred);
+- how many messages each connection gets after a step is not known in
+  advance: fakensq runs first and its counts tell the real run how many to
+  wait for before the sync point.  If nsqd delivered another number, the
+  transcripts differ (or the wait times out, which fails the example too).
+
+The node's topics and channels are compared at the end as well.  Runs are
+derandomized (the suite's hypothesis profile).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from trionsq.protocol import commands as cmds
+
+from .conftest import Conformance, Target
+from .session import Session
+from .tcp import node_state
+
+CONNECTIONS = 3
+TOPICS = ["t0", "t1"]
+BOGUS_ID = b"0123456789abcdef"
+
+
+@dataclass(frozen=True)
+class Step:
+    conn: int
+    kind: str
+    args: tuple[Any, ...] = ()
+
+
+def _body(data: bytes) -> bytes:
+    return struct.pack(">l", len(data)) + data
+
+
+bodies = st.binary(min_size=1, max_size=12)
+# Mostly valid values (invalid ones end the connection, and the rest of the
+# sequence then tests less), some invalid ones.
+topic_names = st.sampled_from([*TOPICS, *TOPICS, *TOPICS, "", "a b", "bad!", "x" * 65])
+identify_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "feature_negotiation": st.booleans(),
+        "client_id": st.sampled_from(["", "me", "h\u00e9"]),
+        "user_agent": st.sampled_from(["", "random/1.0"]),
+        # Intervals short enough to fire are left out: they would race the steps.
+        "heartbeat_interval": st.sampled_from([0, 30000, 60000, -1, 999, 60001]),
+        "output_buffer_size": st.sampled_from([0, 64, 16384, -1, 63, 65537]),
+        "output_buffer_timeout": st.sampled_from([0, 25, 100, -1, 24, 30001]),
+        "msg_timeout": st.sampled_from([0, 60000, 999, 900001]),
+        "sample_rate": st.sampled_from([0, 99, 100, -1]),
+        "snappy": st.booleans(),
+        "deflate": st.booleans(),
+        "deflate_level": st.sampled_from([0, 1, 6, 9]),
+    },
+)
+
+#: Step kinds, the common ones several times (a rough weighting).
+KINDS = [
+    *["pub"] * 6,
+    *["mpub"] * 3,
+    *["dpub"] * 2,
+    *["fin"] * 6,
+    *["req"] * 3,
+    *["touch"] * 2,
+    *["rdy"] * 3,
+    *["sub"] * 2,
+    "identify",
+    "pub_empty",
+    "cls",
+    "nop",
+    "unknown",
+    "short_fin",
+    "close",
+]
+
+
+def step_strategy(conn: int) -> st.SearchStrategy[Step]:
+    own = f"c{conn}"
+    channels = st.sampled_from([own, own, own, f"{own}#ephemeral", "bad channel", ""])
+    refs = st.sampled_from([0, 0, 1, 2, -1])  # -1: an id nsqd never gave out
+    args: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
+        "identify": st.tuples(identify_fields),
+        "sub": st.tuples(topic_names, channels),
+        "rdy": st.tuples(st.sampled_from(["1", "2", "5", "0", "2500", "2501", "-1", "x", ""])),
+        "pub": st.tuples(topic_names, bodies),
+        "mpub": st.tuples(topic_names, st.lists(bodies, min_size=0, max_size=3)),
+        # 0 is due at once; an hour never comes due during the test.
+        "dpub": st.tuples(
+            topic_names, st.sampled_from(["0", "0", "3600000", "3600001", "-1"]), bodies
+        ),
+        "fin": st.tuples(refs),
+        "req": st.tuples(refs, st.sampled_from(["0", "0", "0", "3600000", "99999999", "-1", "x"])),
+        "touch": st.tuples(refs),
+    }
+    return st.sampled_from(KINDS).flatmap(
+        lambda kind: st.builds(Step, st.just(conn), st.just(kind), args.get(kind, st.just(())))
+    )
+
+
+def _setup(conn: int, topic: str, rdy: str) -> list[Step]:
+    return [
+        Step(conn, "identify", ({"feature_negotiation": True},)),
+        Step(conn, "sub", (topic, f"c{conn}")),
+        Step(conn, "rdy", (rdy,)),
+    ]
+
+
+# Connections often start subscribed with room for messages, so that the random
+# steps that follow have deliveries, FINs and REQs to act on.
+setups = st.tuples(
+    st.permutations(list(range(CONNECTIONS))),
+    st.integers(min_value=2, max_value=CONNECTIONS),
+    st.lists(st.sampled_from(TOPICS), min_size=CONNECTIONS, max_size=CONNECTIONS),
+    st.lists(st.sampled_from(["1", "3"]), min_size=CONNECTIONS, max_size=CONNECTIONS),
+).map(
+    lambda s: [
+        step
+        for conn, topic, rdy in zip(s[0][: s[1]], s[2], s[3], strict=False)
+        for step in _setup(conn, topic, rdy)
+    ]
+)
+
+steps = st.tuples(
+    setups,
+    st.lists(
+        st.integers(min_value=0, max_value=CONNECTIONS - 1).flatmap(step_strategy),
+        min_size=1,
+        max_size=25,
+    ),
+).map(lambda parts: parts[0] + parts[1])
+
+
+@dataclass
+class Plan:
+    """Messages each connection got after each step on fakensq (what the real
+    run waits for before its sync points)."""
+
+    counts: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+def _message_id(session: Session, ref: int) -> bytes:
+    if ref < 0 or not session.messages:
+        return BOGUS_ID
+    return session.messages[-1 - min(ref, len(session.messages) - 1)].id
+
+
+def _command(session: Session, step: Step) -> bytes:
+    kind, args = step.kind, step.args
+    if kind == "identify":
+        return cmds.identify(args[0])
+    if kind == "sub":
+        return f"SUB {args[0]} {args[1]}\n".encode()
+    if kind == "rdy":
+        return f"RDY {args[0]}\n".encode() if args[0] else b"RDY\n"
+    if kind == "pub":
+        return f"PUB {args[0]}\n".encode() + _body(args[1])
+    if kind == "pub_empty":
+        return b"PUB t0\n" + _body(b"")
+    if kind == "mpub":
+        inner = struct.pack(">l", len(args[1])) + b"".join(_body(b) for b in args[1])
+        return f"MPUB {args[0]}\n".encode() + _body(inner)
+    if kind == "dpub":
+        return f"DPUB {args[0]} {args[1]}\n".encode() + _body(args[2])
+    if kind == "fin":
+        return cmds.fin(_message_id(session, args[0]))
+    if kind == "req":
+        return b"REQ " + _message_id(session, args[0]) + f" {args[1]}\n".encode()
+    if kind == "touch":
+        return cmds.touch(_message_id(session, args[0]))
+    if kind == "cls":
+        return cmds.cls()
+    if kind == "nop":
+        return cmds.nop()
+    if kind == "short_fin":
+        return b"FIN 1234\n"
+    return b"NOPE\n"
+
+
+async def run_steps(t: Target, plan: Plan, sequence: list[Step]) -> Any:
+    sessions: dict[int, Session] = {}
+    generation = [0] * CONNECTIONS
+
+    async def session(i: int) -> Session:
+        if i not in sessions or sessions[i].closed:
+            generation[i] += 1
+            sessions[i] = await t.connect(f"c{i}.{generation[i]}")
+        return sessions[i]
+
+    for index, step in enumerate(sequence):
+        s = await session(step.conn)
+        if step.kind == "close":
+            await s.close()
+        else:
+            command = _command(s, step)
+            if step.kind == "identify":
+                await s.identify(**step.args[0])  # (follows the negotiated compression)
+            else:
+                await s.send(command)
+                if command.split(b"\n", 1)[0].split(b" ", 1)[0] in {
+                    b"PUB",
+                    b"MPUB",
+                    b"DPUB",
+                    b"SUB",
+                    b"CLS",
+                }:
+                    await s.read(1, heartbeats=False)
+        # Every open connection reads what this step sent it, then syncs.
+        for i in sorted(sessions):
+            c = sessions[i]
+            if c.closed:
+                continue
+            key = (index, i)
+            if t.kind == "fakensq":
+                before = len(c.messages)
+                await c.sync()
+                plan.counts[key] = len(c.messages) - before
+            else:
+                await c.read_messages(plan.counts.get(key, 0))
+                await c.sync()
+    if t.kind == "real":
+        delivered = sum(1 for e in t.transcript if e[1] == "msg")
+        errors = sum(1 for e in t.transcript if e[1].startswith("E_"))
+        event(f"messages delivered: {'0' if not delivered else '1-5' if delivered <= 5 else '6+'}")
+        event(f"error frames: {'0' if not errors else '1' if errors == 1 else '2+'}")
+    return await node_state(t)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(sequence=steps)
+async def test_random_command_sequences(conformance: Conformance, sequence: list[Step]) -> None:
+    plan = Plan()
+
+    async def scenario(t: Target) -> Any:
+        return await run_steps(t, plan, sequence)
+
+    await conformance.nsqd(scenario)
