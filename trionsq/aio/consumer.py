@@ -130,7 +130,8 @@ class Consumer:
         self._ready: deque[Message] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: set[asyncio.Task[None]] = set()
-        self._idle_workers = 0
+        self._idle: deque[asyncio.Future[None]] = deque()  # handler workers with nothing to do
+        self._waking = 0  # workers started or woken that have not run yet
         self._tasks: set[asyncio.Task[None]] = set()
         self._since_yield = 0
 
@@ -258,22 +259,23 @@ class Consumer:
         while arrived:
             ready.append(arrived.popleft())
             count += 1
+        if self._handler is not None:
+            if not self._waking and not self._stopping:
+                self._wake_workers(1)
+            return
         waiters = self._waiters
         while waiters and count:
             waiter = waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 count -= 1
-        if self._handler is not None and not self._stopping:
-            for _ in range(count):  # messages no idle worker will take
-                if not self._start_worker():
-                    break
 
     def _wake_all(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        for waiters in (self._waiters, self._idle):
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _on_end(self, error: BaseException | None) -> None:
         # In the Trio loop's thread, as the consumer's service ends.
@@ -319,34 +321,68 @@ class Consumer:
 
     # --- handlers ---
 
-    def _start_worker(self) -> bool:
-        if len(self._workers) >= max(1, self.config.max_in_flight) or self._loop is None:
-            return False
-        task = self._loop.create_task(self._worker(), name="trionsq-handler")
-        self._workers.add(task)
-        task.add_done_callback(self._workers.discard)
-        return True
+    # Handlers run in a pool of worker tasks that grows on demand up to
+    # max_in_flight, woken sparingly as in trionsq.Consumer: one wake-up per
+    # batch of arrivals, and a worker just woken that finds more messages ready
+    # than workers on their way wakes two more.  A quick handler drains a batch
+    # in one task step; a handler that waits fans the pool out in a few steps.
+
+    def _wake_workers(self, count: int) -> None:
+        for _ in range(count):
+            idle = self._idle
+            while idle and idle[0].done():
+                idle.popleft()
+            if idle:
+                idle.popleft().set_result(None)
+            elif len(self._workers) < max(1, self.config.max_in_flight) and self._loop:
+                task = self._loop.create_task(self._worker(), name="trionsq-handler")
+                self._workers.add(task)
+                task.add_done_callback(self._workers.discard)
+            else:
+                return
+            self._waking += 1
 
     async def _worker(self) -> None:
         handler = self._handler
-        assert handler is not None
-        while True:
-            try:
-                message = await self._next()
-            except StopAsyncIteration:
-                return
-            try:
-                result = handler(message)
-                if result is not None and inspect.isawaitable(result):
-                    await result
-            except asyncio.CancelledError:
-                message._requeue(0, False)  # cut off by the close: back at once
-                raise
-            except Exception as exc:
-                log.warning("handler failed for %r: %r", message, exc, exc_info=True)
-                message._requeue(None, True)
-            else:
-                message._finish()
+        assert handler is not None and self._loop is not None
+        ready = self._ready
+        woken = True  # counted in _waking until it runs
+        fresh = False
+        try:
+            while True:
+                if woken:
+                    woken = False
+                    fresh = True
+                    self._waking -= 1
+                if self._stopping:
+                    return
+                if not ready:
+                    idle: asyncio.Future[None] = self._loop.create_future()
+                    self._idle.append(idle)
+                    await idle
+                    woken = True
+                    continue
+                message = ready.popleft()
+                if fresh:
+                    fresh = False
+                    spare = len(ready) - self._waking
+                    if spare > 0:
+                        self._wake_workers(min(2, spare))
+                try:
+                    result = handler(message)
+                    if result is not None and inspect.isawaitable(result):
+                        await result
+                except asyncio.CancelledError:
+                    message._requeue(0, False)  # cut off by the close: back at once
+                    raise
+                except Exception as exc:
+                    log.warning("handler failed for %r: %r", message, exc, exc_info=True)
+                    message._requeue(None, True)
+                else:
+                    message._finish()
+        finally:
+            if woken:
+                self._waking -= 1
 
     async def _give_up(self, message: HandedMessage) -> None:
         """In the Trio loop: run the user's give_up in the asyncio loop, wait for it."""
