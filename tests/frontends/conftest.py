@@ -130,6 +130,87 @@ def nsqds(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Nsqds]:
             daemon.close()
 
 
+class FakeCluster:
+    """fakensq: ``nsqd`` nsqds registered with one nsqlookupd."""
+
+    kind = "fakensq"
+
+    def __init__(self, root: Path, nsqd: int, options: dict[str, Any]) -> None:
+        self._node: BackgroundNode[Cluster] = BackgroundNode(
+            lambda: Cluster(nsqd=nsqd, lookupd=1, nsqd_options=options, data_root=str(root)),
+            name="fakensq-cluster",
+        )
+        self.cluster = self._node.start()
+        self.nsqd_tcp_addresses = list(self.cluster.nsqd_tcp_addresses)
+        self.nsqd_http_addresses = list(self.cluster.nsqd_http_addresses)
+        self.lookupd_http_addresses = list(self.cluster.lookupd_http_addresses)
+
+    def kill_nsqd(self, i: int) -> None:
+        self._node.call(self.cluster.kill_nsqd, i)
+
+    def start_nsqd(self, i: int) -> None:
+        self._node.call(self.cluster.start_nsqd, i)
+
+    def close(self) -> None:
+        self._node.stop()
+
+
+class RealCluster:
+    """The real v1.3.0: ``nsqd`` nsqds registered with one nsqlookupd."""
+
+    kind = "nsqd"
+
+    def __init__(self, nsqd: int, options: dict[str, Any]) -> None:
+        self._lookupd = reference.RealDaemon("nsqlookupd")
+        self._lookupd.start()
+        flags = [f"--lookupd-tcp-address={self._lookupd.tcp_address}", *_flags(options)]
+        self._nsqds = [reference.RealDaemon("nsqd", flags) for _ in range(nsqd)]
+        for daemon in self._nsqds:
+            daemon.start()
+        self.nsqd_tcp_addresses = [d.tcp_address for d in self._nsqds]
+        self.nsqd_http_addresses = [d.http_address for d in self._nsqds]
+        self.lookupd_http_addresses = [self._lookupd.http_address]
+
+    def kill_nsqd(self, i: int) -> None:
+        self._nsqds[i].kill()
+
+    def start_nsqd(self, i: int) -> None:
+        self._nsqds[i].start()
+
+    def close(self) -> None:
+        for daemon in self._nsqds:
+            daemon.close()
+        self._lookupd.close()
+
+
+@pytest.fixture(params=["fakensq", "nsqd"])
+def clusters(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., FakeCluster | RealCluster]]:
+    """``clusters(nsqd=2, **nsqd_options)``: nsqds and an nsqlookupd, fakensq's or real."""
+    if request.param == "nsqd":
+        reference.require("nsqd")
+        reference.require("nsqlookupd")
+    started: list[FakeCluster | RealCluster] = []
+
+    def make(nsqd: int = 2, **options: Any) -> FakeCluster | RealCluster:
+        cluster: FakeCluster | RealCluster
+        if request.param == "fakensq":
+            root = tmp_path / f"cluster-{len(started)}"
+            root.mkdir()
+            cluster = FakeCluster(root, nsqd, options)
+        else:
+            cluster = RealCluster(nsqd, options)
+        started.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in reversed(started):
+            cluster.close()
+
+
 @pytest.fixture
 def daemon(nsqds: Nsqds) -> Daemon:
     """One nsqd with default options, fakensq's or the real one."""
@@ -242,16 +323,12 @@ def auth_server() -> Iterator[AuthServer]:
 
 @pytest.fixture
 def no_threads_left() -> Iterator[None]:
-    """Fails the test if it leaves a thread behind (the daemons' are allowed)."""
-    before = set(threading.enumerate())
+    """Fails the test if a thread of the front ends outlives it (they are all
+    named ``trionsq-...``: loop threads, handler threads, give-up helpers)."""
     yield
     deadline = time.monotonic() + 5
     while True:
-        left = [
-            t
-            for t in set(threading.enumerate()) - before
-            if t.is_alive() and not t.name.startswith(("fakensq", "Thread-"))
-        ]
+        left = [t for t in threading.enumerate() if t.name.startswith("trionsq") and t.is_alive()]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.01)

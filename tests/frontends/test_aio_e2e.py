@@ -328,3 +328,31 @@ def test_no_thread_outlives_the_block(daemon: Daemon) -> None:
 
     run(main)
     assert "trionsq-asyncio-producer" in names
+
+
+def test_discovery_and_failover(clusters: Any) -> None:
+    cluster = clusters(nsqd=2)
+    first, second = cluster.nsqd_tcp_addresses
+
+    async def main() -> list[bytes]:
+        received: list[bytes] = []
+        async with aio.Consumer(
+            "topic",
+            "chan",
+            lookupd_http_addresses=cluster.lookupd_http_addresses,
+            lookupd_poll_interval=0.1,
+            handler=lambda m: received.append(m.body),
+        ) as consumer:
+            async with aio.Producer([first, second], connect_timeout=1.0) as producer:
+                await producer.publish("topic", b"one")
+                assert producer.address == first
+                await until(lambda: consumer.connections == [first])
+                await asyncio.to_thread(cluster.kill_nsqd, 0)
+                await until(lambda: producer.address is None)
+                await producer.publish("topic", b"two")  # failed over
+                assert producer.address == second
+            await until(lambda: consumer.connections == [second])  # found through lookupd
+            await until(lambda: sorted(received) == [b"one", b"two"])
+        return received
+
+    run(main)

@@ -339,3 +339,77 @@ async def test_blocking_calls_from_a_trio_task_raise_at_once(daemon: Daemon) -> 
     consumer = blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address])
     with pytest.raises(blocking.BlockingInTrioError):
         consumer.start()
+
+
+def test_the_producer_fails_over_when_an_nsqd_dies(clusters: Any) -> None:
+    cluster = clusters(nsqd=2)
+    first, second = cluster.nsqd_tcp_addresses
+    with blocking.Producer([first, second], connect_timeout=1.0) as producer:
+        producer.publish("topic", b"to-first")
+        assert producer.address == first
+        cluster.kill_nsqd(0)
+        wait_until(lambda: producer.address is None)
+        producer.publish("topic", b"to-second")
+        assert producer.address == second
+    with blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[second]) as consumer:
+        assert next(iter(consumer)).body == b"to-second"
+
+
+def test_discovery_as_nsqds_come_and_go(clusters: Any) -> None:
+    cluster = clusters(nsqd=2)
+    for index, address in enumerate(cluster.nsqd_tcp_addresses):
+        with blocking.Producer([address]) as producer:
+            producer.publish("topic", b"from-%d" % index)
+    received: list[bytes] = []
+    lock = threading.Lock()
+
+    def handler(message: blocking.Message) -> None:
+        with lock:
+            received.append(message.body)
+
+    with blocking.Consumer(
+        "topic",
+        "chan",
+        lookupd_http_addresses=cluster.lookupd_http_addresses,
+        lookupd_poll_interval=0.1,
+        handler=handler,
+        concurrency=2,
+    ) as consumer:
+        wait_until(lambda: sorted(received) == [b"from-0", b"from-1"])
+        assert consumer.connections == sorted(cluster.nsqd_tcp_addresses)
+        cluster.kill_nsqd(1)  # gone: the consumer lets it go
+        wait_until(lambda: consumer.connections == [cluster.nsqd_tcp_addresses[0]])
+        cluster.start_nsqd(1)  # back: found again through nsqlookupd
+        with blocking.Producer([cluster.nsqd_tcp_addresses[1]]) as producer:
+            producer.publish("topic", b"again")
+        wait_until(lambda: b"again" in received)
+
+
+def test_touch_keeps_a_slow_message_and_rdy_bounds_what_comes(nsqds: Nsqds) -> None:
+    daemon = nsqds(msg_timeout=1.0)
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.multi_publish("topic", [b"%d" % i for i in range(12)])
+    with blocking.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=4
+    ) as consumer:
+        held = [next(iter(consumer)) for _ in range(4)]
+        # RDY 4: nsqd hands out 4 and no more while they are unanswered.
+        wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 4)
+        for _ in range(6):  # 1.8 s, past the 1 s msg_timeout, touched every 0.3 s
+            time.sleep(0.3)
+            for message in held:
+                message.touch()
+            assert stats(daemon, "topic", "chan")["in_flight_count"] == 4
+            assert consumer.stats.received == 4
+        for message in held:
+            message.finish()
+        rest = []
+        for message in consumer:
+            message.finish()
+            rest.append(message)
+            if len(rest) == 8:
+                break
+    channel = stats(daemon, "topic", "chan")
+    assert channel["timeout_count"] == 0 and channel["requeue_count"] == 0
+    assert all(m.attempts == 1 for m in held + rest)
+    assert sorted(int(m.body) for m in held + rest) == list(range(12))
