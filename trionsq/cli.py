@@ -83,7 +83,14 @@ def _top_usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``trionsq COMMAND [flags]``; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    # From the start: a SIGTERM while the command is still starting makes it
+    # stop as soon as it runs (exit 0), rather than kill it half-started.
+    signals = _Signals()
+    with signals.installed():
+        return _main(list(sys.argv[1:] if argv is None else argv), signals)
+
+
+def _main(args: list[str], signals: _Signals) -> int:
     level = "warn"
     while args and args[0].startswith("-"):
         option, _, value = args.pop(0).lstrip("-").partition("=")
@@ -127,11 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    signals = _Signals()
     try:
         prepared = module.prepare(parsed)
-        with signals.installed():
-            status: int = trio.run(_run, module.run, parsed, prepared, signals)
+        status: int = trio.run(_run, module.run, parsed, prepared, signals)
     except (ToolError, BaseExceptionGroup) as exc:
         error = _tool_error(exc)
         if error is None:

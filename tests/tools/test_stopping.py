@@ -4,6 +4,7 @@ large --max-in-flight (the reported stall: 2,000 messages at 2,500 in flight).""
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import time
@@ -77,7 +78,10 @@ def test_stat_and_pub_leave_promptly(nsqd: NSQD) -> None:
     stat = start_tool(
         "stat", "--topic=t", "--channel=c", f"--nsqd-http-address={nsqd.http_address}"
     )
-    time.sleep(0.5)  # let it print a row or two; nothing to wait for
+    # Running (not still starting, before it handles signals): it printed.
+    assert stat.stdout is not None
+    ready, _, _ = select.select([stat.stdout], [], [], 30)
+    assert ready and stat.stdout.readline().startswith(b"---")
     assert stop_within(stat, PROMPT, signal.SIGTERM)[0] == 0
     pub = subprocess.Popen(
         command("pub", "--topic=t", f"--nsqd-tcp-address={nsqd.tcp_address}"),
