@@ -152,7 +152,8 @@ class Admin:
         self.watch_interval = watch_interval
         self.timeline = Timeline()
         self.history = History(chart_window=chart_window)
-        self.server = HTTPServer(self.handle, server_name="fakensq-admin")
+        # No Server header: nsqadmin (Go's net/http) sends none.
+        self.server = HTTPServer(self.handle)
         self.api: NSQAdminAPI | None = None
         self.actions: PageActions | None = None
         #: The fault controls (with a cluster only).

@@ -48,6 +48,8 @@ def answer(response: httpx.Response) -> tuple[Any, ...]:
         response.headers.get("content-type", ""),
         response.headers.get("content-encoding", ""),
         response.headers.get("location", ""),
+        response.headers.get("server", ""),
+        response.headers.get("vary", ""),
         ", ".join(sorted(response.headers.get("allow", "").split(", "))),
         body,
     )
