@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,15 @@ def answer(response: httpx.Response) -> tuple[Any, ...]:
         ", ".join(sorted(response.headers.get("allow", "").split(", "))),
         body,
     )
+
+
+@contextmanager
+def dead_address() -> Iterator[str]:
+    """A loopback address that refuses connections for as long as it is held
+    (bound, never listening: no other test can start listening there)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def until(predicate: Callable[[], Awaitable[bool]]) -> None:
@@ -396,8 +406,8 @@ async def _lookup_has(http: httpx.AsyncClient, lookupd: str, topic: str) -> bool
 async def test_a_dead_lookupd_is_a_warning_as_in_nsqadmin() -> None:
     """One of two nsqlookupd down: answers carry nsqadmin's WARNING; all down: 502."""
     reference.require("nsqadmin")
-    dead = f"127.0.0.1:{reference.free_port()}"
     async with AsyncExitStack() as stack:
+        dead = stack.enter_context(dead_address())
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
         layout = await _real_cluster(stack)
         consumer = await build(layout, http)
@@ -432,8 +442,8 @@ async def test_a_dead_lookupd_is_a_warning_as_in_nsqadmin() -> None:
 async def test_nsqd_addresses_instead_of_lookupd() -> None:
     """--nsqd-http-address (one of them down): the same answers as nsqadmin's."""
     reference.require("nsqadmin")
-    dead = f"127.0.0.1:{reference.free_port()}"
     async with AsyncExitStack() as stack:
+        dead = stack.enter_context(dead_address())
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
         layout = await _real_cluster(stack)
         consumer = await build(layout, http)
