@@ -428,6 +428,10 @@ class ClientConnection:
         async with self._send_lock:
             # (after the answers to what came before it in the same read)
             await self._write(self._take_buffered() + encode_response(gojson.dumps(reply)))
+            if (tls_v1 or snappy or deflate) and self.parser.take_buffer():
+                # nsqd reads the upgraded stream through a new reader: what the
+                # client sent behind IDENTIFY, already in the old one, is lost.
+                log.info("client %s: bytes sent before the upgrade are lost", self.remote_address)
             if tls_v1:
                 assert self.nsqd.tls_context is not None
                 tls_stream = trio.SSLStream(self.stream, self.nsqd.tls_context, server_side=True)
@@ -447,11 +451,7 @@ class ClientConnection:
                 else:
                     self._encoder, decoder = DeflateEncoder(deflate_level), DeflateDecoder()
                     self.deflate = True
-                # Whatever the client sent after IDENTIFY is already compressed.
-                pending = self.parser.take_buffer()
                 self._decoder = decoder
-                if pending:
-                    self.parser.feed(decoder.decode(pending))
                 await self._write(encode_response(OK))
 
     def _apply_identify(self, data: dict[str, Any]) -> None:
