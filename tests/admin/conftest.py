@@ -282,5 +282,17 @@ class AsyncRawConsumer:
         data, self._buffer = self._buffer[:n], self._buffer[n:]
         return data
 
+    async def finish(self, count: int) -> None:
+        """Take ``count`` messages and FIN each (answering heartbeats meanwhile)."""
+        done = 0
+        while done < count:
+            frame = await self._frame()
+            kind, payload = struct.unpack(">l", frame[:4])[0], frame[4:]
+            if kind == 0 and payload == b"_heartbeat_":
+                await self.stream.send_all(b"NOP\n")
+            elif kind == 2:  # a message: timestamp, attempts, id, body
+                await self.stream.send_all(b"FIN " + payload[10:26] + b"\n")
+                done += 1
+
     async def aclose(self) -> None:
         await self.stream.aclose()

@@ -157,11 +157,11 @@ class Pair:
         assert fake == real, f"{method} {path}"
 
 
-async def _real_cluster(stack: AsyncExitStack) -> Layout:
+async def _real_cluster(stack: AsyncExitStack, *nsqd_flags: str) -> Layout:
     lookupd = await stack.enter_async_context(reference.open_nsqlookupd())
     nsqds = [
         await stack.enter_async_context(
-            reference.open_nsqd(f"--lookupd-tcp-address={lookupd.tcp_address}")
+            reference.open_nsqd(f"--lookupd-tcp-address={lookupd.tcp_address}", *nsqd_flags)
         )
         for _ in range(2)
     ]
@@ -460,6 +460,46 @@ async def test_nsqd_addresses_instead_of_lookupd() -> None:
         pair = Pair(f"http://{real.http_address}", fake.url, layout, http)
         for path in [*_READS, f"/api/nodes/{layout.nsqd_http[0]}"]:
             await pair.same("GET", path)
+
+
+async def test_end_to_end_latency_percentiles_summed_as_nsqadmin_sums_them() -> None:
+    """nsqd's e2e percentiles, merged over nodes and channels by nsqadmin's
+    averaging (floats written as Go writes them)."""
+    reference.require("nsqadmin")
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
+        layout = await _real_cluster(stack, "--e2e-processing-latency-percentile=1.0,0.99,0.5")
+        consumer = await build(layout, http)
+        stack.push_async_callback(consumer.aclose)
+        for i, tcp in enumerate(layout.nsqd_tcp):
+            finisher = await AsyncRawConsumer.connect(
+                tcp, "orders", "audit" if i == 0 else "billing", 10
+            )
+            with trio.fail_after(20):
+                await finisher.finish(5 if i == 0 else 3)
+            await finisher.aclose()
+
+        async def percentiles_everywhere() -> bool:
+            for address in layout.nsqd_http:
+                doc = (await http.get(f"http://{address}/stats?format=json&topic=orders")).json()
+                if not doc["topics"][0]["e2e_processing_latency"]["percentiles"]:
+                    return False
+            return True
+
+        await until(percentiles_everywhere)
+        pair = await _pair(stack, layout, http)
+        for path in (
+            "/api/topics/orders",
+            "/api/topics/orders/audit",
+            "/api/topics/orders/billing",
+        ):
+            await pair.same("GET", path)
+        doc = (await http.get(pair.fake + "/api/topics/orders")).json()
+        assert [p["quantile"] for p in doc["e2e_processing_latency"]["percentiles"]] == [
+            1,
+            0.99,
+            0.5,
+        ]
 
 
 # -- the real nsqadmin over a fakensq cluster --------------------------------------
