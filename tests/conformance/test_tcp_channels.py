@@ -469,3 +469,81 @@ async def test_rdy_lowered_below_in_flight(conformance: Conformance) -> None:
         return state
 
     await conformance.nsqd(scenario)
+
+
+async def test_another_client_s_message_cannot_be_settled(conformance: Conformance) -> None:
+    # Two consumers of one channel, one message each (same bodies: which one
+    # goes where is nsqd's random choice); each tries the other's.
+    async def scenario(t: Target) -> Any:
+        a = await sub(t, rdy=1, name="a")
+        b = await sub(t, rdy=1, name="b")
+        await pub(t, "t", b"same", b"same")
+        (ma,) = await a.read_messages(1)
+        (mb,) = await b.read_messages(1)
+        await a.send(cmds.fin(mb.id), cmds.touch(mb.id), cmds.req(mb.id, 0))
+        await a.sync()
+        await b.send(cmds.fin(mb.id), cmds.fin(ma.id))
+        await b.sync()
+        return await node_state(t)
+
+    await conformance.nsqd(scenario)
+
+
+async def test_emptying_a_channel_drops_deferred_messages(conformance: Conformance) -> None:
+    async def scenario(t: Target) -> Any:
+        c = await sub(t, rdy=1)
+        await pub(t, "t", b"a")
+        (msg,) = await c.read_messages(1)
+        await c.send(cmds.req(msg.id, 3600000))  # deferred for an hour
+        p = await t.connect("p")
+        await p.call(cmds.dpub("t", 3600000, b"b"))
+        await c.sync()
+        before = await node_state(t)
+        await post(t, "/channel/empty?topic=t&channel=ch")
+        return before, await node_state(t)
+
+    await conformance.nsqd(scenario)
+
+
+async def test_requeue_to_a_paused_channel(conformance: Conformance) -> None:
+    async def scenario(t: Target) -> Any:
+        c = await sub(t, rdy=1)
+        await pub(t, "t", b"a")
+        (msg,) = await c.read_messages(1)
+        await post(t, "/channel/pause?topic=t&channel=ch")
+        await c.send(cmds.req(msg.id, 0))
+        await c.sync()
+        paused = await node_state(t)
+        await post(t, "/channel/unpause?topic=t&channel=ch")
+        await c.read_messages(1)
+        return paused
+
+    await conformance.nsqd(scenario)
+
+
+async def test_dpub_to_a_paused_topic(conformance: Conformance) -> None:
+    async def scenario(t: Target) -> Any:
+        await sub(t, rdy=0)
+        await post(t, "/topic/pause?topic=t")
+        p = await t.connect("p")
+        await p.call(cmds.dpub("t", 3600000, b"later"))
+        await p.call(cmds.pub("t", b"now"))
+        paused = await node_state(t)
+        await post(t, "/topic/unpause?topic=t")
+        await p.sync()
+        return paused, await node_state(t)
+
+    await conformance.nsqd(scenario)
+
+
+async def test_a_large_mpub_keeps_its_order(conformance: Conformance) -> None:
+    async def scenario(t: Target) -> Any:
+        c = await sub(t, rdy=2500)
+        p = await t.connect("p")
+        await p.call(cmds.mpub("t", [b"%04d" % i for i in range(1000)]))
+        got = await c.read_messages(1000)
+        del t.transcript[:]  # a thousand entries: compared below, in short
+        return [m.body for m in got] == [b"%04d" % i for i in range(1000)], await node_state(t)
+
+    _, (in_order, _) = await conformance.nsqd(scenario)
+    assert in_order is True

@@ -356,3 +356,31 @@ async def test_tls_client_auth_policy(
 
     extra = [f"--tls-client-auth-policy={policy}", f"--tls-root-ca-file={tls_files['ca']}"]
     await conformance.nsqd(scenario, *tls_flags(tls_files, *extra))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"snappy": True},
+        {"deflate": True, "deflate_level": 1},
+        {"deflate": True, "deflate_level": 9},
+    ],
+    ids=["snappy", "deflate-1", "deflate-9"],
+)
+async def test_large_messages_through_compression(
+    conformance: Conformance, fields: dict[str, Any]
+) -> None:
+    # Bodies beyond snappy's 64 KiB chunks and deflate's windows, both ways.
+    big = bytes(range(256)) * 2000 + b"z" * 300_000
+
+    async def scenario(t: Target) -> Any:
+        c = await t.connect()
+        await c.identify(feature_negotiation=True, **fields)
+        await c.call(cmds.pub("t", big))
+        await c.call(cmds.mpub("t", [big[:70_000], big[70_000:200_000]]))
+        await c.sub("t", "ch", rdy=3)
+        got = await c.read_messages(3)
+        del t.transcript[-3:]
+        return [len(m.body) for m in got], got[0].body == big
+
+    await conformance.nsqd(scenario)
