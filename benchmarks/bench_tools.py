@@ -33,6 +33,10 @@ fails a check is reported and left out of the figures.
 
 The ratio is ours over Go's rate, taken within each round (both ran on the
 machine as it was then), and the figure reported is the median over rounds.
+On a shared machine a single round's wall-clock ratio swings widely with what
+else runs; the CPU ratio beside it (messages per CPU second of the tool's
+process, every thread counted, ours over Go's) is the steadier measure of what
+each tool itself costs.
 
     python benchmarks/bench_tools.py [--rounds 3] [--only to-file,to-http]
         [--in-flight 2500,10000] [--json results.json]
@@ -48,6 +52,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -317,7 +322,14 @@ class Outcome:
     rate: float = 0.0
     seconds: float = 0.0
     exit_seconds: float = 0.0
+    #: CPU seconds (user + system, every thread) the tool's process used
+    cpu: float = 0.0
     error: str | None = None
+
+    @property
+    def cpu_rate(self) -> float:
+        """Messages per CPU second of the tool."""
+        return self.rate * self.seconds / self.cpu if self.cpu > 0 else 0.0
 
 
 #: The tools run as a user runs them: byte-code cached (a session that sets
@@ -335,6 +347,9 @@ def _run_one(case: Case, env: Env, impl: str) -> Outcome:
         stdin = open(env.stdin_path, "rb")  # closed in the finally below
     err_path = env.workdir / f"{impl}.stderr"
     with open(err_path, "wb") as err:
+        # The tool is the only child to end before the next reading (the sink
+        # and the daemons end later): the difference is its CPU time.
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         process = subprocess.Popen(
             argv,
@@ -366,6 +381,8 @@ def _run_one(case: Case, env: Env, impl: str) -> Outcome:
                 process.kill()
                 process.wait()
             outcome.exit_seconds = time.perf_counter() - stopping
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            outcome.cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
             if process.returncode not in (0, -signal.SIGTERM) and outcome.error is None:
                 outcome.error = f"exit status {process.returncode}"
         finally:
@@ -451,6 +468,13 @@ class Row:
             if g.error is None and p.error is None
         ]
 
+    def cpu_ratios(self) -> list[float]:
+        return [
+            p.cpu_rate / g.cpu_rate
+            for g, p in zip(self.go, self.py, strict=True)
+            if g.error is None and p.error is None and g.cpu_rate and p.cpu_rate
+        ]
+
     @staticmethod
     def median_rate(outcomes: list[Outcome]) -> float | None:
         rates = [o.rate for o in outcomes if o.error is None]
@@ -466,6 +490,8 @@ class Row:
             "go_rate": self.median_rate(self.go),
             "ratio": statistics.median(ratios) if ratios else None,
             "ratios": ratios,
+            "cpu_ratio": statistics.median(cpu) if (cpu := self.cpu_ratios()) else None,
+            "cpu_ratios": cpu,
             "py_exit_seconds": max((o.exit_seconds for o in self.py), default=0.0),
             "go_exit_seconds": max((o.exit_seconds for o in self.go), default=0.0),
             "errors": [
@@ -483,15 +509,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_table(rows: list[Row]) -> None:
     print()
-    print("| tool | in flight | trionsq msg/s | Go msg/s | ratio (median) | ratios by round |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| tool | in flight | trionsq msg/s | Go msg/s | ratio (median) | ratios by round "
+        "| CPU ratio (median) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         d = row.as_dict()
         in_flight = _fmt(d["in_flight"], ",") if d["in_flight"] else "-"
         print(
             f"| `{d['tool']}` vs `{d['go']}` | {in_flight} "
             f"| {_fmt(d['py_rate'], ',.0f')} | {_fmt(d['go_rate'], ',.0f')} "
-            f"| {_fmt(d['ratio'], '.2f')} | {' '.join(f'{r:.2f}' for r in d['ratios'])} |"
+            f"| {_fmt(d['ratio'], '.2f')} | {' '.join(f'{r:.2f}' for r in d['ratios'])} "
+            f"| {_fmt(d['cpu_ratio'], '.2f')} |"
         )
     print()
     for row in rows:
@@ -549,7 +579,8 @@ def main() -> int:
                         print(
                             f"round {round_ + 1}: {row.case.name:<15} in flight "
                             f"{row.in_flight or '-':>6} {impl}: {outcome.rate:>10,.0f} msg/s "
-                            f"({outcome.seconds:.2f}s, exit {outcome.exit_seconds:.2f}s) {state}",
+                            f"({outcome.seconds:.2f}s, cpu {outcome.cpu:.2f}s, "
+                            f"exit {outcome.exit_seconds:.2f}s) {state}",
                             flush=True,
                         )
     finally:
