@@ -45,8 +45,18 @@ def run_here(*args: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+#: Processes the running test started (killed at its end if still running,
+#: so that a failing test leaves nothing behind).
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def track(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    STARTED.append(process)
+    return process
+
+
 def start_tool(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return track(subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
 
 
 def stop_tool(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> tuple[int, str, str]:

@@ -30,6 +30,7 @@ from .helpers import (
     publish,
     run_here,
     run_tool,
+    track,
     wait_for,
 )
 from .recorder import Recorder, recording
@@ -54,8 +55,10 @@ def run_go(tool: str, *args: str, input: bytes | None = None) -> subprocess.Comp
 
 
 def start(argv: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=cwd
+    return track(
+        subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=cwd
+        )
     )
 
 

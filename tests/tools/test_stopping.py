@@ -23,6 +23,7 @@ from .helpers import (
     publish,
     start_tool,
     stop_tool,
+    track,
     wait_for,
 )
 from .recorder import recording
@@ -83,11 +84,13 @@ def test_stat_and_pub_leave_promptly(nsqd: NSQD) -> None:
     ready, _, _ = select.select([stat.stdout], [], [], 30)
     assert ready and stat.stdout.readline().startswith(b"---")
     assert stop_within(stat, PROMPT, signal.SIGTERM)[0] == 0
-    pub = subprocess.Popen(
-        command("pub", "--topic=t", f"--nsqd-tcp-address={nsqd.tcp_address}"),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    pub = track(
+        subprocess.Popen(
+            command("pub", "--topic=t", f"--nsqd-tcp-address={nsqd.tcp_address}"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     )
     assert pub.stdin is not None
     pub.stdin.write(b"one\ntwo\n")
