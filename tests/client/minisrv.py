@@ -218,7 +218,8 @@ class ServerConn:
             record.touches.append(command.id)
         elif isinstance(command, commands.Cls):
             self.closing = True
-            await self.send(encode_response(b"CLOSE_WAIT"))
+            if not server.ignore_cls:
+                await self.send(encode_response(b"CLOSE_WAIT"))
         elif isinstance(command, commands.Nop):
             record.nops += 1
 
@@ -279,6 +280,8 @@ class MiniNSQD:
         self.pub_delay = 0.0
         self.redeliver_requeued = False
         self.refuse = False
+        #: a hung nsqd: CLS is read but never answered
+        self.ignore_cls = False
         # a dict, not a set: wake-ups in a deterministic order
         self.waiters: dict[ServerConn, None] = {}
         self._next_id = 0

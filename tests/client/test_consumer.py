@@ -256,6 +256,20 @@ async def test_cancellation_during_the_close_timeout_wait_requeues_at_once(
     assert node.reqs == [(held, 0)] and node.fins == []
 
 
+async def test_leaving_is_bounded_when_nsqd_never_answers_cls(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    node.ignore_cls = True
+    (held,) = node.put(b"x")
+    async with consumer(node, max_in_flight=1) as c:
+        message = await c.__anext__()
+        start = trio.current_time()
+    # Leaving waited a bounded time for CLOSE_WAIT; the REQ was written anyway.
+    assert trio.current_time() - start == pytest.approx(5, abs=0.05)
+    assert message.responded == "requeued" and node.reqs == [(held, 0)]
+
+
 async def test_reconnects_to_configured_nsqd(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
