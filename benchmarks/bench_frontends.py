@@ -423,9 +423,9 @@ def report(title: str, rates: dict[str, Rates], rows: list[Row]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--publishes", type=int, default=20_000)
-    parser.add_argument("--messages", type=int, default=50_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--publishes", type=int, default=50_000)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", choices=["publish", "consume"])
     args = parser.parse_args()
     if reference.binary("nsqd") is None:
