@@ -58,6 +58,9 @@ log = logging.getLogger("trionsq.tools.to_file")
 DEFAULT_FORMAT = "<TOPIC>.<HOST><REV>.<DATETIME>.log"
 #: How long without a new message before what was written is synced and finished.
 IDLE_SYNC = 0.1
+#: The share of a connection's RDY held at which a sync starts in the background
+#: (the consumer is starved at 85%: nsqd then sends nothing more).
+EARLY_SYNC = 0.5
 
 
 def configure(flags: FlagSet) -> None:
@@ -325,10 +328,13 @@ class FileLogger:
             assert self._raw is not None
             self._raw.write(data)
 
-    def sync(self) -> None:
-        """Make everything written so far durable (ends the gzip member)."""
+    def sync(self, notify: bool = True) -> bool:
+        """Make everything written so far durable (ends the gzip member);
+        returns whether there was a file to sync.  Safe on a worker thread
+        while the loop leaves this logger alone; ``notify=False`` leaves the
+        call of :attr:`on_synced` to the caller (in the loop's thread)."""
         if self._raw is None:
-            return
+            return False
         self._flush_buffer()
         if self._gzip is not None:
             # A complete member, with its checksum; the next one starts with
@@ -338,8 +344,9 @@ class FileLogger:
         self._raw.flush()
         os.fsync(self._raw.fileno())
         self.syncs += 1
-        if self.on_synced is not None:
+        if notify and self.on_synced is not None:
             self.on_synced()
+        return True
 
     def close(self) -> None:
         """Sync, close, and move the file from the work dir to the output dir."""
@@ -401,6 +408,15 @@ class _Archiver:
     here, reach 85% of the RDY last sent on a connection, so nsqd sends nothing
     more until some are finished).  When nothing arrives for :data:`IDLE_SYNC`
     seconds, what is held is synced too (nsq_to_file waits for its next tick).
+
+    A sync (compressing, writing, ``fsync``) runs on a worker thread, where zlib
+    and ``fsync`` release the GIL, while the event loop goes on receiving: the
+    messages that arrive meanwhile wait in :attr:`backlog` (nothing touches the
+    file during a sync) and are written once it is over.  To keep nsqd sending
+    while a sync runs, one starts as soon as half of a connection's RDY is held
+    (:data:`EARLY_SYNC`), not only once the consumer is starved; a sync that
+    ends with another half-RDY batch waiting starts the next at once.  Syncing
+    earlier than nsq_to_file is only ever more durable.
     """
 
     def __init__(
@@ -410,7 +426,10 @@ class _Archiver:
         self.logger = logger
         self.batch = batch
         self.progress = progress
+        #: written into the logger's buffer, not synced yet
         self.pending: list[Message] = []
+        #: received while a sync runs, not written yet
+        self.backlog: list[Message] = []
         self.received = 0
         self._counted = 0  # of ``received``, in the progress counters
         #: messages held per nsqd, and 85% of its RDY, when the consumer may be
@@ -419,19 +438,30 @@ class _Archiver:
         #: reached but the consumer is not starved (RDY grew meanwhile).
         self._held: dict[str, int] = {}
         self._limits: dict[str, float] = {}
+        #: how many held messages are worth a sync in the background
+        self._early = 1.0
+        #: set when the sync running (on a worker thread) is over; None if none runs
+        self._syncing: trio.Event | None = None
+        self._nursery: trio.Nursery | None = None
 
     def _refresh_limits(self) -> None:
-        self._limits = {
-            address: max(1.0, conn.rdy * 0.85)
-            for address, conn in self.consumer.stats.connections.items()
-        }
+        connections = self.consumer.stats.connections.values()
+        self._limits = {conn.address: max(1.0, conn.rdy * 0.85) for conn in connections}
+        self._early = max(1.0, min((conn.rdy for conn in connections), default=1) * EARLY_SYNC)
+
+    @property
+    def syncing(self) -> bool:
+        return self._syncing is not None
 
     def add(self, message: Message) -> bool:
-        """Write ``message``; returns whether a sync is due now."""
-        self.logger.write(message.body)
-        pending = self.pending
-        pending.append(message)
+        """Take ``message`` (written now, or after the sync running); returns
+        whether a sync must come before nsqd sends more."""
         self.received += 1
+        if self._syncing is None:
+            self.logger.write(message.body)
+            self.pending.append(message)
+        else:
+            self.backlog.append(message)
         address = message.address
         held = self._held.get(address, 0) + 1
         self._held[address] = held
@@ -439,38 +469,95 @@ class _Archiver:
             if self.consumer.is_starved():
                 return True
             self._refresh_limits()
-        return len(pending) >= self.batch
+        return len(self.pending) + len(self.backlog) >= self.batch
+
+    def worth_syncing(self) -> bool:
+        """Whether to start a sync in the background now."""
+        return self._syncing is None and len(self.pending) >= self._early
+
+    def start_sync(self) -> None:
+        """Sync what is written on a worker thread, without waiting for it."""
+        if self._syncing is not None or not self.pending or self._nursery is None:
+            return
+        self._syncing = trio.Event()
+        self._nursery.start_soon(self._background_sync)
+
+    async def _background_sync(self) -> None:
+        while True:
+            await self._sync_written()
+            if not self.worth_syncing():
+                return
+            self._syncing = trio.Event()
+
+    async def wait_for_sync(self) -> None:
+        """Wait for the sync running, if any (its backlog is written after it)."""
+        while self._syncing is not None:
+            await self._syncing.wait()
 
     async def sync_and_finish(self) -> None:
-        """Sync the file, then FIN every message it holds.
-
-        Nothing here yields (FIN only queues a command; the shield keeps a
-        cancellation from cutting the batch in half), so the pump and the
-        ticker never see a batch half finished.
-        """
+        """Sync everything received so far, then FIN it."""
+        await self.wait_for_sync()
+        self._write_backlog()
         if not self.pending:
             return
+        self._syncing = trio.Event()
+        await self._sync_written()
+
+    async def _sync_written(self) -> None:
+        """Sync the file (on a worker thread), then FIN every message written
+        before; then write the backlog.  Called with :attr:`_syncing` set.
+
+        The shield keeps a cancellation from cutting a sync or its FINs in
+        half: the thread runs to its end, and what it synced is finished.
+        """
+        assert self._syncing is not None
         self.progress.add("written", self.received - self._counted)
         self._counted = self.received
-        try:
-            self.logger.sync()
-        except OSError as exc:
-            raise ToolError(f"{self.logger.topic}: cannot sync {self.logger.path}: {exc}") from None
         pending, self.pending = self.pending, []
-        with trio.CancelScope(shield=True):
-            for message in pending:
-                await message.finish()
-        self.progress.add("finished", len(pending))
-        self._held.clear()
-        self._refresh_limits()
+        try:
+            with trio.CancelScope(shield=True):
+                try:
+                    synced = await trio.to_thread.run_sync(self.logger.sync, False)
+                except OSError as exc:
+                    self.pending = pending + self.pending  # requeued by the caller
+                    raise ToolError(
+                        f"{self.logger.topic}: cannot sync {self.logger.path}: {exc}"
+                    ) from None
+                if synced and self.logger.on_synced is not None:
+                    self.logger.on_synced()
+                for message in pending:
+                    await message.finish()
+                self.progress.add("finished", len(pending))
+                for message in pending:
+                    address = message.address
+                    self._held[address] = self._held.get(address, 1) - 1
+                self._refresh_limits()
+        finally:
+            syncing, self._syncing = self._syncing, None
+            syncing.set()
+        self._write_backlog()
+
+    def _write_backlog(self) -> None:
+        """Write what arrived during a sync (in the loop, no sync running)."""
+        backlog = self.backlog
+        written = 0
+        try:
+            for message in backlog:
+                self.logger.write(message.body)
+                written += 1
+        finally:  # a message whose write failed stays in the backlog (requeued)
+            self.pending.extend(backlog[:written])
+            del backlog[:written]
 
     async def requeue_pending(self) -> None:
         """Written but not durable: back to nsqd (a duplicate, never a loss)."""
-        self.progress.add("written", self.received - self._counted)
-        self._counted = self.received
-        self._held.clear()
-        pending, self.pending = self.pending, []
         with trio.CancelScope(shield=True):
+            await self.wait_for_sync()
+            self.progress.add("written", self.received - self._counted)
+            self._counted = self.received
+            self._held.clear()
+            pending, self.pending = self.pending + self.backlog, []
+            self.backlog = []
             for message in pending:
                 await message.requeue(0, backoff=False)
 
@@ -492,6 +579,7 @@ async def _archive(
             archiver = _Archiver(consumer, logger, options["max_in_flight"], progress)
             try:
                 async with trio.open_nursery() as nursery:
+                    archiver._nursery = nursery
                     nursery.start_soon(_ticks, archiver, sync_interval)
 
                     async def on_stop() -> None:
@@ -520,8 +608,13 @@ async def _pump(consumer: Consumer, archiver: _Archiver) -> None:
             with trio.CancelScope(shield=True):
                 await message.requeue(0, backoff=False)
             raise ToolError(f"{archiver.logger.topic}: cannot write: {exc}") from None
-        if due:
-            await archiver.sync_and_finish()
+        if archiver.syncing:
+            if due:  # nsqd sends nothing more until the running sync's FINs
+                await archiver.wait_for_sync()
+                if archiver.worth_syncing():
+                    archiver.start_sync()
+        elif due or archiver.worth_syncing():
+            archiver.start_sync()
 
 
 async def _ticks(archiver: _Archiver, sync_interval: float) -> None:
