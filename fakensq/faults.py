@@ -7,7 +7,10 @@ of it: its in-memory connector's name (``cluster.connector_for("c1")``), its
 ``client_id`` or ``hostname`` from IDENTIFY, or its remote ``"host:port"``.
 
 Faults that last return a :class:`Fault`; ``fault.heal()`` (or
-``faults.heal_all()``) ends it.  Each is listed in the affected nsqd's ``/stats``
+``faults.heal_all()``) ends it.  Connection faults take a ``role``: ``"consumer"``
+(the connection subscribed), ``"producer"`` (it published, never subscribed), or
+``None`` for every connection.  A partition's ``"*"`` end stands for every peer.
+Each is listed in the affected nsqd's ``/stats``
 (a top-level ``"faults"`` list) while active, and every start and end of a fault is
 recorded in the trace (:class:`Tracer`), with every frame the nodes exchange.
 
@@ -21,12 +24,13 @@ client, in any language, meets the faults in TCP mode.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
 
@@ -35,17 +39,33 @@ from trionsq.protocol.errors import PubFailedError
 from .lookup_peer import LookupConnector
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
     from .nsqd import NSQD
 
-__all__ = ["Fault", "Faults", "FaultyStream", "Tracer", "Direction"]
+__all__ = ["Direction", "Fault", "Faults", "FaultyStream", "NodeControl", "Role", "Tracer"]
 
 #: ``"in"``: towards the node (what it reads); ``"out"``: from the node.
 Direction = Literal["in", "out", "both"]
 
+#: What a connection is to the node: it subscribed, it published, or neither yet.
+Role = Literal["consumer", "producer", "unknown"]
+
+
+class NodeControl(Protocol):
+    """What node faults (stop, kill, start) need: a :class:`fakensq.Cluster`, or
+    :class:`fakensq.restartable.RestartableNSQD` for a lone nsqd."""
+
+    async def stop_node(self, name: str, *, kill: bool = False) -> None: ...
+
+    async def start_node(self, name: str) -> None: ...
+
+    def node_name_at(self, address: str) -> str: ...
+
+
 _HEARTBEAT = b"_heartbeat_"
 _BODY_COMMANDS = (b"IDENTIFY", b"PUB", b"MPUB", b"DPUB", b"AUTH")
 _MAX_SCAN = 64 * 1024 * 1024
+#: How much of a message's body the trace keeps.
+_TRACED_BODY = 200
 
 
 class Tracer:
@@ -93,6 +113,8 @@ class Fault:
     channel: str | None = None
     #: for one-shot faults (``corrupt``, ``truncate``): frames left to spoil
     remaining: int = -1
+    #: only connections with this role (``None``: every connection)
+    role: Role | None = None
     id: int = 0
     _faults: Faults | None = field(default=None, repr=False)
     _undo: Callable[[], None] | None = field(default=None, repr=False)
@@ -119,14 +141,25 @@ class Fault:
             doc["seconds"] = self.seconds
         if self.remaining >= 0:
             doc["remaining"] = self.remaining
+        if self.role is not None:
+            doc["role"] = self.role
         return doc
 
-    def _concerns(self, a: str, b_names: tuple[str, ...]) -> bool:
-        """Whether this fault applies between node-or-peer ``a`` and any of ``b_names``."""
+    def _concerns(self, a: str, b_names: tuple[str, ...], role: Role = "unknown") -> bool:
+        """Whether this fault applies between node-or-peer ``a`` and any of ``b_names``
+        (a connection whose role is ``role``)."""
+        if self.role is not None and self.role != role:
+            return False
         if self.kind == "partition":
             assert self.node is not None and self.peer is not None
-            ends = (self.node, self.peer)
-            return (a == ends[0] and ends[1] in b_names) or (a == ends[1] and ends[0] in b_names)
+            first, second = self.node, self.peer
+
+            def end(name: str, *names: str) -> bool:
+                return name == "*" or name in names
+
+            return (end(first, a) and end(second, *b_names)) or (
+                end(second, a) and end(first, *b_names)
+            )
         if self.node is not None and self.node != a:
             return False
         return self.peer is None or self.peer in b_names
@@ -142,7 +175,23 @@ class _NodeHooks:
 
     def wrap_stream(self, stream: trio.abc.Stream, remote: str | None) -> trio.abc.Stream:
         peer = remote or _socket_peer(stream)
-        return FaultyStream(stream, self.faults, self.name, peer, parse_nsq=True)
+        faulty = FaultyStream(stream, self.faults, self.name, peer, parse_nsq=True)
+        faulty.role_of = functools.partial(self.role_of, faulty)
+        return faulty
+
+    def role_of(self, stream: FaultyStream) -> Role:
+        """The role of the client served over ``stream``, as the node knows it
+        (it knows even once TLS or compression hide the commands)."""
+        for client in list(self.nsqd.clients.values()):
+            inner: Any = client.stream
+            # TLS wraps the stream: look through the layers for ours.
+            while inner is not None and inner is not stream:
+                inner = getattr(inner, "transport_stream", None)
+            if inner is stream:
+                if client.channel is not None:
+                    return "consumer"
+                return "producer" if client.is_producer() else "unknown"
+        return stream.parsed_role
 
     def before_put(self, topic: str, count: int) -> None:
         for fault in self.faults.active:
@@ -164,7 +213,8 @@ class _NodeHooks:
 class Faults:
     """The fault injector of a cluster (``cluster.faults``); see the module doc."""
 
-    def __init__(self, cluster: Cluster | None = None, tracer: Tracer | None = None) -> None:
+    def __init__(self, cluster: NodeControl | None = None, tracer: Tracer | None = None) -> None:
+        #: what stops and starts nodes (a Cluster; None: node faults are refused)
         self.cluster = cluster
         self.tracer = tracer
         #: the faults in force, oldest first
@@ -252,6 +302,10 @@ class Faults:
         self._changed.set()
         self._changed = trio.Event()
 
+    async def wait_changed(self) -> None:
+        """Wait until a fault starts or ends, or a connection closes."""
+        await self._changed.wait()
+
     def heal_all(self) -> None:
         """End every active fault."""
         for fault in list(self.active):
@@ -294,12 +348,26 @@ class Faults:
         """Whether ``a`` and any of ``b_names`` are partitioned from each other."""
         return any(f.kind == "partition" and f._concerns(a, b_names) for f in self.active)
 
-    def _matching(self, kind: str, node: str, peers: tuple[str, ...]) -> list[Fault]:
-        return [f for f in self.active if f.kind == kind and f._concerns(node, peers)]
+    def _matching(
+        self, kind: str, node: str, peers: tuple[str, ...], role: Role = "unknown"
+    ) -> list[Fault]:
+        return [f for f in self.active if f.kind == kind and f._concerns(node, peers, role)]
+
+    def connections(
+        self, *, node: str | None = None, client: str | None = None, role: Role | None = None
+    ) -> list[FaultyStream]:
+        """The live connections the faults see (oldest first), optionally only
+        those of ``node``, ``client`` or with ``role``."""
+        found = [
+            s
+            for s in self._streams
+            if not s.dialer and s.matches(node, client) and (role is None or s.role == role)
+        ]
+        return sorted(found, key=lambda s: s.serial)
 
     # -- node faults (need a Cluster) ----------------------------------------
 
-    def _need_cluster(self) -> Cluster:
+    def _need_cluster(self) -> NodeControl:
         if self.cluster is None:
             raise RuntimeError("node faults need a Cluster")
         return self.cluster
@@ -328,20 +396,23 @@ class Faults:
 
     # -- connection faults ---------------------------------------------------
 
-    async def drop(self, *, node: str | None = None, client: str | None = None) -> int:
-        """Drop (abort) the matching live connections; returns how many."""
-        victims = [s for s in self._streams if s.matches(node, client)]
+    async def drop(
+        self, *, node: str | None = None, client: str | None = None, role: Role | None = None
+    ) -> int:
+        """Drop (abort) the matching live connections (only those with ``role``,
+        when given); returns how many."""
+        victims = [s for s in self._streams if s.matches(node, client) and role in (None, s.role)]
         victims.sort(key=lambda s: s.serial)  # a set's order is not deterministic
         self.injected += 1
-        self.trace("drop", node=node, peer=client, count=len(victims))
+        self.trace("drop", node=node, peer=client, role=role, count=len(victims))
         for stream in victims:
             await stream.abort()
         return len(victims)
 
     def partition(self, a: str, b: str) -> Fault:
-        """Cut ``a`` off from ``b`` (a client and a node, or an nsqd and a lookupd):
-        their bytes stop flowing both ways and new connections between them fail,
-        until ``heal()``."""
+        """Cut ``a`` off from ``b`` (a client and a node, or an nsqd and a lookupd;
+        ``"*"`` for every peer): their bytes stop flowing both ways and new
+        connections between them fail, until ``heal()``."""
         return self._add(Fault("partition", node=a, peer=b))
 
     def delay(
@@ -351,31 +422,46 @@ class Faults:
         node: str | None = None,
         client: str | None = None,
         direction: Direction = "both",
+        role: Role | None = None,
     ) -> Fault:
         """Hold every write (``"out"``: from the node, ``"in"``: to it) for ``seconds``."""
         return self._add(
-            Fault("delay", node=node, peer=client, direction=direction, seconds=seconds)
+            Fault("delay", node=node, peer=client, direction=direction, seconds=seconds, role=role)
         )
 
     def stall(
-        self, *, node: str | None = None, client: str | None = None, direction: Direction = "both"
+        self,
+        *,
+        node: str | None = None,
+        client: str | None = None,
+        direction: Direction = "both",
+        role: Role | None = None,
     ) -> Fault:
         """Stop the bytes in ``direction`` (connections stay open) until ``heal()``."""
-        return self._add(Fault("stall", node=node, peer=client, direction=direction))
+        return self._add(Fault("stall", node=node, peer=client, direction=direction, role=role))
 
-    def swallow_heartbeats(self, *, node: str | None = None, client: str | None = None) -> Fault:
+    def swallow_heartbeats(
+        self, *, node: str | None = None, client: str | None = None, role: Role | None = None
+    ) -> Fault:
         """The node's heartbeats never reach the client."""
-        return self._add(Fault("swallow_heartbeats", node=node, peer=client))
+        return self._add(Fault("swallow_heartbeats", node=node, peer=client, role=role))
 
     def corrupt_next_frame(
-        self, *, node: str | None = None, client: str | None = None, count: int = 1
+        self,
+        *,
+        node: str | None = None,
+        client: str | None = None,
+        count: int = 1,
+        role: Role | None = None,
     ) -> Fault:
         """The next ``count`` frames from the node get an invalid frame type."""
-        return self._add(Fault("corrupt", node=node, peer=client, remaining=count))
+        return self._add(Fault("corrupt", node=node, peer=client, remaining=count, role=role))
 
-    def truncate_next_frame(self, *, node: str | None = None, client: str | None = None) -> Fault:
+    def truncate_next_frame(
+        self, *, node: str | None = None, client: str | None = None, role: Role | None = None
+    ) -> Fault:
         """The next frame from the node is cut in half, then the connection drops."""
-        return self._add(Fault("truncate", node=node, peer=client, remaining=1))
+        return self._add(Fault("truncate", node=node, peer=client, remaining=1, role=role))
 
     def fail_publishes(self, *, node: str | None = None, topic: str | None = None) -> Fault:
         """Publishes (TCP and HTTP) fail with ``E_PUB_FAILED``."""
@@ -402,6 +488,7 @@ class Faults:
         import heapq
 
         count = 0
+        timed_out: list[list[Any]] = []
         now = trio.current_time()
         for name, nsqd in sorted(self._nodes.items()):
             if node is not None and name != node:
@@ -418,10 +505,20 @@ class Faults:
                         msg.deadline = now
                         msg.seq = next(ch._seq)
                         heapq.heappush(ch._in_flight_heap, (now, msg.seq, msg.id))
+                        timed_out.append([name, msg.id.decode("latin-1"), msg.attempts])
                         count += 1
                     ch.process_timers(now)
         self.injected += 1
-        self.trace("time_out_in_flight", node=node, topic=topic, channel=channel, count=count)
+        # Which messages (node, id, attempts): some may not have left the
+        # node's output buffer yet, and a checker must know they are void.
+        self.trace(
+            "time_out_in_flight",
+            node=node,
+            topic=topic,
+            channel=channel,
+            count=count,
+            messages=timed_out,
+        )
         return count
 
     def pause_channel(self, topic: str, channel: str, *, node: str | None = None) -> Fault:
@@ -489,6 +586,10 @@ class FaultyStream(trio.abc.Stream):
         self.dialer = dialer
         self.client_id = ""
         self.hostname = ""
+        #: the role seen in the commands (before any TLS or compression)
+        self.parsed_role: Role = "unknown"
+        #: asks the node for the role (set by the node's hooks)
+        self.role_of: Callable[[], Role] | None = None
         self._parse = parse_nsq
         self._opaque = not parse_nsq
         self._in_buf = bytearray()
@@ -506,6 +607,12 @@ class FaultyStream(trio.abc.Stream):
         if sock is None:
             raise AttributeError("socket")
         return sock
+
+    @property
+    def role(self) -> Role:
+        """``"consumer"``, ``"producer"`` or ``"unknown"`` (not subscribed, no
+        publish yet)."""
+        return self.role_of() if self.role_of is not None else self.parsed_role
 
     def _names(self) -> tuple[str, ...]:
         host = self.peer.rpartition(":")[0].strip("[]")
@@ -527,14 +634,14 @@ class FaultyStream(trio.abc.Stream):
         names = self._names()
         if self.faults.partitioned(self.node, names):
             return True
-        for fault in self.faults._matching("stall", self.node, names):
+        for fault in self.faults._matching("stall", self.node, names, self.role):
             if fault.direction in ("both", direction):
                 return True
         return False
 
     def _delay(self, direction: Literal["in", "out"]) -> float:
         seconds = 0.0
-        for fault in self.faults._matching("delay", self.node, self._names()):
+        for fault in self.faults._matching("delay", self.node, self._names(), self.role):
             if fault.direction in ("both", direction):
                 seconds = max(seconds, fault.seconds)
         return seconds
@@ -576,15 +683,18 @@ class FaultyStream(trio.abc.Stream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         async def op() -> None:
-            await self._gate(self._direction_of(True))
             payload = bytes(data)
             if not self._opaque:
+                # Frames are traced as the node writes them, before a stall or a
+                # delay holds them: the trace keeps the node's view of time.
                 payload, truncate = self._scan_out(payload)
+                await self._gate(self._direction_of(True))
                 await self.inner.send_all(payload)
                 if truncate:
                     await self.abort()
                     raise trio.BrokenResourceError("frame truncated (fakensq fault)")
                 return
+            await self._gate(self._direction_of(True))
             self.faults.trace("bytes", node=self.node, peer=self.peer, dir="out", n=len(payload))
             await self.inner.send_all(payload)
 
@@ -593,12 +703,13 @@ class FaultyStream(trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         async def op() -> bytes:
             data = bytes(await self.inner.receive_some(max_bytes))
-            await self._gate(self._direction_of(False))
             if not data:
+                # Traced when the peer closed, even if a stall hides it from the node.
                 self.faults.trace("eof", node=self.node, peer=self.peer)
-            elif self._opaque:
+            await self._gate(self._direction_of(False))
+            if data and self._opaque:
                 self.faults.trace("bytes", node=self.node, peer=self.peer, dir="in", n=len(data))
-            else:
+            elif data:
                 self._scan_in(data)
             return data
 
@@ -609,7 +720,10 @@ class FaultyStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def aclose(self) -> None:
-        self.faults._streams.discard(self)
+        if self in self.faults._streams:
+            self.faults._streams.discard(self)
+            self.faults.trace("closed", node=self.node, peer=self.peer)
+            self.faults._wake()  # for waiters on the set of connections
         await self.inner.aclose()
 
     # -- NSQ framing -----------------------------------------------------------
@@ -652,20 +766,29 @@ class FaultyStream(trio.abc.Stream):
             if body is not None:
                 fields["size"] = len(body)
             if name == b"IDENTIFY" and body is not None:
-                self._learn_identify(body)
+                fields.update(self._learn_identify(body))
+            elif name == b"SUB":
+                self.parsed_role = "consumer"
+            elif name in (b"PUB", b"MPUB", b"DPUB") and self.parsed_role == "unknown":
+                self.parsed_role = "producer"
             self.faults.trace("frame", node=self.node, peer=self.peer, **fields)
             if not name.isalpha() or not name.isupper():
                 self._go_opaque()  # not NSQ commands (TLS, compression): stop parsing
                 return
 
-    def _learn_identify(self, body: bytes) -> None:
+    def _learn_identify(self, body: bytes) -> dict[str, Any]:
+        """Learn the client's names; what the trace keeps of its IDENTIFY."""
         try:
             doc = json.loads(body)
         except ValueError:
-            return
-        if isinstance(doc, dict):
-            self.client_id = str(doc.get("client_id") or "")
-            self.hostname = str(doc.get("hostname") or "")
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        self.client_id = str(doc.get("client_id") or "")
+        self.hostname = str(doc.get("hostname") or "")
+        timeout = doc.get("msg_timeout")
+        # Its own message timeout (ms), which nsqd applies to its messages.
+        return {"msg_timeout": timeout} if isinstance(timeout, int) and timeout > 0 else {}
 
     def _go_opaque(self) -> None:
         self._opaque = True
@@ -678,6 +801,7 @@ class FaultyStream(trio.abc.Stream):
         buf += data
         out = bytearray()
         names = self._names()
+        role = self.role
         while len(buf) >= 8:
             (size,) = struct.unpack(">l", buf[:4])
             if size < 4 or size > _MAX_SCAN:
@@ -693,13 +817,15 @@ class FaultyStream(trio.abc.Stream):
             payload = frame[8:]
             self._trace_out(ftype, payload)
             if ftype == 0 and payload == _HEARTBEAT:
-                swallow = self.faults._matching("swallow_heartbeats", self.node, names)
+                swallow = self.faults._matching("swallow_heartbeats", self.node, names, role)
                 if swallow:
                     self.faults._record("fault_hit", swallow[0], frame="heartbeat")
                     continue
             for kind in ("corrupt", "truncate"):
                 spoil = [
-                    f for f in self.faults._matching(kind, self.node, names) if f.remaining > 0
+                    f
+                    for f in self.faults._matching(kind, self.node, names, role)
+                    if f.remaining > 0
                 ]
                 if not spoil:
                     continue
@@ -741,6 +867,8 @@ class FaultyStream(trio.abc.Stream):
                 id=payload[10:26].decode("latin-1"),
                 attempts=attempts,
                 size=len(payload) - 26,
+                # The body's start, to tell messages apart in a trace.
+                body=payload[26 : 26 + _TRACED_BODY].decode("latin-1"),
             )
         else:
             kind = {0: "response", 1: "error"}.get(ftype, str(ftype))

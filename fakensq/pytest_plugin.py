@@ -33,16 +33,20 @@ milliseconds.  Shape through ``@pytest.mark.sim_cluster(nsqd=2, lookupd=1,
 seed=0, nsqd_options={...})``; give clients ``sim_cluster.connector`` and
 ``sim_cluster.http_transport``; inject faults with ``sim_cluster.faults``.  Ask for
 ``autojump_clock`` next to it: ``async def test_x(sim_cluster, autojump_clock)``.
+
+``pytest --nsq-faults=SEED`` makes every test using these fixtures (but
+``nsqlookupd``) meet faults drawn from the seed: see :mod:`fakensq.pytest_faults`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import pytest_faults
 from .threaded import BackgroundNode
 
 if TYPE_CHECKING:
@@ -60,12 +64,33 @@ _MARKERS = {
     "the fakensq `nsq_cluster` fixture's shape",
     "sim_cluster": "sim_cluster(nsqd=1, lookupd=1, seed=0, nsqd_options=..., trace=...): "
     "the fakensq `sim_cluster` fixture's shape (in-memory, virtual time)",
-}
+}  # (the nsq_faults marker is fakensq.pytest_faults')
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    pytest_faults.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for text in _MARKERS.values():
         config.addinivalue_line("markers", text)
+    pytest_faults.configure(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return pytest_faults.report_header(config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        section = pytest_faults.report_section(item)
+        if section is not None:
+            report.sections.append(("fakensq faults", section))
+    return report
 
 
 def _marker_options(request: pytest.FixtureRequest, name: str) -> dict[str, Any]:
@@ -77,11 +102,12 @@ def _marker_options(request: pytest.FixtureRequest, name: str) -> dict[str, Any]
 
 
 @pytest.fixture
-def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., NSQD]]:
+def nsqd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., NSQD]]:
     """Start fakensq nsqds on free loopback ports; all are stopped after the test."""
     from .nsqd import NSQD
 
     started: list[BackgroundNode[NSQD]] = []
+    faults = pytest_faults.faults_of(request)
 
     def start(**options: Any) -> NSQD:
         tls = options.pop("tls", False)
@@ -95,7 +121,17 @@ def nsqd_factory(tmp_path: Path) -> Iterator[Callable[..., NSQD]]:
             data_path = tmp_path / f"nsqd-{len(started)}"
             data_path.mkdir()
             options["data_path"] = str(data_path)
-        node: BackgroundNode[NSQD] = BackgroundNode(lambda: NSQD(**options), name="fakensq-nsqd")
+        node: BackgroundNode[NSQD]
+        if faults is None:
+            node = BackgroundNode(lambda: NSQD(**options), name="fakensq-nsqd")
+        else:
+            if faults.msg_timeout is not None:
+                options.setdefault("msg_timeout", faults.msg_timeout)
+            label = f"nsqd-{len(started)}" if started or request.fixturename != "nsqd" else "nsqd"
+            node = BackgroundNode(
+                lambda: pytest_faults.faulty_nsqd(faults, label, lambda: NSQD(**options)),
+                name="fakensq-nsqd",
+            )
         started.append(node)
         nsqd = node.start()
         if tls:
@@ -144,7 +180,20 @@ def nsq_cluster_node(
 
     options: dict[str, Any] = {"data_root": str(tmp_path)}
     options.update(_marker_options(request, "nsq_cluster"))
-    node: BackgroundNode[Cluster] = BackgroundNode(lambda: Cluster(**options), "fakensq-cluster")
+    faults = pytest_faults.faults_of(request)
+    node: BackgroundNode[Cluster]
+    if faults is None:
+        node = BackgroundNode(lambda: Cluster(**options), "fakensq-cluster")
+    else:
+        nsqd_options = dict(options.get("nsqd_options") or {})
+        if faults.msg_timeout is not None:
+            nsqd_options.setdefault("msg_timeout", faults.msg_timeout)
+        options["nsqd_options"] = nsqd_options
+        shape = (options.get("nsqd", 1), options.get("lookupd", 1))
+        node = BackgroundNode(
+            lambda: pytest_faults.faulty_cluster(faults, "nsq_cluster", Cluster(**options), *shape),
+            "fakensq-cluster",
+        )
     node.start()
     try:
         yield node
@@ -200,5 +249,12 @@ async def sim_cluster(request: pytest.FixtureRequest) -> AsyncIterator[SimCluste
     from .simulation import SimCluster
 
     options = _marker_options(request, "sim_cluster")
-    async with SimCluster(**options) as cluster:
+    faults = pytest_faults.faults_of(request)
+    if faults is None:
+        async with SimCluster(**options) as cluster:
+            yield cluster
+        return
+    cluster = SimCluster(**options)
+    shape = (len(cluster.nsqd_tcp_addresses), len(cluster.lookupd_tcp_addresses))
+    async with pytest_faults.faulty_cluster(faults, "sim_cluster", cluster, *shape):
         yield cluster

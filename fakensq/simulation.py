@@ -150,7 +150,14 @@ class SimNetwork:
             )
         self._serial += 1
         client, server = trio.testing.memory_stream_pair()
-        listener.nursery.start_soon(listener.handler, server, f"{source}:{self._serial}")
+        try:
+            listener.nursery.start_soon(listener.handler, server, f"{source}:{self._serial}")
+        except RuntimeError:
+            # The node is stopping (its nursery no longer takes tasks): as a
+            # closed listening socket, it refuses.
+            raise ConnectionRefusedError(
+                errno.ECONNREFUSED, f"dial tcp {address}: connection refused"
+            ) from None
         return client
 
     def connector(self, name: str = "client") -> Connector:
