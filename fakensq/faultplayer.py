@@ -40,10 +40,15 @@ class MetFault:
     outcome: str
     #: the player's label (which node or fixture), for reports with several
     source: str = ""
+    #: the node it acted on, by name
+    target: str = ""
 
     def describe(self) -> str:
         where = f"[{self.source}] " if self.source else ""
-        return f"{self.at:8.3f}s  {where}{self.event.describe()}: {self.outcome}"
+        what = self.event.describe()
+        if self.target and self.target != self.event.target():
+            what = what.replace(self.event.target(), self.target, 1)
+        return f"{self.at:8.3f}s  {where}{what}: {self.outcome}"
 
 
 class FaultPlayer:
@@ -62,10 +67,13 @@ class FaultPlayer:
         label: str = "",
         on_met: Callable[[MetFault], None] | None = None,
         restart_wait: float | None = None,
+        nsqd_names: list[str] | None = None,
     ) -> None:
         self.schedule = schedule
         self.faults = faults
-        self.nsqd = nsqd
+        #: the nsqds' names in ``faults`` (default ``nsqd-0``, ``nsqd-1``...)
+        self.nsqd_names = nsqd_names or [f"nsqd-{i}" for i in range(max(nsqd, 1))]
+        self.nsqd = len(self.nsqd_names)
         self.lookupd = lookupd
         self.label = label
         self.on_met = on_met
@@ -113,7 +121,8 @@ class FaultPlayer:
             self._down.discard(name)
 
     def _record(self, event: FaultEvent, outcome: str, at: float | None = None) -> None:
-        met = MetFault(round(self.elapsed if at is None else at, 3), event, outcome, self.label)
+        when = round(self.elapsed if at is None else at, 3)
+        met = MetFault(when, event, outcome, self.label, self.target_of(event))
         with self._lock:
             self.met.append(met)
         if self.on_met is not None:
@@ -131,7 +140,13 @@ class FaultPlayer:
             self._record(event, outcome, at)
 
     def _nsqd_name(self, event: FaultEvent) -> str:
-        return f"nsqd-{event.node % max(self.nsqd, 1)}"
+        return self.nsqd_names[event.node % self.nsqd]
+
+    def target_of(self, event: FaultEvent) -> str:
+        """The name of the node ``event`` acts on here."""
+        if event.kind == "lookupd_outage":
+            return f"lookupd-{event.node % max(self.lookupd, 1)}"
+        return self._nsqd_name(event)
 
     async def _do(self, event: FaultEvent) -> str:
         faults = self.faults
@@ -141,7 +156,7 @@ class FaultPlayer:
         if kind == "lookupd_outage":
             if self.lookupd < 1:
                 return "skipped: no nsqlookupd"
-            return await self._outage(event, f"lookupd-{event.node % self.lookupd}")
+            return await self._outage(event, self.target_of(event))
         if node in self._down:
             return f"skipped: {node} is down"
         if kind == "drop":
@@ -210,8 +225,8 @@ class FaultPlayer:
                         await self.faults.wait_changed()
             if scope.cancelled_caught:
                 return f"skipped: a producer stayed connected for {limit:g}s"
-            if trio.current_time() > start:
-                waited = f" (after {trio.current_time() - start:.3g}s without producers)"
+            if trio.current_time() - start >= 0.001:
+                waited = f" (once no producer was connected, {trio.current_time() - start:.3f}s on)"
         self._down.add(node)
         try:
             await self.faults.restart(node, kill=kill)

@@ -66,7 +66,7 @@ __all__ = [
 FAULTS_MSG_TIMEOUT: Final = 3.0
 #: Over how many seconds a test's faults are spread, by default: real time
 #: (TCP fixtures) and virtual time (a sim_cluster on a MockClock).
-REAL_HORIZON: Final = 3.0
+REAL_HORIZON: Final = 2.0
 VIRTUAL_HORIZON: Final = 120.0
 DEFAULT_RATE: Final = 4.0
 
@@ -214,11 +214,13 @@ class TestFaults:
         )
 
     def player(
-        self, label: str, faults: Any, *, nsqd: int, lookupd: int, virtual: bool
+        self, label: str, faults: Any, *, nsqd: int | list[str], lookupd: int, virtual: bool
     ) -> FaultPlayer:
-        """A player for the fixture ``label``, kept for the report."""
-        schedule = self.schedule(label, nsqd=nsqd, lookupd=lookupd, virtual=virtual)
-        player = FaultPlayer(schedule, faults, nsqd=nsqd, lookupd=lookupd, label=label)
+        """A player for the fixture ``label``, kept for the report; ``nsqd``: how
+        many nsqds (named ``nsqd-N``), or their names."""
+        names = nsqd if isinstance(nsqd, list) else [f"nsqd-{i}" for i in range(nsqd)]
+        schedule = self.schedule(label, nsqd=len(names), lookupd=lookupd, virtual=virtual)
+        player = FaultPlayer(schedule, faults, lookupd=lookupd, label=label, nsqd_names=names)
         with self._lock:
             self.players.append(player)
         return player
@@ -251,7 +253,7 @@ def faults_of(request: pytest.FixtureRequest) -> TestFaults | None:
         "enabled",
     }
     if unknown:
-        raise pytest.UsageError(f"nsq_faults marker: unknown option(s) {sorted(unknown)}")
+        pytest.fail(f"nsq_faults marker: unknown option(s) {sorted(unknown)}", pytrace=False)
     if not tuning.get("enabled", True):
         return None
     kinds = tuning.get("kinds", settings.kinds)
@@ -326,7 +328,7 @@ def report_section(item: pytest.Item) -> str | None:
     with faults._lock:
         players = list(faults.players)
     left = [
-        f"{e.at:8.3f}s  [{p.label}] {e.describe()}"
+        f"{e.at:8.3f}s  [{p.label}] {e.describe().replace(e.target(), p.target_of(e), 1)}"
         for p in players
         for e in not_yet_met(p.schedule, p.met)
     ]
@@ -350,9 +352,10 @@ def is_virtual_clock() -> bool:
 
 @asynccontextmanager
 async def playing(
-    faults: TestFaults, label: str, target: Any, *, nsqd: int, lookupd: int
+    faults: TestFaults, label: str, target: Any, *, nsqd: int | list[str], lookupd: int
 ) -> AsyncIterator[FaultPlayer]:
-    """Play ``label``'s schedule on ``target`` (a ``Faults``) while inside."""
+    """Play ``label``'s schedule on ``target`` (a ``Faults``) while inside;
+    ``nsqd``: how many nsqds (named ``nsqd-N``), or their names."""
     player = faults.player(label, target, nsqd=nsqd, lookupd=lookupd, virtual=is_virtual_clock())
     async with trio.open_nursery() as nursery:
         await nursery.start(player.run)
@@ -366,15 +369,15 @@ async def playing(
 async def faulty_nsqd(
     faults: TestFaults, label: str, make: Callable[[], NSQD]
 ) -> AsyncIterator[NSQD]:
-    """A lone nsqd (restartable in place) playing ``label``'s faults."""
+    """A lone nsqd (restartable in place) named ``label``, playing its faults."""
     from .faults import Faults
     from .restartable import RestartableNSQD
 
     nsqd = make()
-    node = RestartableNSQD(nsqd, name="nsqd-0")
+    node = RestartableNSQD(nsqd, name=label)
     injector = Faults(node)
     injector.attach_nsqd(node.name, nsqd)
-    async with node, playing(faults, label, injector, nsqd=1, lookupd=0):
+    async with node, playing(faults, label, injector, nsqd=[label], lookupd=0):
         yield nsqd
 
 

@@ -127,7 +127,7 @@ def nsqd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
         else:
             if faults.msg_timeout is not None:
                 options.setdefault("msg_timeout", faults.msg_timeout)
-            label = f"nsqd-{len(started)}" if started or request.fixturename != "nsqd" else "nsqd"
+            label = f"nsqd-{len(started)}"
             node = BackgroundNode(
                 lambda: pytest_faults.faulty_nsqd(faults, label, lambda: NSQD(**options)),
                 name="fakensq-nsqd",
