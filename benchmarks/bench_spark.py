@@ -85,6 +85,8 @@ class Result:
     #: executor id -> messages FINed
     per_executor: dict[str, int] = field(default_factory=dict)
     cores: str = ""
+    #: Spark's phases, median ms over the batches after the first
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -287,6 +289,7 @@ def run_floor(spark: Any, master: str, total: int, per_batch: int) -> Result:
             steady_rate=rest / (elapsed - first) if rest and elapsed > first else None,
             batches=len(progress),
             cores=master,
+            phases=_phases(progress),
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -374,6 +377,16 @@ def _executor_count(master: str) -> int:
     return int(match.group(1)) if match else 1
 
 
+def _phases(progress: list[dict[str, Any]]) -> dict[str, float]:
+    """Median milliseconds of each of Spark's phases, over the batches after the first."""
+    later = progress[1:] or progress
+    names = {name for p in later for name in p["durationMs"]}
+    return {
+        name: statistics.median(p["durationMs"].get(name, 0) for p in later)
+        for name in sorted(names)
+    }
+
+
 def _driver_pids(spark: Any) -> set[int]:
     jvm = spark.sparkContext._jvm
     return {os.getpid(), int(jvm.java.lang.ProcessHandle.current().pid())}
@@ -440,6 +453,7 @@ def run_spark(
             batches=len(progress),
             per_executor=sampler.per_executor(),
             cores=master,
+            phases=_phases(progress),
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -470,6 +484,9 @@ def report(rounds: list[dict[str, Result]], baseline: str) -> None:
                 for e, n in sorted(result.per_executor.items())
             )
             print(f"{'':<4}{parts}; {result.batches} batches; steady part {seconds:.1f} s")
+        if result.phases:
+            phases = ", ".join(f"{k} {v:,.0f}" for k, v in result.phases.items() if v)
+            print(f"{'':<4}median ms per batch after the first: {phases}")
 
 
 def main() -> None:

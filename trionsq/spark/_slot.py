@@ -26,8 +26,11 @@ __all__ = ["NoConnectionError", "Slot"]
 log = logging.getLogger("trionsq.spark.agent")
 
 #: A take closes once no message has arrived for this long (well above the 25 ms
-#: output buffer timeout the consumers ask nsqd for).
+#: output buffer timeout the consumers ask nsqd for)...
 QUIET = 0.1
+#: ... or this long in a slot's first second: its new connections start at RDY 1
+#: and only get their share once a first message has come and gone.
+QUIET_AT_START = 0.3
 #: How often the automatic budget follows the connections' max-rdy-count.
 _BUDGET_EVERY = 0.5
 
@@ -61,7 +64,7 @@ class Slot:
         self.busy = False
         self.last_used = trio.current_time()
         self.last_arrival = -math.inf
-        self._now = trio.current_time()
+        self._now = self.started_at = trio.current_time()
         self._wanted = math.inf
         self._arrived: trio.Event | None = None
         self._closing = trio.Event()
@@ -226,6 +229,7 @@ class Slot:
         buffer = self.buffer
         began = trio.current_time()
         deadline = began + max_wait
+        quiet = QUIET if began - self.started_at > 1.0 else QUIET_AT_START
         self._wanted = enough
         try:
             while True:
@@ -234,9 +238,9 @@ class Slot:
                 if held >= enough or now >= deadline:
                     break
                 quiet_since = max(self.last_arrival, began)
-                if held and now - quiet_since >= QUIET:
+                if held and now - quiet_since >= quiet:
                     break
-                wake = deadline if not held else min(deadline, quiet_since + QUIET)
+                wake = deadline if not held else min(deadline, quiet_since + quiet)
                 self._arrived = trio.Event()
                 with trio.move_on_at(wake):
                     await self._arrived.wait()

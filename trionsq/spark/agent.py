@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import json
 import logging
 import os
@@ -226,26 +227,29 @@ class QueryRun:
             self.ended.set()
 
     async def _resolve(self, header: dict[str, Any]) -> dict[str, Any]:
-        finished = requeued = 0
-        for set_id in header.get("fin") or []:
-            entry = self.sets.pop(int(set_id), None)
-            if entry is None:
-                continue
-            slot, held = entry
-            slot.in_sets -= len(held)
-            for item in held:
-                await item.message.finish()
-            finished += len(held)
-        for set_id in header.get("req") or []:
-            entry = self.sets.pop(int(set_id), None)
-            if entry is None:
-                continue
-            slot, held = entry
-            slot.in_sets -= len(held)
-            for item in held:
-                await item.message.requeue(0, backoff=False)
-            requeued += len(held)
-        return {"finished": finished, "requeued": requeued}
+        """Take the sets out, answer at once, and FIN / REQ them in the background:
+        the coordinator plans the next batch while the FINs go out (and nsqd
+        refills the slots as they do)."""
+        fin: list[Held] = []
+        req: list[Held] = []
+        for key, into in (("fin", fin), ("req", req)):
+            for set_id in header.get(key) or []:
+                entry = self.sets.pop(int(set_id), None)
+                if entry is not None:
+                    slot, held = entry
+                    slot.in_sets -= len(held)
+                    into.extend(held)
+        if fin or req:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._answer, fin, req)
+        return {"finished": len(fin), "requeued": len(req)}
+
+    @staticmethod
+    async def _answer(fin: list[Held], req: list[Held]) -> None:
+        for item in fin:
+            await item.message.finish()
+        for item in req:
+            await item.message.requeue(0, backoff=False)
 
     def buffered(self) -> int:
         return sum(len(slot.buffer) for slot in self.slots)
@@ -343,6 +347,7 @@ class QueryRun:
                 entry = self.sets.get(set_id)
                 if entry is None:
                     raise ReadError(f"message set {set_id} is no longer held here")
+                await self.agent.pyarrow_ready.wait()
                 return {"rows": len(entry[1]), "set": set_id, "replayed": True}, to_ipc(
                     topic, entry[1]
                 )
@@ -362,6 +367,7 @@ class QueryRun:
         self.sets[set_id] = (slot, taken)
         await link.send({"op": "ready", "set": set_id, "count": len(taken)})
         self.status_changed()
+        await self.agent.pyarrow_ready.wait()
         return {"rows": len(taken), "set": set_id, "replayed": False}, to_ipc(topic, taken)
 
     async def _take(self, limit: int | None) -> tuple[Slot, list[Held]]:
@@ -448,6 +454,7 @@ class Agent:
         self.peer_port = 0
         self._nursery: trio.Nursery | None = None
         self._leave = trio.Event()
+        self.pyarrow_ready = trio.Event()
 
     async def main(self) -> None:
         unix = _bind_unix(self.socket_path)
@@ -464,6 +471,7 @@ class Agent:
                 nursery.start_soon(trio.serve_listeners, self._serve_peer, peers)
                 nursery.start_soon(self._watchdog)
                 nursery.start_soon(self._signals)
+                nursery.start_soon(self._import_pyarrow)
                 await self._leave.wait()
                 # Each query requeues what it holds and closes its connections (CLS).
                 for run in list(self.queries.values()):
@@ -477,6 +485,12 @@ class Agent:
                 os.unlink(self.socket_path)
             except OSError:
                 pass
+
+    async def _import_pyarrow(self) -> None:
+        """pyarrow in a thread while the first read connects: importing it in the
+        event loop would stall every connection (and their TOUCHes) meanwhile."""
+        await trio.to_thread.run_sync(importlib.import_module, "pyarrow")
+        self.pyarrow_ready.set()
 
     async def _signals(self) -> None:
         # The PySpark daemon sends its process group SIGHUP when the executor stops.
@@ -627,10 +641,6 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s trionsq-spark-agent[%(process)d] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    # Imported before serving: importing it in the event loop would stall every
-    # connection (and their TOUCHes) for as long as the import takes.
-    import pyarrow  # type: ignore[import-untyped]  # noqa: F401
-
     identity = ExecutorIdentity(**json.loads(args.identity))
     agent = Agent(identity, args.socket, args.anchor_start)
     trio.run(agent.main)
