@@ -47,6 +47,7 @@ def test_source_defaults_and_parsing() -> None:
             "lookupd_http_addresses": "127.0.0.1:4161",
             "snappy": "TRUE",
             "max_in_flight": "5000",
+            "max_bytes_in_flight": "256m",
             "connections_per_nsqd": "3",
             "max_messages_per_trigger": "10000",
             "num_partitions": "auto",
@@ -62,6 +63,7 @@ def test_source_defaults_and_parsing() -> None:
     assert options.connection.snappy is True
     assert (options.max_in_flight, options.max_messages_per_trigger) == (5000, 10000)
     assert (options.connections_per_nsqd, options.num_partitions) == (3, None)
+    assert options.max_bytes_in_flight == 256 << 20
     assert (options.coordinator_host, options.coordinator_port) == ("10.0.0.7", 7077)
     config = options.consumer_config()
     assert (config.max_in_flight, config.msg_timeout, config.max_attempts) == (5000, 30.0, 0)
@@ -87,6 +89,8 @@ def test_source_defaults_and_parsing() -> None:
         ({**SOURCE, "max_messages_per_trigger": "0"}, "must be >= 1"),
         ({**SOURCE, "num_partitions": "some"}, "option 'num_partitions' must be an integer"),
         ({**SOURCE, "connections_per_nsqd": "0"}, "must be between 1 and 64"),
+        ({**SOURCE, "max_bytes_in_flight": "lots"}, "must be a size in bytes"),
+        ({**SOURCE, "max_bytes_in_flight": "100"}, "must be at least 1k"),
         ({**SOURCE, "coordinator_port": "70000"}, "must be between 0 and 65535"),
         ({**SOURCE, "msg_timeout": "0.5"}, "option 'msg_timeout' must be >= 1 seconds"),
         ({**SOURCE, "max_batch_wait": "soon"}, "option 'max_batch_wait' must be a number"),

@@ -563,3 +563,24 @@ def test_a_killed_agent_loses_nothing(
         assert sorted(seen) == bodies
     finally:
         reader.stop()
+
+
+def test_big_messages_lower_what_a_partition_holds(nsqd: NSQD, executor: Executor) -> None:
+    bodies = [bytes([65 + i % 26]) * 8192 for i in range(60)]
+    publish(nsqd.tcp_address, "events", bodies)
+    reader = reader_for(
+        nsqd.tcp_address, max_bytes_in_flight="64k", connections_per_nsqd="1", num_partitions="1"
+    )
+    try:
+        end, [partition] = plan(reader, 0)
+        seen = read(reader, partition)
+        # 64 KiB of 8 KiB bodies: 8 held at a time (plus what came before the first
+        # sizes were known), not all 60.
+        wait_for(lambda: channel_stats(nsqd)["in_flight_count"] <= 16, what="a lower RDY")
+        while len(seen) < len(bodies):
+            end, partitions = plan(reader, end)
+            seen += read_all(reader, partitions)
+            assert channel_stats(nsqd)["in_flight_count"] <= 16
+        assert sorted(seen) == sorted(bodies)
+    finally:
+        reader.stop()

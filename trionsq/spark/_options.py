@@ -36,6 +36,7 @@ DEFAULT_MAX_RDY_COUNT = 2500
 DEFAULT_MSG_TIMEOUT = 60.0
 DEFAULT_MAX_BATCH_WAIT = 0.5
 DEFAULT_CONNECTIONS_PER_NSQD = 4
+DEFAULT_MAX_BYTES_IN_FLIGHT = 128 << 20
 DEFAULT_SINK_BATCH_SIZE = 500
 
 #: Options Spark itself adds or passes through (``save(path)``, ``writeStream``).
@@ -60,6 +61,7 @@ COMMON_OPTIONS = (
 SOURCE_OPTIONS = (
     "channel",
     "max_in_flight",
+    "max_bytes_in_flight",
     "connections_per_nsqd",
     "max_messages_per_trigger",
     "max_batch_wait",
@@ -131,6 +133,27 @@ def _auto_int(options: Mapping[str, str], name: str, minimum: int) -> int | None
     if value is None or value == "" or value.lower() == "auto":
         return None
     return _int(options, name, minimum, minimum=minimum)
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(options: Mapping[str, str], name: str, default: int) -> int:
+    """A size: bytes, or with a k, m or g suffix (KiB, MiB, GiB); at least 1 KiB."""
+    value = _get(options, name)
+    if value is None or value == "":
+        return default
+    text = value.lower().removesuffix("b").removesuffix("i")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    try:
+        number = float(text[: len(text) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise NSQOptionError(
+            f"option '{name}' must be a size in bytes (k, m or g suffixes), got {value!r}"
+        ) from None
+    if not math.isfinite(number) or number < 1024:
+        raise NSQOptionError(f"option '{name}' must be at least 1k, got {value!r}")
+    return int(number)
 
 
 def _seconds(options: Mapping[str, str], name: str, default: float, minimum: float) -> float:
@@ -240,6 +263,8 @@ class SourceOptions:
     channel: str
     connection: ConnectionOptions
     max_in_flight: int | None = None
+    #: what a partition may hold in message bodies (its RDY follows their sizes)
+    max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT
     connections_per_nsqd: int = DEFAULT_CONNECTIONS_PER_NSQD
     max_messages_per_trigger: int | None = None
     max_batch_wait: float = DEFAULT_MAX_BATCH_WAIT
@@ -334,6 +359,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         channel=channel,
         connection=connection,
         max_in_flight=_auto_int(options, "max_in_flight", minimum=1),
+        max_bytes_in_flight=_bytes(options, "max_bytes_in_flight", DEFAULT_MAX_BYTES_IN_FLIGHT),
         connections_per_nsqd=_int(
             options, "connections_per_nsqd", DEFAULT_CONNECTIONS_PER_NSQD, minimum=1, maximum=64
         ),

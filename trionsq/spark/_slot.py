@@ -31,8 +31,12 @@ QUIET = 0.1
 #: ... or this long in a slot's first second: its new connections start at RDY 1
 #: and only get their share once a first message has come and gone.
 QUIET_AT_START = 0.3
-#: How often the automatic budget follows the connections' max-rdy-count.
+#: How often the budget follows the connections' max-rdy-count and the sizes seen.
 _BUDGET_EVERY = 0.5
+#: Each consumer's max_in_flight until the first messages have been measured.
+_FIRST_LIMIT = 16
+#: Message counts at which the budget is set again without waiting.
+_SAMPLES = frozenset({1, 16, 256, 4096})
 
 
 class NoConnectionError(ConnectionError):
@@ -65,6 +69,9 @@ class Slot:
         self.last_used = trio.current_time()
         self.last_arrival = -math.inf
         self._now = self.started_at = trio.current_time()
+        self._received = 0
+        self._received_bytes = 0
+        self._budget_due = trio.Event()
         self._wanted = math.inf
         self._arrived: trio.Event | None = None
         self._closing = trio.Event()
@@ -73,10 +80,6 @@ class Slot:
         self._limits: list[int] = []
 
     # --- budget ---
-
-    @property
-    def auto_budget(self) -> bool:
-        return self.options.max_in_flight is None
 
     def capacity(self) -> int:
         """How many messages this slot may hold in flight right now."""
@@ -89,20 +92,41 @@ class Slot:
     def _initial_limit(self) -> int:
         groups = self.options.connections_per_nsqd
         explicit = self.options.max_in_flight
-        if explicit is not None:
-            return max(1, math.ceil(explicit / groups))
-        # Until nsqd says otherwise (IDENTIFY), assume its default max-rdy-count.
-        return 2500 * max(1, len(self.options.connection.nsqd_tcp_addresses))
+        share = None if explicit is None else max(1, math.ceil(explicit / groups))
+        # Until the first messages show how big they are (max_bytes_in_flight), and
+        # nsqd how much it grants: a little, raised as soon as they do.
+        return min(share or _FIRST_LIMIT, _FIRST_LIMIT)
+
+    def _byte_cap(self) -> int | None:
+        """Messages per consumer that keep the slot within ``max_bytes_in_flight``,
+        at the bodies' average size so far (None until a message has come)."""
+        if not self._received:
+            return None
+        average = max(1.0, self._received_bytes / self._received)
+        per_slot = self.options.max_bytes_in_flight / average
+        return max(1, int(per_slot / max(1, len(self.consumers))))
 
     async def _follow_budget(self) -> None:
-        """Automatic budget: every connection gets what its nsqd grants (max-rdy-count)."""
+        """Each consumer's max_in_flight: what its nsqds grant (their max-rdy-count),
+        or ``max_in_flight``'s share, within ``max_bytes_in_flight``."""
+        explicit = self.options.max_in_flight
         while True:
+            self._budget_due = trio.Event()
+            cap = self._byte_cap()
             for index, consumer in enumerate(self.consumers):
-                granted = sum(c.max_rdy_count for c in consumer.stats.connections.values())
-                if granted and granted != self._limits[index]:
-                    self._limits[index] = granted
-                    await consumer.set_max_in_flight(granted)
-            await trio.sleep(_BUDGET_EVERY)
+                if explicit is not None:
+                    target = max(1, math.ceil(explicit / len(self.consumers)))
+                else:
+                    target = sum(c.max_rdy_count for c in consumer.stats.connections.values())
+                if cap is not None:
+                    target = min(target, cap)
+                current = self._limits[index]
+                # Follow big moves only: a RDY change costs a round of commands.
+                if target and (target < current or target > current * 1.1):
+                    self._limits[index] = target
+                    await consumer.set_max_in_flight(target)
+            with trio.move_on_after(_BUDGET_EVERY):
+                await self._budget_due.wait()
 
     # --- life ---
 
@@ -122,8 +146,7 @@ class Slot:
                     nursery.start_soon(self._clock)
                     for consumer in self.consumers:
                         nursery.start_soon(self._receive, consumer)
-                    if self.auto_budget:
-                        nursery.start_soon(self._follow_budget)
+                    nursery.start_soon(self._follow_budget)
                     task_status.started()
                     await self._closing.wait()
                     nursery.cancel_scope.cancel()
@@ -156,6 +179,10 @@ class Slot:
         async for message in consumer:
             now = self._now
             held = Held(message, now)
+            self._received += 1
+            self._received_bytes += len(message.body)
+            if self._received in _SAMPLES:
+                self._budget_due.set()  # the first sizes: set the budget at once
             cutoff = self.cutoff_ns
             if cutoff is not None and message.timestamp > cutoff:
                 later.append(held)
@@ -222,17 +249,18 @@ class Slot:
         returns early once deliveries pause.
         """
         self.prune()
-        capacity = self.capacity()
-        room = capacity - self.in_sets - len(self.later)
-        wanted = max(0, room if limit is None else min(limit, room))
-        enough = min(wanted, max(1, capacity // 2))
         buffer = self.buffer
         began = trio.current_time()
         deadline = began + max_wait
         quiet = QUIET if began - self.started_at > 1.0 else QUIET_AT_START
-        self._wanted = enough
         try:
             while True:
+                # The budget grows as connections come up and sizes are measured.
+                capacity = self.capacity()
+                room = capacity - self.in_sets - len(self.later)
+                wanted = max(0, room if limit is None else min(limit, room))
+                enough = min(wanted, max(1, capacity // 2))
+                self._wanted = max(1, enough)
                 held = len(buffer)
                 now = trio.current_time()
                 if held >= enough or now >= deadline:
@@ -242,7 +270,7 @@ class Slot:
                     break
                 wake = deadline if not held else min(deadline, quiet_since + quiet)
                 self._arrived = trio.Event()
-                with trio.move_on_at(wake):
+                with trio.move_on_at(min(wake, now + _BUDGET_EVERY)):
                     await self._arrived.wait()
         finally:
             self._arrived = None

@@ -380,8 +380,10 @@ class QueryRun:
                 await slot.wait_connected()
             if not slot.connected():
                 raise NoConnectionError("no nsqd connection")
+            before = slot.connected()
             taken = await slot.take(limit, self.options.max_batch_wait)
-            lost = {h.message.address for h in taken} - slot.connected()
+            now = slot.connected()
+            lost = (before - now) | ({h.message.address for h in taken} - now)
             if lost:
                 slot.in_sets -= len(taken)
                 for item in taken:
