@@ -498,6 +498,13 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="also run the query with these source options, in the same round",
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip Spark's floor")
     args = parser.parse_args()
     options = dict(option.split("=", 1) for option in args.option)
@@ -536,6 +543,16 @@ def main() -> None:
                     f"{result.steady_rate or 0:,.0f} msg/s)",
                     flush=True,
                 )
+                if master == args.master:
+                    for variant in args.variant:
+                        extra = dict(item.split("=", 1) for item in variant.split(","))
+                        prefill(daemons, args.messages)
+                        other = run_spark(spark, master, daemons, total, {**options, **extra})
+                        other.name += f" with {variant}"
+                        results[f"{master} {variant}"] = other
+                        print(
+                            f"round {number + 1}: {other.name} {other.rate:,.0f} msg/s", flush=True
+                        )
                 if not args.no_floor and master == args.master:
                     per_batch = max(1, total // max(1, result.batches))
                     floor = run_floor(spark, master, total, per_batch)
