@@ -7,6 +7,8 @@ import sys
 
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     BinaryType,
@@ -197,3 +199,45 @@ def test_importing_trionsq_does_not_import_pyspark() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "pip install 'trionsq[spark]'" in result.stdout
+
+
+option_names = st.sampled_from(
+    [
+        "topic",
+        "channel",
+        "nsqd_tcp_addresses",
+        "lookupd_http_addresses",
+        "max_in_flight",
+        "max_bytes_in_flight",
+        "connections_per_nsqd",
+        "max_messages_per_trigger",
+        "num_partitions",
+        "max_batch_wait",
+        "msg_timeout",
+        "coordinator_host",
+        "coordinator_port",
+        "tls",
+        "snappy",
+        "deflate",
+        "deflate_level",
+        "connect_timeout",
+        "value_column",
+        "batch_size",
+        "bogus",
+    ]
+)
+option_values = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(["1", "0", "-3", "auto", "true", "64m", "1e309", "nan", "h:1", "t#ephemeral"]),
+)
+
+
+@given(st.dictionaries(option_names, option_values, max_size=8))
+def test_any_options_parse_or_fail_with_one_line_naming_the_problem(
+    options: dict[str, str],
+) -> None:
+    for parse in (parse_source_options, parse_sink_options):
+        try:
+            parse(options)
+        except NSQOptionError as exc:
+            assert str(exc).startswith("nsq data source: ") and "\n" not in str(exc)

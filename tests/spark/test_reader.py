@@ -584,3 +584,27 @@ def test_big_messages_lower_what_a_partition_holds(nsqd: NSQD, executor: Executo
         assert sorted(seen) == sorted(bodies)
     finally:
         reader.stop()
+
+
+def test_an_unreachable_lookupd_fails_the_read_with_one_line(executor: Executor) -> None:
+    from tests.reference import free_port
+
+    lookupd = f"127.0.0.1:{free_port()}"
+    options = {
+        "topic": "events",
+        "channel": "spark",
+        "lookupd_http_addresses": lookupd,
+        "connect_timeout": "0.5",
+    }
+    reader = NSQStreamReader(parse_source_options(options))
+    try:
+        _, partitions = plan(reader, 0)
+        began = time.monotonic()
+        with pytest.raises(NSQSourceError) as failure:
+            read(reader, partitions[0])
+        assert time.monotonic() - began < 15
+        message = str(failure.value)
+        assert "\n" not in message
+        assert f"no nsqd connection for events/spark after 0.5s: lookupd {lookupd}:" in message
+    finally:
+        reader.stop()

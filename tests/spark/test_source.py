@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,30 @@ def test_a_killed_query_restarts_from_its_checkpoint_losing_nothing(
     assert any(r.attempts > 1 for r in rows)  # some came back from nsqd
     stats = channel_stats(nsqd, "orders", "archive")
     assert (stats["depth"], stats["in_flight_count"]) == (0, 0)
+
+
+def test_an_unreachable_nsqd_fails_the_query_with_the_reason(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from tests.reference import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    query = (
+        spark.readStream.format("nsq")
+        .option("topic", "orders")
+        .option("channel", "archive")
+        .option("nsqd_tcp_addresses", address)
+        .option("connect_timeout", "1")
+        .load()
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start(str(tmp_path / "out"))
+    )
+    began = time.monotonic()
+    with pytest.raises(StreamingQueryException) as failure:
+        query.awaitTermination(180)
+    # Each of Spark's task attempts waits the connect timeout, then the query fails.
+    assert time.monotonic() - began < 120
+    assert not query.isActive
+    reason = f"nsq source: no nsqd connection for orders/archive after 1s: nsqd {address}: "
+    assert reason + "Connection refused" in str(failure.value)
