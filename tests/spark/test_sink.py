@@ -86,8 +86,8 @@ def test_write_through_lookupd(spark: SparkSession, nsq_cluster: Cluster) -> Non
 def test_an_nsqd_dying_mid_write_is_replaced_by_the_next(
     spark: SparkSession, real_nsqds: Callable[..., list[Any]]
 ) -> None:
-    # The first nsqd keeps every message it acknowledged, even through SIGKILL (and
-    # takes its time over it: a write lasts long enough to be cut in the middle).
+    # The first nsqd writes every message to disk before answering (and takes its time
+    # over it: a write lasts long enough to be cut in the middle by the SIGKILL).
     first = real_nsqds(1, "--mem-queue-size=0", "--sync-every=1")[0]
     [second] = real_nsqds(1)
     rows = 3000
@@ -111,15 +111,41 @@ def test_an_nsqd_dying_mid_write_is_replaced_by_the_next(
     )
     killer.join()
     assert not first.running
+    unsynced = unsynced_tail(first.data_path, "failover")
     first.start()
     counts: Counter[bytes] = Counter()
     depths = [topic_depth(first), topic_depth(second)]
     assert all(depths)  # both had a share: the write moved over when the first died
     for daemon, depth in zip((first, second), depths, strict=True):
         counts.update(consume(daemon.tcp_address, "failover", "check", depth, timeout=60))
-    assert set(counts) == {str(i).encode() for i in range(rows)}  # nothing lost
+    # Nothing lost by the sink.  What nsqd itself may lose on SIGKILL: go-diskqueue
+    # answers a write before it records the new write position (the sync comes at
+    # the top of its next loop, even with --sync-every=1), so the last message it
+    # acknowledged can be in its data file yet past the recorded end, and a restart
+    # drops it.  Such a message was delivered to nsqd (it is in the file) and is
+    # nsqd's loss: at most that one write.
+    lost = {str(i).encode() for i in range(rows)} - set(counts)
+    assert len(lost) <= 1 and lost <= set(unsynced), (lost, unsynced)
     # At most the chunk in flight when the connection died is there twice.
     assert sum(n - 1 for n in counts.values()) <= 20
+
+
+def unsynced_tail(data_path: Path, topic: str) -> list[bytes]:
+    """The bodies in ``topic``'s diskqueue past the write position nsqd recorded
+    (what a restart of a SIGKILLed nsqd forgets)."""
+    meta = data_path / f"{topic}.diskqueue.meta.dat"
+    file_number, position = 0, 0  # never synced: all of it
+    if meta.exists():
+        file_number, position = (int(n) for n in meta.read_text().split()[2].split(","))
+    data = (data_path / f"{topic}.diskqueue.{file_number:06d}.dat").read_bytes()
+    bodies = []
+    while position + 4 <= len(data):
+        size = int.from_bytes(data[position : position + 4], "big")
+        # Each record: a 4-byte size, then nsqd's message (8-byte timestamp, 2-byte
+        # attempts, 16-byte id) and the body.
+        bodies.append(data[position + 4 + 26 : position + 4 + size])
+        position += 4 + size
+    return bodies
 
 
 def topic_depth(daemon: Any) -> int:
