@@ -937,6 +937,7 @@ commands:
   cluster [flags]      run nsqds wired to nsqlookupds and print their addresses
   admin [flags]        serve a web view of a cluster (nsqadmin's flags)
   shims DIR            write executable nsqd and nsqlookupd stand-ins into DIR
+  proxy [flags]        relay clients to a real nsqd with faults (--upstream HOST:PORT)
 """
 
 
@@ -953,6 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cluster": cluster_main,
         "shims": _shims_main,
         "admin": _admin_main,
+        "proxy": _proxy_main,
     }
     run = commands.get(command)
     if run is None:
@@ -965,6 +967,12 @@ def _admin_main(argv: Sequence[str]) -> int:
     from .admin.cli import admin_main
 
     return admin_main(argv)
+
+
+def _proxy_main(argv: Sequence[str]) -> int:
+    from .proxy import proxy_main
+
+    return proxy_main(list(argv))
 
 
 def _shims_main(argv: Sequence[str]) -> int:

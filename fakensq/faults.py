@@ -614,6 +614,17 @@ class FaultyStream(trio.abc.Stream):
         publish yet)."""
         return self.role_of() if self.role_of is not None else self.parsed_role
 
+    @property
+    def opaque(self) -> bool:
+        """Whether its frames are hidden (TLS or compression): only byte-level
+        faults act on it."""
+        return self._opaque
+
+    def names(self) -> tuple[str, ...]:
+        """The names faults know the client by: its address, host, IDENTIFY
+        ``client_id`` and ``hostname``."""
+        return self._names()
+
     def _names(self) -> tuple[str, ...]:
         host = self.peer.rpartition(":")[0].strip("[]")
         names = [self.peer, host]
