@@ -331,6 +331,9 @@ class HostedConsumer:
             await inbox.wait()
             if not items:
                 return  # closed, and nothing left to apply
+            # Answers are applied as Message.finish/requeue would, without a
+            # coroutine each (this loop carries every answer; neither waits,
+            # and the loop checks for cancellation once per batch, in wait()).
             while items:
                 op, message = items.popleft()
                 core = message._core
@@ -339,11 +342,14 @@ class HostedConsumer:
                         await core.touch()
                     continue
                 out.pop(message, None)
-                # (message._apply(), inlined: this loop carries every answer)
+                if core.responded is not None:
+                    continue
                 if message.responded == "finished":
-                    await core.finish()
+                    core.responded = "finished"
+                    core._responder._finish(core)
                 else:
-                    await core.requeue(message._delay, message._backoff)
+                    core.responded = "requeued"
+                    core._responder._requeue(core, message._delay, message._backoff)
             if self._settled is not None and not out:
                 self._settled.set()
 

@@ -82,7 +82,12 @@ class RealDaemon:
     kind = "nsqd"
 
     def __init__(self, options: dict[str, Any]) -> None:
-        self._daemon = reference.RealDaemon("nsqd", _flags(options))
+        flags = _flags(options)
+        if "tls_cert" in options:
+            # nsqd then also listens for HTTPS, by default on 0.0.0.0:4152,
+            # which another test (or daemon) on the machine may hold.
+            flags.append(f"--https-address=127.0.0.1:{reference.free_port()}")
+        self._daemon = reference.RealDaemon("nsqd", flags)
         self._daemon.start()
         self.tcp_address = self._daemon.tcp_address
         self.http_address = self._daemon.http_address

@@ -7,9 +7,9 @@ import inspect
 import logging
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import outcome
 import trio
@@ -33,28 +33,47 @@ R = TypeVar("R")
 _YIELD_EVERY = 256
 
 
+class _Done:
+    """An awaitable that is already complete: ``await`` returns None at once,
+    without a coroutine (settling is a hand-over, done when called)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        # Any iterator will do for ``await``; an empty one ends it at once.
+        return cast("Generator[Any, Any, None]", iter(()))
+
+
+_DONE = _Done()
+
+
 class Message(HandedMessage):
     """One delivery of a message, as :class:`trionsq.Message` but for asyncio.
 
     Exactly one of :meth:`finish` and :meth:`requeue` takes effect (the first);
-    later calls of either do nothing.  They return at once: the client's loop
-    sends the command.  Messages are never touched automatically.
+    later calls of either do nothing.  They act when called (the client's loop
+    sends the command) and return an awaitable that is already complete, so
+    ``await message.finish()`` never suspends.  Messages are never touched
+    automatically.
     """
 
     __slots__ = ()
 
-    async def finish(self) -> None:
+    def finish(self) -> Awaitable[None]:
         """FIN: nsqd forgets the message."""
         self._finish()
+        return _DONE
 
-    async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+    def requeue(self, delay: float | None = None, backoff: bool = True) -> Awaitable[None]:
         """REQ: nsqd redelivers the message after ``delay`` seconds (``None``:
         from the attempts); ``backoff=True`` counts it as a handler failure."""
         self._requeue(delay, backoff)
+        return _DONE
 
-    async def touch(self) -> None:
+    def touch(self) -> Awaitable[None]:
         """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
         self._touch()
+        return _DONE
 
 
 #: ``handler(message)``: sync or async; returning finishes, raising requeues.
