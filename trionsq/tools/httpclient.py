@@ -22,6 +22,9 @@ import trio
 __all__ = ["Endpoint", "HTTPConnection", "HTTPError"]
 
 _RECEIVE_SIZE = 64 * 1024
+#: request heads kept per connection (see HTTPConnection._exchange)
+_HEADS = 64
+_END = h11.EndOfMessage()
 
 
 class HTTPError(Exception):
@@ -77,6 +80,10 @@ class HTTPConnection:
         self._ssl_context = ssl_context
         self._stream: trio.abc.Stream | None = None
         self._h11: h11.Connection | None = None
+        #: request heads built, by (method, target, headers' id, body size)
+        self._heads: dict[tuple[str, str, int, int], h11.Request] = {}
+        #: the header lists those ids belong to (an id is reused once freed)
+        self._heads_of: dict[int, list[tuple[str, str]]] = {}
 
     @property
     def connected(self) -> bool:
@@ -114,7 +121,10 @@ class HTTPConnection:
         """
         reused = self._stream is not None
         try:
-            with trio.fail_after(self.request_timeout):
+            # A plain CancelScope with a deadline (trio.fail_after's context
+            # manager costs a generator per request); reaching its end means
+            # the deadline cut the request off.
+            with trio.CancelScope(deadline=trio.current_time() + self.request_timeout):
                 if self._stream is None:
                     await self._connect()
                 try:
@@ -126,9 +136,8 @@ class HTTPConnection:
                     # the request: once more, on a new one.
                     await self._connect()
                     return await self._exchange(method, target, headers, body)
-        except trio.TooSlowError:
             await self.aclose()
-            raise HTTPError(f"request to {self.endpoint.authority}: timed out") from None
+            raise HTTPError(f"request to {self.endpoint.authority}: timed out")
         except _StaleConnection:
             await self.aclose()
             raise HTTPError("server closed the connection") from None
@@ -147,13 +156,25 @@ class HTTPConnection:
     ) -> int:
         stream, conn = self._stream, self._h11
         assert stream is not None and conn is not None
-        all_headers = [("Host", self.endpoint.authority), *headers]
-        if method != "GET" or body:
-            all_headers.append(("Content-Length", str(len(body))))
-        data = conn.send(h11.Request(method=method, target=target, headers=all_headers))
+        # h11 validates a request's headers as it builds it: the same request
+        # head (same method, target, headers and body size, as when posting
+        # messages of one size) is built once and sent again.
+        key = (method, target, id(headers), len(body))
+        request = self._heads.get(key)
+        if request is None or self._heads_of.get(id(headers)) is not headers:
+            all_headers = [("Host", self.endpoint.authority), *headers]
+            if method != "GET" or body:
+                all_headers.append(("Content-Length", str(len(body))))
+            request = h11.Request(method=method, target=target, headers=all_headers)
+            if len(self._heads) >= _HEADS:
+                self._heads.clear()
+                self._heads_of.clear()
+            self._heads[key] = request
+            self._heads_of[id(headers)] = headers
+        data = conn.send(request)
         if body:
             data += conn.send(h11.Data(data=body))
-        data += conn.send(h11.EndOfMessage())
+        data += conn.send(_END)
         try:
             await stream.send_all(data)
         except (trio.BrokenResourceError, OSError):
