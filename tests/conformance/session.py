@@ -235,6 +235,29 @@ class Session:
                 await self.read(1, heartbeats=heartbeats)
         return self.messages[start:]
 
+    async def read_answer(self) -> tuple[Entry, int]:
+        """Read up to the answer to the command just sent (the next frame that
+        is not a message), and record it before the messages read on the way.
+
+        nsqd's IOLoop answers while its messagePump (another goroutine) hands
+        out messages, so a message can overtake the answer that made it
+        available, or that merely came later; the transcript keeps the two
+        apart in one order.  Returns the answer and how many messages came
+        before it (0 where the answer won: fakensq's order is always one of
+        nsqd's, checked by the scenarios that care).
+        """
+        start = len(self.transcript)
+        with trio.fail_after(READ_TIMEOUT):
+            while True:
+                (entry,) = await self.read(1)
+                if entry[1] != "msg":
+                    break
+        overtaken = len(self.transcript) - start - 1
+        if overtaken:
+            del self.transcript[-1]
+            self.transcript.insert(start, entry)
+        return entry, overtaken
+
     async def sync(self, topic: str = SYNC_TOPIC) -> list[Entry]:
         """A known answer as a sync point: ``PUB sync`` and read until its ``OK``.
 
