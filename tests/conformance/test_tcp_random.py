@@ -11,9 +11,12 @@ reads up to a sync point, so the transcripts are deterministic:
 - nothing depends on time: no heartbeat or msg_timeout short enough to fire,
   no DPUB or REQ delay short enough to come due (long ones stay deferred);
 - how many messages each connection gets after a step is not known in
-  advance: fakensq runs first and its counts tell the real run how many to
-  wait for before the sync point.  If nsqd delivered another number, the
-  transcripts differ (or the wait times out, which fails the example too).
+  advance: fakensq runs first, and once its node is idle, what it has written
+  to each connection (before or after the sync point) is read; the real run
+  waits for as many.  If nsqd delivered another number, the transcripts
+  differ (or the wait times out, which fails the example too);
+- within one step, a connection's answers and its messages are compared
+  apart (:func:`_canonical`: nsqd itself races the two).
 
 The node's topics and channels are compared at the end as well.  Runs are
 derandomized (the suite's hypothesis profile).
