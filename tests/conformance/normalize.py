@@ -61,12 +61,19 @@ class Normalizer:
         else:
             self._strings.setdefault("\0whole\0" + raw, placeholder)
 
-    def message_id(self, raw: bytes) -> str:
-        """The placeholder of a message id (a new one for an id not seen yet)."""
-        alias = self._ids.get(raw)
+    def message_id(self, raw: bytes, scope: bytes = b"") -> str:
+        """The placeholder of a message id (a new one for an id not seen yet).
+
+        ``scope`` (a topic name) keeps ids of different topics apart: nsqd's ids
+        are unique within a topic only (each topic has its own id factory, of
+        the time in milliseconds and a sequence), so two topics publishing in
+        the same millisecond may hand out the same id.
+        """
+        key = scope + b"\0" + raw if scope else raw
+        alias = self._ids.get(key)
         if alias is None:
-            alias = self._ids[raw] = f"<ID{len(self._ids) + 1}>"
-            self._strings[raw.decode("latin-1")] = alias
+            alias = self._ids[key] = f"<ID{len(self._ids) + 1}>"
+            self._strings.setdefault(raw.decode("latin-1"), alias)
         return alias
 
     def __call__(self, value: Any) -> Any:

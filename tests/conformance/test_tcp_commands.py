@@ -123,7 +123,9 @@ ARGUMENTS: dict[str, bytes] = {
     "fin_extra_param": b"FIN {id} extra\n",
     "fin_twice": b"FIN {id}\nFIN {id}\n",
     # REQ
-    "req_delay": b"REQ {id} 100\n",
+    # (long enough never to come due before the node's state is read, even on
+    # a loaded machine: REQ delays coming due are test_tcp_timing's)
+    "req_delay": b"REQ {id} 60000\n",
     "req_max_delay": b"REQ {id} 3600000\n",
     "req_too_long": b"REQ {id} 3600001\n",
     "req_negative": b"REQ {id} -1\n",

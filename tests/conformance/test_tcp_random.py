@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from trionsq.protocol import commands as cmds
 
 from .conftest import Conformance, Target
+from .normalize import Normalizer
 from .session import Entry, Session
 from .tcp import node_state
 
@@ -208,6 +209,41 @@ def _sent_by_fakensq(t: Target, session: Session) -> int:
     return len(session.messages)  # gone: everything it sent was read before
 
 
+class _TopicIds:
+    """A session's stand-in for the target's normalizer: message ids are kept
+    raw, with the topic the session subscribed to, until their step is put in
+    canonical order (:func:`_alias_ids`).  Aliases are then numbered in that
+    order (not in the order read, which races as the entries do), and per
+    topic (nsqd's ids are unique within a topic only: two topics publishing
+    in the same millisecond may give out the same id).
+    """
+
+    def __init__(self, base: Normalizer, pending: dict[str, tuple[str, bytes]]) -> None:
+        self.base = base
+        self.pending = pending
+        self.topic = ""
+
+    def alias(self, raw: str | int, placeholder: str, *, within: bool = True) -> None:
+        self.base.alias(raw, placeholder, within=within)
+
+    def message_id(self, raw: bytes) -> str:
+        key = f"<raw id {len(self.pending)}>"
+        self.pending[key] = (self.topic, raw)
+        return key
+
+
+def _alias_ids(
+    entries: list[Entry], base: Normalizer, pending: dict[str, tuple[str, bytes]]
+) -> list[Entry]:
+    out = []
+    for entry in entries:
+        if entry[1] == "msg" and entry[2] in pending:
+            topic, raw = pending.pop(entry[2])
+            entry = (*entry[:2], base.message_id(raw, topic.encode()), *entry[3:])
+        out.append(entry)
+    return out
+
+
 def _canonical(entries: list[Entry]) -> list[Entry]:
     """One step's entries, by connection; on each, answers, then messages, then
     ``closed`` (each kind in the order read).
@@ -234,17 +270,23 @@ def _canonical(entries: list[Entry]) -> list[Entry]:
 async def run_steps(t: Target, plan: Plan, sequence: list[Step]) -> Any:
     sessions: dict[int, Session] = {}
     generation = [0] * CONNECTIONS
+    pending: dict[str, tuple[str, bytes]] = {}
+    ids: dict[int, _TopicIds] = {}
 
     async def session(i: int) -> Session:
         if i not in sessions or sessions[i].closed:
             generation[i] += 1
             sessions[i] = await t.connect(f"c{i}.{generation[i]}")
+            ids[i] = _TopicIds(t.normalizer, pending)
+            sessions[i].normalizer = ids[i]  # type: ignore[assignment]
         return sessions[i]
 
     for index, step in enumerate(sequence):
         mark = len(t.transcript)
         s = await session(step.conn)
         before = {i: len(c.messages) for i, c in sessions.items()}
+        if step.kind == "sub" and not ids[step.conn].topic:
+            ids[step.conn].topic = step.args[0]  # (its messages come after the OK)
         if step.kind == "close":
             await s.close()
         else:
@@ -270,7 +312,7 @@ async def run_steps(t: Target, plan: Plan, sequence: list[Step]) -> Any:
                 plan.counts[key] = len(c.messages) - before.get(i, 0)
             else:
                 await c.read_messages(plan.counts.get(key, 0) - len(c.messages) + before.get(i, 0))
-        t.transcript[mark:] = _canonical(t.transcript[mark:])
+        t.transcript[mark:] = _alias_ids(_canonical(t.transcript[mark:]), t.normalizer, pending)
     if t.kind == "real":
         delivered = sum(1 for e in t.transcript if e[1] == "msg")
         errors = sum(1 for e in t.transcript if e[1].startswith("E_"))
