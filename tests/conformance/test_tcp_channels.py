@@ -404,6 +404,12 @@ async def test_a_requeued_message_goes_behind_the_queue(conformance: Conformance
         c = await sub(t, rdy=1)
         await pub(t, "t", b"a", b"b", b"c")
         (first,) = await c.read_messages(1)
+        # b and c reach the channel through the topic's pump (a goroutine in
+        # nsqd, slow on a loaded machine): they must be queued before the REQ.
+        await t.until(
+            "/stats?format=json&topic=t&channel=ch",
+            lambda r: r.json()["topics"][0]["channels"][0]["depth"] == 2,
+        )
         await c.send(cmds.req(first.id, 0))
         for _ in range(3):
             (msg,) = await c.read_messages(1)
