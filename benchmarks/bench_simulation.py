@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 import trionsq
-from fakensq.simulation import SimCluster
+from fakensq.testing.simulation import SimCluster
 
 MESSAGES = 1000
 FAULTS = 50

@@ -87,7 +87,7 @@ def run(
 
 def demo(args: argparse.Namespace) -> int:
     from fakensq import NSQD
-    from fakensq.threaded import BackgroundNode
+    from fakensq.testing.threaded import BackgroundNode
 
     with BackgroundNode(lambda: NSQD(tcp_address="127.0.0.1:0", http_address="")) as nsqd:
         with blocking.Producer([nsqd.tcp_address]) as producer:

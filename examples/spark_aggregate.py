@@ -97,7 +97,7 @@ async def latest_counts(nsqd: str, topic: str = "page_views") -> dict[str, int]:
 
 def demo() -> None:
     from fakensq import NSQD
-    from fakensq.threaded import BackgroundNode
+    from fakensq.testing.threaded import BackgroundNode
 
     node = BackgroundNode(lambda: NSQD(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0"))
     with node as nsqd, tempfile.TemporaryDirectory() as checkpoint:

@@ -87,7 +87,7 @@ def local_session(master: str = "local[2]") -> SparkSession:
 def demo() -> None:
     """Archive 3000 messages published to an embedded fakensq nsqd."""
     from fakensq import NSQD
-    from fakensq.threaded import BackgroundNode
+    from fakensq.testing.threaded import BackgroundNode
 
     async def publish(address: str) -> None:
         async with trionsq.Producer(nsqd_tcp_addresses=[address]) as producer:

@@ -11,12 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .faults import Fault, Faults
-    from .lookupd import LookupdOptions, NSQLookupd
-    from .nsqd import NSQD, RegistryEvent
-    from .options import NSQDOptions
-    from .simulation import SimCluster, SimNetwork
+    from .lookupd.daemon import LookupdOptions, NSQLookupd
+    from .nsqd.node import NSQD, RegistryEvent
+    from .nsqd.options import NSQDOptions
+    from .testing.cluster import Cluster
+    from .testing.faults import Fault, Faults
+    from .testing.simulation import SimCluster, SimNetwork
 
 __all__ = [
     "NSQD",
@@ -34,16 +34,16 @@ __all__ = [
 __version__ = "0.1.0"
 
 _MODULE_OF = {
-    "NSQD": ".nsqd",
-    "RegistryEvent": ".nsqd",
-    "Cluster": ".cluster",
-    "Fault": ".faults",
-    "Faults": ".faults",
-    "LookupdOptions": ".lookupd",
-    "NSQLookupd": ".lookupd",
-    "NSQDOptions": ".options",
-    "SimCluster": ".simulation",
-    "SimNetwork": ".simulation",
+    "NSQD": ".nsqd.node",
+    "RegistryEvent": ".nsqd.node",
+    "Cluster": ".testing.cluster",
+    "Fault": ".testing.faults",
+    "Faults": ".testing.faults",
+    "LookupdOptions": ".lookupd.daemon",
+    "NSQLookupd": ".lookupd.daemon",
+    "NSQDOptions": ".nsqd.options",
+    "SimCluster": ".testing.simulation",
+    "SimNetwork": ".testing.simulation",
 }
 
 

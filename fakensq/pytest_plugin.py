@@ -35,7 +35,7 @@ seed=0, nsqd_options={...})``; give clients ``sim_cluster.connector`` and
 ``autojump_clock`` next to it: ``async def test_x(sim_cluster, autojump_clock)``.
 
 ``pytest --nsq-faults=SEED`` makes every test using these fixtures (but
-``nsqlookupd``) meet faults drawn from the seed: see :mod:`fakensq.pytest_faults`.
+``nsqlookupd``) meet faults drawn from the seed: see :mod:`fakensq.testing.pytest_faults`.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import pytest_faults
-from .threaded import BackgroundNode
+from .testing import pytest_faults
+from .testing.threaded import BackgroundNode
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .lookupd import NSQLookupd
-    from .nsqd import NSQD
-    from .simulation import SimCluster
+    from .lookupd.daemon import NSQLookupd
+    from .nsqd.node import NSQD
+    from .testing.cluster import Cluster
+    from .testing.simulation import SimCluster
 
 __all__ = ["nsq_cluster", "nsqd", "nsqd_factory", "nsqlookupd", "sim_cluster"]
 
@@ -64,7 +64,7 @@ _MARKERS = {
     "the fakensq `nsq_cluster` fixture's shape",
     "sim_cluster": "sim_cluster(nsqd=1, lookupd=1, seed=0, nsqd_options=..., trace=...): "
     "the fakensq `sim_cluster` fixture's shape (in-memory, virtual time)",
-}  # (the nsq_faults marker is fakensq.pytest_faults')
+}  # (the nsq_faults marker is fakensq.testing.pytest_faults')
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,7 +104,7 @@ def _marker_options(request: pytest.FixtureRequest, name: str) -> dict[str, Any]
 @pytest.fixture
 def nsqd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., NSQD]]:
     """Start fakensq nsqds on free loopback ports; all are stopped after the test."""
-    from .nsqd import NSQD
+    from .nsqd.node import NSQD
 
     started: list[BackgroundNode[NSQD]] = []
     faults = pytest_faults.faults_of(request)
@@ -162,7 +162,7 @@ def nsqd(request: pytest.FixtureRequest, nsqd_factory: Callable[..., NSQD]) -> N
 @pytest.fixture
 def nsqlookupd(request: pytest.FixtureRequest) -> Iterator[NSQLookupd]:
     """A fakensq nsqlookupd on free loopback ports (options from ``@pytest.mark.nsqlookupd``)."""
-    from .lookupd import NSQLookupd
+    from .lookupd.daemon import NSQLookupd
 
     options: dict[str, Any] = {"tcp_address": "127.0.0.1:0", "http_address": "127.0.0.1:0"}
     options.update(_marker_options(request, "nsqlookupd"))
@@ -176,7 +176,7 @@ def nsq_cluster_node(
 ) -> Iterator[BackgroundNode[Cluster]]:
     """The thread serving ``nsq_cluster``: ``nsq_cluster_node.call(cluster.stop_nsqd, 0)``
     runs a cluster operation (stop, restart a node) from a test that is not Trio."""
-    from .cluster import Cluster
+    from .testing.cluster import Cluster
 
     options: dict[str, Any] = {"data_root": str(tmp_path)}
     options.update(_marker_options(request, "nsq_cluster"))
@@ -246,7 +246,7 @@ async def sim_cluster(request: pytest.FixtureRequest) -> AsyncIterator[SimCluste
     function's own arguments) to run it in virtual time.  Shape and options from
     ``@pytest.mark.sim_cluster(...)`` (SimCluster's keywords).
     """
-    from .simulation import SimCluster
+    from .testing.simulation import SimCluster
 
     options = _marker_options(request, "sim_cluster")
     faults = pytest_faults.faults_of(request)

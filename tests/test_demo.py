@@ -8,7 +8,7 @@ import sys
 
 import trio
 
-from trionsq import demo
+from fakensq import demo
 
 
 def outcome(stdout: str, name: str) -> int:
@@ -19,7 +19,7 @@ def outcome(stdout: str, name: str) -> int:
 
 def test_demo_moves_every_message_through_a_fault() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "trionsq.demo", "-n", "600", "--batch", "100"],
+        [sys.executable, "-m", "fakensq.demo", "-n", "600", "--batch", "100"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -60,7 +60,7 @@ def test_in_process_run_gives_poison_up_and_misses_nothing() -> None:
 
 def test_demo_rejects_bad_arguments() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "trionsq.demo", "-n", "0"], capture_output=True, text=True
+        [sys.executable, "-m", "fakensq.demo", "-n", "0"], capture_output=True, text=True
     )
     assert result.returncode == 2
     assert "must be positive" in result.stderr

@@ -37,14 +37,14 @@ import trio
 
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
-from ..gojson import dumps as marshal
-from ..httpserver import Request, Response
+from ..golang.json import dumps as marshal
+from ..http.server import Request, Response
 from .clusterinfo import ClusterInfo, ErrList, Failure, Producer, TopicStats, UpstreamError
 from .jsonbody import GoJSONError, decode_struct
 from .options import LOG_LEVELS, AdminOptions
 
 if TYPE_CHECKING:
-    from ..router import Router
+    from ..http.router import Router
 
 __all__ = ["NSQAdminAPI", "as_nsqadmin_sends", "respond_v1", "v1_error"]
 

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from ..cli import GoLogFormatter, _daemon_flagset, version_string
-from ..flags import FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
+from ..golang.flags import FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
 from .options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
 
 __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]

@@ -17,7 +17,7 @@ from .actions import ActionError
 from .timeline import Timeline
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
+    from ..testing.cluster import Cluster
 
 __all__ = ["FaultControls"]
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ..flags import format_go_duration
-from ..httpserver import HTTPServer, Request, Response
-from ..router import Router
+from ..golang.flags import format_go_duration
+from ..http.router import Router
+from ..http.server import HTTPServer, Request, Response
 from . import nodepages, topicpages, views
 from .actions import ActionError, PageActions
 from .api import NSQAdminAPI, as_nsqadmin_sends, v1_error
@@ -43,7 +43,7 @@ from .timeline import Event, Timeline
 from .views import FaultCaps
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
+    from ..testing.cluster import Cluster
 
 __all__ = ["Admin", "ActionError", "WATCH_INTERVAL", "client_tls_context"]
 

@@ -27,7 +27,7 @@ import trio
 from fakensq import Cluster
 from fakensq.admin import Admin
 from fakensq.admin.options import AdminOptions
-from fakensq.threaded import BackgroundNode
+from fakensq.testing.threaded import BackgroundNode
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

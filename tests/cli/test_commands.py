@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from fakensq.lookupd import NSQLookupd
+from fakensq.lookupd.daemon import NSQLookupd
 
 from .conftest import Daemon, run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakensq.flags import (
+from fakensq.golang.flags import (
     FlagError,
     FlagSet,
     HelpRequested,

@@ -15,8 +15,13 @@ from fakensq.cli import (
     nsqlookupd_flagset,
     nsqlookupd_options_from_flags,
 )
-from fakensq.flags import FlagError
-from fakensq.options import TLS_NOT_REQUIRED, TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, NSQDOptions
+from fakensq.golang.flags import FlagError
+from fakensq.nsqd.options import (
+    TLS_NOT_REQUIRED,
+    TLS_REQUIRED,
+    TLS_REQUIRED_EXCEPT_HTTP,
+    NSQDOptions,
+)
 
 
 def nsqd(*args: str) -> NSQDOptions:

@@ -37,8 +37,8 @@ from fakensq.cli import (
     nsqlookupd_flagset,
     nsqlookupd_options_from_flags,
 )
-from fakensq.lookupd import NSQLookupd
-from fakensq.nsqd import NSQD
+from fakensq.lookupd.daemon import NSQLookupd
+from fakensq.nsqd.node import NSQD
 
 from .. import reference
 

@@ -73,8 +73,8 @@ from fakensq.cli import (
     nsqlookupd_flagset,
     nsqlookupd_options_from_flags,
 )
-from fakensq.httpserver import HTTPServer, Request, Response
-from fakensq.lookupd import NSQLookupd
+from fakensq.http.server import HTTPServer, Request, Response
+from fakensq.lookupd.daemon import NSQLookupd
 
 from .. import reference
 from .normalize import Normalizer, key_order

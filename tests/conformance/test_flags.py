@@ -288,7 +288,7 @@ def test_the_console_scripts(daemon: str, how: str, tmp_path: Path) -> None:
     """The executables themselves (``fakensq DAEMON`` and the ``fakensq shims``
     stand-ins a foreign test suite finds on PATH) answer as the real binary."""
     if how == "shim":
-        from fakensq.shims import write_shims
+        from fakensq.cli.shims import write_shims
 
         write_shims(tmp_path)
         command = [str(tmp_path / daemon)]

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fakensq
-from fakensq.lookupd import NSQLookupd
-from fakensq.threaded import BackgroundNode
+from fakensq.lookupd.daemon import NSQLookupd
+from fakensq.testing.threaded import BackgroundNode
 
 from .. import reference
 

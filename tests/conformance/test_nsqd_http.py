@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fakensq.http import LEGACY_ALIASES
+from fakensq.nsqd.http_api import LEGACY_ALIASES
 
 from .conftest import Conformance, Target
 from .httpcheck import mask_pprof_index, raw, request, state

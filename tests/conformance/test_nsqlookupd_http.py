@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fakensq.lookupd import LEGACY_ALIASES
+from fakensq.lookupd.daemon import LEGACY_ALIASES
 
 from .conftest import Conformance, Target
 from .httpcheck import mask_pprof_index, raw, request

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 import fakensq
-from fakensq.lookupd import NSQLookupd
+from fakensq.lookupd.daemon import NSQLookupd
 
 from .. import reference
 from .conftest import Target, _diff

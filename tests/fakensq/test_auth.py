@@ -8,7 +8,7 @@ from typing import Any
 import trio
 
 import fakensq
-from fakensq.httpserver import HTTPServer, Request, Response
+from fakensq.http.server import HTTPServer, Request, Response
 from trionsq.protocol import commands as cmds
 
 from .helpers import memory_client

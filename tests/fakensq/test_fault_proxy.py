@@ -22,7 +22,7 @@ import trio
 import trustme
 
 import trionsq
-from fakensq.proxy import FaultProxy
+from fakensq.testing.proxy import FaultProxy
 from tests import reference
 
 pytestmark = pytest.mark.skipif(reference.binary("nsqd") is None, reason=reference.skip_reason())

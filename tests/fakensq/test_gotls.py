@@ -7,7 +7,7 @@ import ssl
 import trio
 import trustme
 
-from fakensq.gotls import cipher_suite_text, prefer_go_cipher_suites
+from fakensq.golang.tls import cipher_suite_text, prefer_go_cipher_suites
 
 
 def test_suite_texts_as_nsqd_writes_them() -> None:

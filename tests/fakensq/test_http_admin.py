@@ -229,7 +229,7 @@ async def test_removed_aliases_answer_404_by_default() -> None:
     import httpx
 
     import fakensq
-    from fakensq.http import LEGACY_ALIASES
+    from fakensq.nsqd.http_api import LEGACY_ALIASES
 
     async with (
         fakensq.NSQD(tcp_address="", http_address="127.0.0.1:0") as nsqd,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from fakensq.message import GUIDFactory, MemoryQueue, Message
+from fakensq.nsqd.message import GUIDFactory, MemoryQueue, Message
 
 
 def test_ids_are_hex_unique_and_increasing() -> None:

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fakensq
-from fakensq.diskqueue import DiskBackedQueue
-from fakensq.message import Message, MessageQueue
+from fakensq.nsqd.diskqueue import DiskBackedQueue
+from fakensq.nsqd.message import Message, MessageQueue
 from trionsq.protocol import commands as cmds
 
 from .helpers import RawClient, wait_until
@@ -175,7 +175,7 @@ async def test_consumer_gets_overflowed_messages(tmp_path: Path) -> None:
 
 
 def test_disk_queue_encoding_is_nsqds() -> None:
-    from fakensq.diskqueue import decode_message, encode_message
+    from fakensq.nsqd.diskqueue import decode_message, encode_message
 
     msg = Message(b"0123456789abcdef", b"body", 1_700_000_000_000_000_000)
     msg.attempts = 3

@@ -6,7 +6,7 @@ import trio
 import trio.testing
 
 import fakensq
-from fakensq.statsd import pack_packets, statsd_prefix
+from fakensq.nsqd.statsd import pack_packets, statsd_prefix
 
 
 def test_prefix_is_nsqds() -> None:
@@ -80,7 +80,7 @@ async def test_pushes_every_interval(autojump_clock: trio.testing.MockClock) -> 
 
 
 async def test_mem_stats_and_e2e_percentiles() -> None:
-    from fakensq.statsd import collect_lines
+    from fakensq.nsqd.statsd import collect_lines
 
     async with fakensq.NSQD(
         tcp_address="", http_address="", e2e_processing_latency_percentiles=[0.99]

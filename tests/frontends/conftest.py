@@ -23,8 +23,8 @@ import httpx
 import pytest
 import trustme
 
-from fakensq.cluster import Cluster
-from fakensq.threaded import BackgroundNode
+from fakensq.testing.cluster import Cluster
+from fakensq.testing.threaded import BackgroundNode
 from tests import reference
 from trionsq import BackoffPolicy
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import trionsq
 from fakensq import NSQD
-from fakensq.threaded import BackgroundNode
+from fakensq.testing.threaded import BackgroundNode
 from trionsq import aio, blocking
 
 MAX_MSG_SIZE = 64

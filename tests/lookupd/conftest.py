@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from fakensq.lookupd import NSQLookupd, split_host_port
+from fakensq.lookupd.daemon import NSQLookupd, split_host_port
 
 
 class V1Client:

@@ -6,8 +6,8 @@ import httpx
 import trio
 import trio.testing
 
-from fakensq.cluster import Cluster
-from fakensq.lookupd import split_host_port
+from fakensq.lookupd.daemon import split_host_port
+from fakensq.testing.cluster import Cluster
 
 
 async def lookup(client: httpx.AsyncClient, lookupd_http: str, topic: str) -> httpx.Response:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 import trio
 
-from fakensq.lookupd import LEGACY_ALIASES, NSQLookupd
+from fakensq.lookupd.daemon import LEGACY_ALIASES, NSQLookupd
 
 from .conftest import registered_client
 

@@ -9,9 +9,14 @@ from typing import Any
 import trio
 import trio.testing
 
-from fakensq.lookup_peer import HEARTBEAT_INTERVAL, LookupPeers, lookup_peers_of, run_lookup_peers
-from fakensq.lookupd import NSQLookupd
-from fakensq.options import NSQDOptions
+from fakensq.lookupd.daemon import NSQLookupd
+from fakensq.nsqd.lookup_peer import (
+    HEARTBEAT_INTERVAL,
+    LookupPeers,
+    lookup_peers_of,
+    run_lookup_peers,
+)
+from fakensq.nsqd.options import NSQDOptions
 
 from .conftest import V1Client
 

@@ -10,8 +10,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakensq import lookupd as lookupd_module
-from fakensq.lookupd import NSQLookupd, Registration
+from fakensq.lookupd import daemon as lookupd_module
+from fakensq.lookupd.daemon import NSQLookupd, Registration
 
 from .conftest import V1Client, registered_client
 

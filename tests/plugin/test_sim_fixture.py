@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 import trionsq
-from fakensq.simulation import SimCluster
+from fakensq.testing.simulation import SimCluster
 
 
 @pytest.mark.sim_cluster(nsqd=2, lookupd=1, seed=11, nsqd_options={"msg_timeout": 30.0})

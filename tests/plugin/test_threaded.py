@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from fakensq.threaded import BackgroundNode
+from fakensq.testing.threaded import BackgroundNode
 
 
 class Echo:

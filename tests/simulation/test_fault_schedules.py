@@ -17,17 +17,17 @@ from hypothesis import strategies as st
 
 import trionsq
 from fakensq import NSQD
-from fakensq.atleastonce import (
+from fakensq.testing.atleastonce import (
     AtLeastOnceChecker,
     AtLeastOnceError,
     ClientEnv,
     check_at_least_once,
     run_at_least_once,
 )
-from fakensq.faultplayer import FaultPlayer
-from fakensq.faults import Faults
-from fakensq.restartable import RestartableNSQD
-from fakensq.schedule import (
+from fakensq.testing.faultplayer import FaultPlayer
+from fakensq.testing.faults import Faults
+from fakensq.testing.restartable import RestartableNSQD
+from fakensq.testing.schedule import (
     KINDS,
     FaultEvent,
     FaultSchedule,
@@ -37,8 +37,8 @@ from fakensq.schedule import (
     parse_level,
     seed_for,
 )
-from fakensq.simulation import SimCluster
-from fakensq.strategies import fault_events, fault_schedules
+from fakensq.testing.simulation import SimCluster
+from fakensq.testing.strategies import fault_events, fault_schedules
 
 # -- schedules -----------------------------------------------------------------
 

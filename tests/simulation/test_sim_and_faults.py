@@ -14,7 +14,7 @@ import trio.testing
 
 import trionsq
 from fakensq import Cluster
-from fakensq.simulation import SimCluster
+from fakensq.testing.simulation import SimCluster
 from trionsq.protocol.errors import PubFailedError
 
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import trionsq
-from fakensq.simulation import SimCluster
+from fakensq.testing.simulation import SimCluster
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from fakensq import NSQD
-from fakensq.httpserver import HTTPServer, Request, Response
-from fakensq.threaded import BackgroundNode
+from fakensq.http.server import HTTPServer, Request, Response
+from fakensq.testing.threaded import BackgroundNode
 
 from .helpers import channel_stats, drained, publish, start_tool, stop_tool, topic_depth, wait_for
 

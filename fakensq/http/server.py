@@ -1,0 +1,387 @@
+"""A small HTTP/1.1 server on Trio, with h11 doing all of the HTTP parsing.
+
+fakensq's nsqd and nsqlookupd serve their HTTP APIs through it.  It knows nothing
+of NSQ: a handler takes a :class:`Request` and returns a :class:`Response`.
+Connections are kept alive, request bodies are bounded (413 past the limit), and
+malformed requests get a 400 and a closed connection, as Go's net/http does.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import h11
+import trio
+
+from ..golang import json as gojson
+
+__all__ = ["Request", "Response", "Handler", "HTTPServer"]
+
+log = logging.getLogger(__name__)
+
+_READ_SIZE = 64 * 1024
+_MAX_HEADER_SIZE = 1024 * 1024  # Go's http.DefaultMaxHeaderBytes
+
+
+@dataclass
+class Request:
+    """One request, as Go's ``net/http`` gives it to a handler.
+
+    ``path`` is unescaped (Go's ``URL.Path``); ``query`` holds the pairs Go's
+    ``URL.Query()`` keeps, and ``query_error`` is the error ``url.ParseQuery``
+    reports for the raw query (a bad escape, a semicolon), or ``None``.
+    ``body`` stops after the server's ``max_body_size`` (Go's handlers read
+    through a ``LimitReader`` of their own bound).  ``params`` are the route's
+    ``:name`` segments (:mod:`fakensq.router`).
+    """
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+    remote_addr: str
+    tls: bool = False
+    raw_query: str = ""
+    query_error: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+
+    def arg(self, name: str, default: str | None = None) -> str | None:
+        """The first value of query parameter ``name`` (Go's ``Query().Get``)."""
+        values = self.query.get(name)
+        return values[0] if values else default
+
+    def has_arg(self, name: str) -> bool:
+        return name in self.query
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def json(cls, obj: Any, status: int = 200) -> Response:
+        """``obj`` as Go's ``json.Marshal`` writes it (:mod:`fakensq.golang.json`)."""
+        return cls(status, gojson.dumps(obj), [("Content-Type", "application/json; charset=utf-8")])
+
+    @classmethod
+    def text(cls, text: str | bytes, status: int = 200) -> Response:
+        body = text.encode() if isinstance(text, str) else text
+        return cls(status, body, [("Content-Type", "text/plain; charset=utf-8")])
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class HTTPServer:
+    """Serves ``handler`` on one listener; start it with ``nursery.start(server.serve, ...)``."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body_size: int = 5 * 1024 * 1024,
+        ssl_context: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+    ) -> None:
+        self.handler = handler
+        self.max_body_size = max_body_size
+        self.ssl_context = ssl_context
+        self.server_name = server_name
+        self.address: tuple[str, int] | None = None
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``host:port`` (port 0 picks a free one) and serve until cancelled.
+
+        ``task_status.started`` is called once listening, with the bound address.
+        """
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        sockname = listeners[0].socket.getsockname()
+        self.address = (sockname[0], sockname[1])
+        await self.serve_listeners(list(listeners), task_status=task_status)
+
+    async def serve_listeners(
+        self,
+        listeners: list[trio.abc.Listener[trio.SocketStream]],
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve on listeners already open (TCP or Unix sockets) until cancelled;
+        they are closed at the end."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._accept_loop, listener, nursery)
+                task_status.started(self.address or ("", 0))
+        finally:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(
+        self, listener: trio.abc.Listener[trio.SocketStream], nursery: trio.Nursery
+    ) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:  # EMFILE and friends: back off, keep serving
+                log.warning("accept failed: %s", exc)
+                await trio.sleep(0.01)
+                continue
+            nursery.start_soon(self.handle_stream, stream)
+
+    async def handle_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve HTTP on one connected stream until either side closes it."""
+        remote = _remote_addr(stream)
+        tls = False
+        if self.ssl_context is not None:
+            stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
+            tls = True
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEADER_SIZE)
+        try:
+            while True:
+                try:
+                    request = await self._read_request(stream, conn, remote, tls)
+                except BadRequest as exc:
+                    await stream.send_all(exc.raw_response())
+                    return
+                if request is None:
+                    return
+                if request.method == "OPTIONS" and request.path == "*":
+                    # Go's server answers "OPTIONS *" itself.
+                    response = Response(200, b"", [])
+                else:
+                    try:
+                        response = await self.handler(request)
+                    except Exception:
+                        log.exception("HTTP handler failed for %s %s", request.method, request.path)
+                        response = Response.json({"message": "INTERNAL_ERROR"}, 500)
+                if request.method == "CONNECT":
+                    # Go's server closes a connection after a CONNECT it answered.
+                    response.headers.append(("Connection", "close"))
+                await self._send(stream, conn, response, head=request.method == "HEAD")
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                    return
+                try:
+                    conn.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            h11.LocalProtocolError,
+            _CloseAfterResponse,
+        ):
+            return
+        except ssl.SSLError as exc:
+            log.debug("TLS error from %s: %s", remote, exc)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _read_request(
+        self, stream: trio.abc.Stream, conn: h11.Connection, remote: str, tls: bool
+    ) -> Request | None:
+        """The next request, or None when the client has gone.  Raises
+        :class:`BadRequest` for a request Go's server would refuse."""
+        head: h11.Request | None = None
+        body = bytearray()
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    raise BadRequest.from_h11(exc) from None
+                return None
+            if event is h11.NEED_DATA:
+                try:
+                    data = await stream.receive_some(_READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return None
+                conn.receive_data(bytes(data))
+                if not data and conn.their_state is h11.IDLE:
+                    return None
+                continue
+            if isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                # Keep what a handler may read (its own bound is lower); the
+                # rest is read and dropped, as Go's server discards an unread body.
+                room = self.max_body_size - len(body)
+                if room > 0:
+                    body += event.data[:room]
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                return _build_request(head, bytes(body), remote, tls)
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+
+    async def _send(
+        self, stream: trio.abc.Stream, conn: h11.Connection, response: Response, head: bool
+    ) -> None:
+        headers = [(k, v) for k, v in response.headers]
+        names = {k.lower() for k, _ in headers}
+        if "content-type" not in names and response.body:
+            # Go sniffs the type of a body written without one; none for no body.
+            headers.append(("Content-Type", _sniff(response.body)))
+        # An empty Content-Type means "send none" (Go sends none for a body
+        # written through a compressing writer after the headers).
+        headers = [(k, v) for k, v in headers if v or k.lower() != "content-type"]
+        headers.append(("Content-Length", str(len(response.body))))
+        headers.append(("Date", formatdate(usegmt=True)))
+        if self.server_name:
+            headers.append(("Server", self.server_name))
+        if conn.their_state is h11.ERROR or conn.their_state is h11.SEND_BODY:
+            headers.append(("Connection", "close"))
+        # The reason phrase Go's net/http sends ("404 Not Found"): Go clients show it.
+        reason = _REASONS.get(response.status, b"")
+        if conn.their_http_version == b"1.0":
+            # Go answers an HTTP/1.0 request in HTTP/1.0, with no Connection
+            # header, and closes; h11 would answer in 1.1 with one.
+            lines = [f"HTTP/1.0 {response.status} {reason.decode()}"]
+            lines += [f"{name}: {value}" for name, value in headers]
+            data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            await stream.send_all(data + (b"" if head else response.body))
+            raise _CloseAfterResponse()
+        out = conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason))
+        if not head and response.body:
+            out += conn.send(h11.Data(data=response.body))
+        out += conn.send(h11.EndOfMessage())
+        await stream.send_all(out)
+
+
+class _CloseAfterResponse(Exception):
+    """The response is written; close the connection."""
+
+
+class BadRequest(Exception):
+    """A request Go's server refuses before any handler sees it; it writes a
+    bare answer (no Date, no length) and closes the connection."""
+
+    def __init__(self, status: str = "400 Bad Request", detail: str = "") -> None:
+        super().__init__(status)
+        self.status = status
+        self.detail = detail
+
+    @classmethod
+    def from_h11(cls, exc: h11.RemoteProtocolError) -> BadRequest:
+        text = str(exc).lower()
+        if exc.error_status_hint == 431 or "too long" in text or "too large" in text:
+            return cls("431 Request Header Fields Too Large")
+        if "host" in text:
+            return cls(detail="missing required Host header")
+        return cls()
+
+    def raw_response(self) -> bytes:
+        text = self.status + (f": {self.detail}" if self.detail else "")
+        return (
+            f"HTTP/1.1 {text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Connection: close\r\n\r\n{text}"
+        ).encode()
+
+
+def _build_request(head: h11.Request, body: bytes, remote: str, tls: bool) -> Request:
+    target = head.target.decode("latin-1")
+    raw_path, _, raw_query = target.partition("?")
+    if "://" in raw_path:  # an absolute-form target: keep its path
+        raw_path = "/" + raw_path.split("://", 1)[1].partition("/")[2]
+    elif not raw_path.startswith("/") and raw_path != "*":
+        raise BadRequest()
+    try:
+        path = _go_unescape(raw_path, plus=False)
+    except ValueError:
+        raise BadRequest() from None
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
+    query, query_error = parse_go_query(raw_query)
+    return Request(
+        method=head.method.decode("ascii", "replace"),
+        path=path,
+        query=query,
+        headers=headers,
+        body=body,
+        remote_addr=remote,
+        tls=tls,
+        raw_query=raw_query,
+        query_error=query_error,
+    )
+
+
+_HEX = set("0123456789abcdefABCDEF")
+
+
+def _go_unescape(text: str, *, plus: bool) -> str:
+    """url.PathUnescape (``plus`` False) or url.QueryUnescape; ValueError (Go's
+    message) on a bad ``%`` escape.  Invalid UTF-8 stays as surrogate escapes."""
+    i = text.find("%")
+    while i >= 0:
+        escape = text[i + 1 : i + 3]
+        if len(escape) < 2 or not set(escape) <= _HEX:
+            raise ValueError(f'invalid URL escape "{text[i : i + 3]}"')
+        i = text.find("%", i + 3)
+    if plus:
+        text = text.replace("+", " ")
+    return unquote_to_bytes(text).decode("utf-8", "surrogateescape")
+
+
+def parse_go_query(raw: str) -> tuple[dict[str, list[str]], str | None]:
+    """Go's ``url.ParseQuery``: the pairs it keeps, and its first error.
+
+    Pairs are split on ``&``; a pair holding ``;`` or a bad escape is dropped
+    (and reported), as Go does since 1.17.
+    """
+    query: dict[str, list[str]] = {}
+    error: str | None = None
+    for pair in raw.split("&"):
+        if not pair:
+            continue
+        if ";" in pair:
+            error = error or "invalid semicolon separator in query"
+            continue
+        key, _, value = pair.partition("=")
+        try:
+            key = _go_unescape(key, plus=True)
+            value = _go_unescape(value, plus=True)
+        except ValueError as exc:
+            error = error or str(exc)
+            continue
+        query.setdefault(key, []).append(value)
+    return query, error
+
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def _sniff(body: bytes) -> str:
+    """Go's DetectContentType for the bodies fakensq writes without a type."""
+    head = body[:512].lstrip(b"\t\n\x0c\r ")
+    if head[:1] == b"<" and head[:14].lower().startswith((b"<!doctype html", b"<html", b"<a ")):
+        return "text/html; charset=utf-8"
+    if b"\x00" in body[:512]:
+        return "application/octet-stream"
+    return "text/plain; charset=utf-8"
+
+
+def _remote_addr(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return "127.0.0.1:0"
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "127.0.0.1:0"
+    if not isinstance(peer, tuple):
+        return "@"  # a Unix socket's client, as Go names it
+    return f"{peer[0]}:{peer[1]}"

@@ -1,0 +1,842 @@
+"""One TCP client connection: nsqd's protocol V2.
+
+The reader task parses commands (with :class:`CommandParser`) and executes them
+in order, answering responses and errors at once, like nsqd's IOLoop.  The
+writer task is nsqd's messagePump minus the channel reading: it sends
+heartbeats and flushes buffered message frames (when the buffer fills, when the
+client has no RDY left, or at the output buffer timeout).  Channels hand
+messages to :meth:`ClientConnection.send_messages` synchronously.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import ssl
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trionsq.protocol import commands as cmds
+from trionsq.protocol.codecs import (
+    Decoder,
+    DeflateDecoder,
+    DeflateEncoder,
+    Encoder,
+    SnappyDecoder,
+    SnappyEncoder,
+)
+from trionsq.protocol.errors import (
+    AuthDisabledError,
+    AuthFailedError,
+    AuthFirstError,
+    BadBodyError,
+    CompressionError,
+    IdentifyFailedError,
+    InvalidError,
+    LineTooLong,
+    NSQErrorResponse,
+    SubFailedError,
+    UnauthorizedError,
+)
+from trionsq.protocol.frames import (
+    CLOSE_WAIT,
+    HEARTBEAT,
+    OK,
+    encode_error,
+    encode_response,
+    message_frame_header,
+)
+from trionsq.protocol.names import go_quote
+
+from ..golang import json as gojson
+from ..golang.tls import cipher_suite_text
+from .auth import AuthError, AuthState, query_auth
+from .options import TLS_NOT_REQUIRED, VERSION
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .message import Message
+    from .node import NSQD
+    from .topic import Topic
+
+__all__ = ["ClientConnection", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING"]
+
+log = logging.getLogger(__name__)
+
+# nsqd's client states (their numeric values appear in /stats).
+STATE_INIT = 0
+STATE_DISCONNECTED = 1
+STATE_CONNECTED = 2
+STATE_SUBSCRIBED = 3
+STATE_CLOSING = 4
+
+_READ_SIZE = 64 * 1024
+_DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+
+_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError)
+
+
+class _Closed(Exception):
+    """Internal: stop serving this connection (after an error frame or silently)."""
+
+
+class ClientConnection:
+    """A client connected over TCP (or any stream) speaking protocol V2."""
+
+    def __init__(
+        self, nsqd: NSQD, stream: trio.abc.Stream, client_id: int, remote: str | None = None
+    ) -> None:
+        opts = nsqd.options
+        self.nsqd = nsqd
+        self.id = client_id
+        self.stream: trio.abc.Stream = stream
+        self.remote_address = remote or _remote_address(stream)
+        host = self.remote_address.rpartition(":")[0].strip("[]")
+        self.client_id = host
+        self.hostname = host
+        self.user_agent = ""
+        self.state = STATE_INIT
+        self.connect_ts = int(time.time())
+
+        self.heartbeat_interval = opts.client_timeout / 2
+        self.msg_timeout = opts.msg_timeout
+        self.output_buffer_size = _DEFAULT_OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout = opts.output_buffer_timeout
+        self.sample_rate = 0
+
+        self.ready_count = 0
+        self.in_flight_count = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self.channel: Channel | None = None
+
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self._encoder: Encoder | None = None
+        self._decoder: Decoder | None = None
+        self.auth_state: AuthState | None = None
+        self.auth_secret = ""
+
+        self.parser = cmds.CommandParser(
+            max_msg_size=opts.max_msg_size,
+            max_body_size=opts.max_body_size,
+            max_req_timeout_ms=int(opts.max_req_timeout * 1000),
+            precheck=self._precheck,
+            mpub_head=True,
+        )
+        self._send_lock = trio.Lock()
+        # The output, in the order frames were made: nsqd's one buffered writer,
+        # which answers flush at once and message frames fill until a flush.
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._answered = False  # answers in _out wait for the end of the read
+        # FINs of one read hand out new messages once, before any later answer.
+        self._dispatch_pending = False
+        # Messages this read published or requeued (REQ 0): they reach the
+        # channels once the read is executed (see _reader_loop).
+        self._in_transit: list[tuple[Topic, list[Message]]] = []
+        self._requeued: list[Message] = []
+        self._flush_now = False
+        self._flush_deadline = math.inf
+        self._next_heartbeat = math.inf
+        self._wake = trio.Event()
+        self._scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        return f"ClientConnection({self.id}, {self.remote_address})"
+
+    # --- lifecycle ---
+
+    async def run(self) -> None:
+        self.nsqd.clients[self.id] = self
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    self._reset_heartbeat()
+                    nursery.start_soon(self._writer_loop)
+                    try:
+                        await self._reader_loop()
+                    except (_Closed, *_STREAM_ERRORS, trio.TooSlowError) as exc:
+                        log.debug("client %s: closed (%r)", self.remote_address, exc)
+                    except CompressionError as exc:
+                        log.info("client %s: %s", self.remote_address, exc)
+                    except Exception:
+                        # A bug here must not take the node (and the other clients) down.
+                        log.exception("client %s: internal error", self.remote_address)
+                    finally:
+                        nursery.cancel_scope.cancel()
+        finally:
+            self.state = STATE_DISCONNECTED
+            self.nsqd.clients.pop(self.id, None)
+            channel, self.channel = self.channel, None
+            try:
+                if channel is not None:
+                    channel.remove_client(self)
+            except Exception:
+                log.exception("client %s: error while leaving its channel", self.remote_address)
+            finally:
+                await trio.aclose_forcefully(self.stream)
+
+    def close(self) -> None:
+        """Drop the connection (the channel or topic was deleted, or the node stops)."""
+        self._scope.cancel()
+
+    # --- reading and executing ---
+
+    async def _reader_loop(self) -> None:
+        parser = self.parser
+        while True:
+            try:
+                go_on = await self._execute_buffered()
+            finally:
+                self._release_in_transit()
+            if self._answered:
+                # The answers to every publish of one read, in one write.
+                await self._send_frame(b"")
+            if not go_on:
+                return
+            data = await self._receive()
+            if not data:
+                return
+            if self._decoder is not None:
+                data = self._decoder.decode(data)
+            parser.feed(data)
+
+    async def _execute_buffered(self) -> bool:
+        """Execute every whole command received; False once the connection must close.
+
+        The order of frames follows nsqd's, where the IOLoop runs every command
+        already received while the messagePump (another goroutine) hands out
+        messages: a message already queued goes out as soon as a command makes
+        room for it (RDY, FIN), before later answers; a message this read
+        publishes or requeues (REQ 0) passes through nsqd's topic and channel
+        pumps first, so it goes out after the read's answers (a FIN then a PUB,
+        RDY 1: the PUB's OK, then its message; REQ then REQ of one message: the
+        second fails, the message not being in flight yet).
+        """
+        parser = self.parser
+        while True:
+            try:
+                command = parser.next_command()
+            except LineTooLong:
+                return False  # (answers to what came before still go out)
+            except NSQErrorResponse as exc:
+                await self._send_error(exc)
+                return False
+            if command is None:
+                self._deliver_pending()
+                return True
+            try:
+                if type(command) is cmds.Fin:
+                    # The hot path, kept out of a coroutine call; new messages
+                    # are handed out once for a run of FINs.
+                    channel = self.channel
+                    assert channel is not None  # prechecked: subscribed or closing
+                    channel.finish(self, command.id, dispatch=False)
+                    self._dispatch_pending = True
+                else:
+                    await self._exec(command)
+            except NSQErrorResponse as exc:
+                await self._send_error(exc)
+                if exc.fatal:
+                    return False
+
+    def _deliver_pending(self) -> None:
+        if self._dispatch_pending:
+            self._dispatch_pending = False
+            if self.channel is not None:
+                self.channel.dispatch()
+
+    def _release_in_transit(self) -> None:
+        """What this read published or requeued reaches its topics and channels."""
+        self._deliver_pending()
+        requeued, self._requeued = self._requeued, []
+        if requeued and self.channel is not None:
+            self.channel.put_back(requeued)
+        in_transit, self._in_transit = self._in_transit, []
+        for topic, msgs in in_transit:
+            if topic.exiting:  # deleted meanwhile: published to the new one
+                topic = self.nsqd.get_topic(topic.name)
+            topic.put_many(msgs, admitted=True)
+
+    async def _receive(self) -> bytes:
+        # nsqd's read deadline: two heartbeats missed and the client is gone.
+        if self.heartbeat_interval > 0:
+            with trio.move_on_after(self.heartbeat_interval * 2):
+                return bytes(await self.stream.receive_some(_READ_SIZE))
+            log.info("client %s: read timeout", self.remote_address)
+            return b""
+        return bytes(await self.stream.receive_some(_READ_SIZE))
+
+    def _precheck(self, name: bytes) -> None:
+        """The checks nsqd makes before it looks at a command's parameters."""
+        if name == b"IDENTIFY":
+            if self.state != STATE_INIT:
+                raise InvalidError("cannot IDENTIFY in current state")
+            return
+        if self.nsqd.options.tls_required != TLS_NOT_REQUIRED and not self.tls:
+            text = name.decode("utf-8", "surrogateescape")
+            raise InvalidError(f"cannot {text} in current state (TLS required)")
+        state = self.state
+        if name in (b"FIN", b"REQ", b"TOUCH"):
+            if state != STATE_SUBSCRIBED and state != STATE_CLOSING:
+                raise InvalidError(f"cannot {name.decode()} in current state")
+        elif name == b"RDY":
+            if state != STATE_CLOSING and state != STATE_SUBSCRIBED:
+                raise InvalidError("cannot RDY in current state")
+        elif name == b"SUB":
+            if state != STATE_INIT:
+                raise InvalidError("cannot SUB in current state")
+            if self.heartbeat_interval <= 0:
+                raise InvalidError("cannot SUB with heartbeats disabled")
+        elif name == b"CLS":
+            if state != STATE_SUBSCRIBED:
+                raise InvalidError("cannot CLS in current state")
+        elif name == b"AUTH":
+            if state != STATE_INIT:
+                raise InvalidError("cannot AUTH in current state")
+
+    async def _exec(self, command: cmds.Command) -> None:
+        if isinstance(command, cmds.Fin):
+            self._subscribed_channel().finish(self, command.id)
+        elif isinstance(command, cmds.Rdy):
+            if self.state == STATE_CLOSING:
+                return  # nsqd ignores RDY after CLS, before parsing the count
+            self._rdy(command.count())
+        elif isinstance(command, cmds.Pub):
+            await self._check_auth("PUB", command.topic, "")
+            self._publish(command.topic, [command.body])
+        elif isinstance(command, cmds.MPubHead):
+            # nsqd authorizes an MPUB and creates its topic before reading the body.
+            await self._check_auth("MPUB", command.topic, "")
+            self.nsqd.get_topic(command.topic)
+        elif isinstance(command, cmds.MPub):
+            self._publish(command.topic, command.bodies)
+        elif isinstance(command, cmds.Req):
+            delay_ns = min(max(command.delay_ns, 0), int(self.nsqd.options.max_req_timeout * 1e9))
+            self._subscribed_channel().requeue(
+                self, command.id, delay_ns / 1e9, hold=self._requeued
+            )
+        elif isinstance(command, cmds.Touch):
+            self._subscribed_channel().touch(self, command.id)
+        elif isinstance(command, cmds.DPub):
+            await self._check_auth("DPUB", command.topic, "")
+            self._publish(command.topic, [command.body], command.delay_ms / 1000)
+        elif isinstance(command, cmds.Nop):
+            pass
+        elif isinstance(command, cmds.Sub):
+            await self._sub(command)
+        elif isinstance(command, cmds.Cls):
+            self.state = STATE_CLOSING
+            self._set_ready(0)
+            await self._send_response(CLOSE_WAIT)
+        elif isinstance(command, cmds.Identify):
+            await self._identify(command.body)
+        elif isinstance(command, cmds.Auth):
+            await self._auth(command.secret)
+
+    def _subscribed_channel(self) -> Channel:
+        assert self.channel is not None  # the precheck allows only subscribed/closing
+        return self.channel
+
+    def _publish(self, name: str, bodies: list[bytes], defer: float = 0.0) -> None:
+        """PUB, MPUB, DPUB: answered now, in the topic once the read is executed."""
+        topic = self.nsqd.get_topic(name)
+        topic.admit(len(bodies))  # (a fault may refuse the publish)
+        if len(bodies) == 1:
+            msgs = [topic.new_message(bodies[0], defer)]
+        else:
+            msgs = topic.new_messages(bodies)
+        self.pub_counts[name] = self.pub_counts.get(name, 0) + len(bodies)
+        self._respond_later(OK)
+        self._in_transit.append((topic, msgs))
+
+    def _rdy(self, count: int) -> None:
+        max_rdy = self.nsqd.options.max_rdy_count
+        if count < 0 or count > max_rdy:
+            raise InvalidError(f"RDY count {count} out of range 0-{max_rdy}")
+        self._set_ready(count)
+
+    def _set_ready(self, count: int) -> None:
+        self.ready_count = count
+        self.ready_state_changed()
+        if self.channel is not None:
+            self.channel.dispatch()
+
+    async def _sub(self, command: cmds.Sub) -> None:
+        await self._check_auth("SUB", command.topic, command.channel)
+        topic = self.nsqd.get_topic(command.topic)
+        channel = topic.get_channel(command.channel)
+        limit = self.nsqd.options.max_channel_consumers
+        if limit and len(channel.clients) >= limit:
+            raise SubFailedError(
+                f"SUB failed consumers for {command.topic}:{command.channel} "
+                f"exceeds limit of {limit}"
+            )
+        channel.add_client(self)
+        self.state = STATE_SUBSCRIBED
+        self.channel = channel
+        await self._send_response(OK)
+
+    # --- IDENTIFY ---
+
+    async def _identify(self, body: bytes) -> None:
+        opts = self.nsqd.options
+        data = _decode_identify(body)
+        # (v1.3.0 no longer reads the short_id/long_id of older clients)
+        self.client_id = data.get("client_id", "")
+        self.hostname = data.get("hostname", "")
+        self.user_agent = data.get("user_agent", "")
+        try:
+            self._apply_identify(data)
+        except ValueError as exc:
+            raise BadBodyError(f"IDENTIFY {exc}") from None
+        self._reset_heartbeat()
+        if not data.get("feature_negotiation"):
+            await self._send_response(OK)
+            return
+        tls_v1 = self.nsqd.tls_context is not None and bool(data.get("tls_v1"))
+        deflate = opts.deflate and bool(data.get("deflate"))
+        deflate_level = 6
+        if deflate and data.get("deflate_level", 0) > 0:
+            deflate_level = data["deflate_level"]
+        deflate_level = min(deflate_level, opts.max_deflate_level)
+        snappy = opts.snappy and bool(data.get("snappy"))
+        if deflate and snappy:
+            raise IdentifyFailedError("cannot enable both deflate and snappy compression")
+        reply = {
+            "max_rdy_count": opts.max_rdy_count,
+            "version": VERSION,
+            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
+            "msg_timeout": int(self.msg_timeout * 1000),
+            "tls_v1": tls_v1,
+            "deflate": deflate,
+            "deflate_level": deflate_level,
+            "max_deflate_level": opts.max_deflate_level,
+            "snappy": snappy,
+            "sample_rate": self.sample_rate,
+            "auth_required": self.nsqd.auth_enabled,
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
+        }
+        async with self._send_lock:
+            # (after the answers to what came before it in the same read)
+            await self._write(self._take_buffered() + encode_response(gojson.dumps(reply)))
+            if (tls_v1 or snappy or deflate) and self.parser.take_buffer():
+                # nsqd reads the upgraded stream through a new reader: what the
+                # client sent behind IDENTIFY, already in the old one, is lost.
+                log.info("client %s: bytes sent before the upgrade are lost", self.remote_address)
+            if tls_v1:
+                assert self.nsqd.tls_context is not None
+                tls_stream = trio.SSLStream(self.stream, self.nsqd.tls_context, server_side=True)
+                try:
+                    await tls_stream.do_handshake()
+                except (*_STREAM_ERRORS,) as exc:
+                    log.info("client %s: TLS handshake failed: %s", self.remote_address, exc)
+                    raise _Closed from None
+                self.stream = tls_stream
+                self.tls = True
+                await self._write(encode_response(OK))
+            if snappy or deflate:
+                decoder: Decoder
+                if snappy:
+                    self._encoder, decoder = SnappyEncoder(), SnappyDecoder()
+                    self.snappy = True
+                else:
+                    self._encoder, decoder = DeflateEncoder(deflate_level), DeflateDecoder()
+                    self.deflate = True
+                self._decoder = decoder
+                await self._write(encode_response(OK))
+
+    def _apply_identify(self, data: dict[str, Any]) -> None:
+        """nsqd's clientV2.Identify checks, in its order; raises ValueError."""
+        opts = self.nsqd.options
+        hb = data.get("heartbeat_interval", 0)
+        if hb == -1:
+            self.heartbeat_interval = 0
+        elif hb == 0:
+            pass
+        elif 1000 <= hb <= int(opts.max_heartbeat_interval * 1000):
+            self.heartbeat_interval = hb / 1000
+        else:
+            raise ValueError(f"heartbeat interval ({hb}) is invalid")
+
+        size = data.get("output_buffer_size", 0)
+        timeout = data.get("output_buffer_timeout", 0)
+        if timeout == -1:
+            self.output_buffer_timeout = 0
+        elif timeout == 0:
+            pass
+        elif (
+            int(opts.min_output_buffer_timeout * 1000)
+            <= timeout
+            <= int(opts.max_output_buffer_timeout * 1000)
+        ):
+            self.output_buffer_timeout = timeout / 1000
+        else:
+            raise ValueError(f"output buffer timeout ({timeout}) is invalid")
+        if size == -1:
+            self.output_buffer_size = 1
+            self.output_buffer_timeout = 0
+        elif size == 0:
+            pass
+        elif 64 <= size <= opts.max_output_buffer_size:
+            self.output_buffer_size = size
+        else:
+            raise ValueError(f"output buffer size ({size}) is invalid")
+
+        rate = data.get("sample_rate", 0)
+        if rate < 0 or rate > 99:
+            raise ValueError(f"sample rate ({rate}) is invalid")
+        self.sample_rate = rate
+
+        msg_timeout = data.get("msg_timeout", 0)
+        if msg_timeout == 0:
+            pass
+        elif 1000 <= msg_timeout <= int(opts.max_msg_timeout * 1000):
+            self.msg_timeout = msg_timeout / 1000
+        else:
+            raise ValueError(f"msg timeout ({msg_timeout}) is invalid")
+
+    # --- AUTH ---
+
+    async def _auth(self, secret: bytes) -> None:
+        if self.auth_state is not None and self.auth_state.authorizations:
+            raise InvalidError("AUTH already set")
+        if not self.nsqd.auth_enabled:
+            raise AuthDisabledError("AUTH disabled")
+        self.auth_secret = secret.decode("utf-8", "surrogateescape")
+        try:
+            self.auth_state = await self._query_auth()
+        except AuthError as exc:
+            log.warning("client %s: AUTH failed %s", self.remote_address, exc)
+            raise AuthFailedError("AUTH failed") from None
+        if not self.auth_state.authorizations:
+            raise UnauthorizedError("AUTH no authorizations found")
+        reply = {
+            "identity": self.auth_state.identity,
+            "identity_url": self.auth_state.identity_url,
+            "permission_count": len(self.auth_state.authorizations),
+        }
+        await self._send_response(gojson.dumps(reply))
+
+    async def _query_auth(self) -> AuthState:
+        opts = self.nsqd.options
+        query = {
+            "remote_ip": self.remote_address.rpartition(":")[0].strip("[]"),
+            "tls": "true" if self.tls else "false",
+            "secret": self.auth_secret,
+            "common_name": self._tls_common_name(),  # "" without a client certificate
+        }
+        addresses = opts.auth_http_addresses
+        state = await query_auth(
+            opts.auth_http_addresses,
+            self.nsqd.auth_handler,
+            query,
+            method=opts.auth_http_request_method,
+            connect_timeout=opts.http_client_connect_timeout,
+            request_timeout=opts.http_client_request_timeout,
+            start=self.nsqd.rng.randrange(len(addresses)) if addresses else 0,
+        )
+        state.expires = trio.current_time() + state.ttl
+        return state
+
+    def _tls_common_name(self) -> str:
+        if not isinstance(self.stream, trio.SSLStream):
+            return ""
+        try:
+            cert = self.stream.getpeercert()
+        except (ssl.SSLError, trio.NeedHandshakeError, ValueError):
+            return ""
+        for rdn in (cert or {}).get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    return str(value)
+        return ""
+
+    async def _check_auth(self, verb: str, topic: str, channel: str) -> None:
+        if not self.nsqd.auth_enabled:
+            return
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            raise AuthFirstError(f"AUTH required before {verb}")
+        if trio.current_time() >= state.expires:
+            try:
+                state = self.auth_state = await self._query_auth()
+            except AuthError as exc:
+                log.warning("client %s: AUTH failed %s", self.remote_address, exc)
+                raise AuthFailedError("AUTH failed") from None
+        if not state.is_allowed(topic, channel):
+            raise UnauthorizedError(
+                f"AUTH failed for {verb} on {go_quote(topic)} {go_quote(channel)}"
+            )
+
+    # --- the channel's side ---
+
+    def is_ready_for_messages(self) -> bool:
+        channel = self.channel
+        if channel is None or channel.paused:
+            return False
+        return 0 < self.ready_count and self.in_flight_count < self.ready_count
+
+    def is_producer(self) -> bool:
+        return bool(self.pub_counts)
+
+    def send_messages(self, batch: list[Message]) -> None:
+        """Buffer message frames (the channel has put them in flight for us)."""
+        n = len(batch)
+        if not n:
+            return
+        self.in_flight_count += n
+        self.message_count += n
+        buf = self._out
+        size = 30 * n
+        for msg in batch:
+            body = msg.body
+            size += len(body)
+            buf.append(message_frame_header(msg.timestamp, msg.attempts, msg.id, len(body)))
+            buf.append(body)
+        self._out_size += size
+        if self._out_size >= self.output_buffer_size or not self.is_ready_for_messages():
+            if not self._flush_now:
+                self._flush_now = True
+                self._wake.set()
+        elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
+            self._flush_deadline = trio.current_time() + self.output_buffer_timeout
+            self._wake.set()
+
+    def ready_state_changed(self) -> None:
+        # nsqd's messagePump flushes as soon as the client cannot take more.
+        if self._out and not self.is_ready_for_messages():
+            self._flush_now = True
+            self._wake.set()
+
+    def requeued_message(self) -> None:
+        self.requeue_count += 1
+        self.in_flight_count -= 1
+
+    def timed_out_message(self) -> None:
+        self.in_flight_count -= 1
+
+    # --- writing ---
+
+    async def _write(self, data: bytes) -> None:
+        """Send bytes (caller holds the send lock), with nsqd's write deadline."""
+        if self._encoder is not None:
+            data = self._encoder.encode(data)
+        if self.heartbeat_interval > 0:
+            with trio.fail_after(self.heartbeat_interval):
+                await self.stream.send_all(data)
+        else:
+            await self.stream.send_all(data)
+
+    def _take_buffered(self) -> bytes:
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_size = 0
+        self._answered = False
+        self._flush_now = False
+        self._flush_deadline = math.inf
+        return data
+
+    def _respond_later(self, data: bytes) -> None:
+        """Queue an answer; it goes out at the end of the read, or sooner with
+        any other frame (pipelined publishes get one write, not one each)."""
+        self._deliver_pending()
+        self._out.append(encode_response(data))
+        self._answered = True
+
+    async def _send_frame(self, frame: bytes) -> None:
+        """Send ``frame`` now, after everything before it (one stream, in order)."""
+        self._deliver_pending()
+        async with self._send_lock:
+            await self._write(self._take_buffered() + frame if self._out else frame)
+
+    async def _send_response(self, data: bytes) -> None:
+        await self._send_frame(encode_response(data))
+
+    async def _send_error(self, error: NSQErrorResponse) -> None:
+        log.info("client %s: %s", self.remote_address, error.wire_text())
+        await self._send_frame(encode_error(error))
+
+    def _reset_heartbeat(self) -> None:
+        hb = self.heartbeat_interval
+        self._next_heartbeat = trio.current_time() + hb if hb > 0 else math.inf
+        self._wake.set()
+
+    async def _writer_loop(self) -> None:
+        try:
+            while True:
+                deadline = min(self._next_heartbeat, self._flush_deadline)
+                if self._flush_now:
+                    deadline = -math.inf
+                with trio.move_on_at(deadline):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                now = trio.current_time()
+                if self._out and (self._flush_now or now >= self._flush_deadline):
+                    async with self._send_lock:
+                        if self._out:
+                            await self._write(self._take_buffered())
+                elif not self._out:
+                    self._flush_now = False
+                    self._flush_deadline = math.inf
+                if now >= self._next_heartbeat:
+                    self._next_heartbeat = now + self.heartbeat_interval
+                    await self._send_response(HEARTBEAT)
+        except (*_STREAM_ERRORS, trio.TooSlowError, CompressionError) as exc:
+            log.debug("client %s: write failed (%r)", self.remote_address, exc)
+            self.close()
+        except Exception:
+            log.exception("client %s: internal error in the writer", self.remote_address)
+            self.close()
+
+    # --- stats ---
+
+    def stats(self, topic_filter: str = "") -> dict[str, Any]:
+        """nsqd's ClientV2Stats (the per-client entry of /stats)."""
+        # nsqd's loop breaks after the first topic it keeps: one entry at most.
+        pub_counts = [
+            {"topic": t, "count": n}
+            for t, n in self.pub_counts.items()
+            if not topic_filter or t == topic_filter
+        ][:1]
+        doc: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "version": "V2",
+            "remote_address": self.remote_address,
+            "state": self.state,
+            "ready_count": self.ready_count,
+            "in_flight_count": self.in_flight_count,
+            "message_count": self.message_count,
+            "finish_count": self.finish_count,
+            "requeue_count": self.requeue_count,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+        }
+        # Go's omitempty fields.
+        if self.auth_state is not None and self.auth_state.authorizations:
+            doc["authed"] = True
+            if self.auth_state.identity:
+                doc["auth_identity"] = self.auth_state.identity
+            if self.auth_state.identity_url:
+                doc["auth_identity_url"] = self.auth_state.identity_url
+        if pub_counts:
+            doc["pub_counts"] = pub_counts
+        doc.update(self._tls_stats())
+        return doc
+
+    def _tls_stats(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "tls": self.tls,
+            "tls_cipher_suite": "",
+            "tls_version": "",
+            "tls_negotiated_protocol": "",
+            "tls_negotiated_protocol_is_mutual": False,
+        }
+        if self.tls and isinstance(self.stream, trio.SSLStream):
+            try:
+                cipher = self.stream.cipher()
+                version = self.stream.version()
+                alpn = self.stream.selected_alpn_protocol()
+            except (ssl.SSLError, trio.NeedHandshakeError, ValueError):
+                return info
+            if cipher:
+                info["tls_cipher_suite"] = cipher_suite_text(cipher[0])
+            info["tls_version"] = _TLS_VERSIONS.get(version or "", version or "")
+            if alpn:
+                info["tls_negotiated_protocol"] = alpn
+            # Go: "NegotiatedProtocolIsMutual is always true" (deprecated field).
+            info["tls_negotiated_protocol_is_mutual"] = True
+        return info
+
+
+_TLS_VERSIONS = {
+    "TLSv1": "TLS1.0",
+    "TLSv1.1": "TLS1.1",
+    "TLSv1.2": "TLS1.2",
+    "TLSv1.3": "TLS1.3",
+}
+
+
+def _remote_address(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    if sock is not None:
+        try:
+            host, port = sock.getpeername()[:2]
+        except OSError:
+            pass
+        else:
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return "127.0.0.1:0"
+
+
+# --- IDENTIFY's JSON, decoded as Go's encoding/json fills identifyDataV2 ---
+
+_STR_FIELDS = ("client_id", "hostname", "user_agent")
+_BOOL_FIELDS = ("feature_negotiation", "tls_v1", "snappy", "deflate")
+_INT_FIELDS = {
+    "heartbeat_interval": 64,
+    "output_buffer_size": 64,
+    "output_buffer_timeout": 64,
+    "deflate_level": 64,
+    "sample_rate": 32,
+    "msg_timeout": 64,
+}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid JSON constant {name}")
+
+
+def _decode_identify(body: bytes) -> dict[str, Any]:
+    """IDENTIFY's body; raises the E_BAD_BODY nsqd sends for bad JSON.
+
+    Go decodes object keys case-insensitively, ignores unknown keys, leaves
+    fields alone on ``null``, and refuses wrongly typed values (a float for an
+    int, a number for a string...).
+    """
+    error = BadBodyError("IDENTIFY failed to decode JSON body")
+    try:
+        doc = json.loads(
+            body.decode("utf-8", "replace"),
+            parse_constant=_reject_constant,
+            parse_float=lambda s: float("nan"),
+        )
+    except ValueError:
+        raise error from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise error
+    data: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = key.lower()
+        if value is None:
+            continue
+        if name in _STR_FIELDS:
+            if not isinstance(value, str):
+                raise error
+        elif name in _BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise error
+        elif name in _INT_FIELDS:
+            bits = _INT_FIELDS[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise error
+            if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+                raise error
+        else:
+            continue
+        data[name] = value
+    return data

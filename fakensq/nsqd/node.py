@@ -1,0 +1,535 @@
+"""The nsqd node: listeners, the topic registry, lifecycle.
+
+Everything runs inside the caller's task tree::
+
+    async with fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as nsqd:
+        ...  # nsqd.tcp_address, nsqd.http_address are the bound "host:port"
+
+or ``await nursery.start(nsqd.run)``.  ``await nsqd.handle_stream(stream)`` serves
+an already connected stream (memory streams, simulations).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import socket
+import ssl
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+import trio
+
+from trionsq.protocol.names import is_ephemeral
+
+from ..golang.tls import prefer_go_cipher_suites
+from .auth import AuthHandler
+from .channel import Channel
+from .client import ClientConnection
+from .diskqueue import DiskBackedQueue
+from .hooks import NodeHooks
+from .listeners import UNIX_REMOTE_ADDRESS, is_unix_stream, open_listeners
+from .lookup_peer import run_lookup_peers
+from .message import GUIDFactory, MemoryQueue, MessageQueue
+from .options import NSQDOptions
+from .persist import load_state, metadata_writer, save_state, write_metadata
+from .stats import build_stats
+from .statsd import run_statsd
+from .topic import Topic
+
+__all__ = ["NSQD", "RegistryEvent", "split_address"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegistryEvent:
+    """A topic or channel appeared or went (what nsqd tells nsqlookupd)."""
+
+    action: Literal["register", "unregister"]
+    topic: str
+    channel: str | None = None
+
+
+RegistryListener = Callable[[RegistryEvent], None]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (port 0 allowed) to ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"invalid address {address!r}: expected 'host:port'")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # httpx builds a context (loading the CA certificates) for each client it
+    # makes: 0.05-0.2 s of the event loop for every new topic, long enough to
+    # delay its registration with nsqlookupd past what readers expect.  One
+    # for the process (the lookupd queries are plain HTTP anyway).
+    return httpx.create_ssl_context()
+
+
+async def query_lookupd_channels(
+    addresses: list[str],
+    topic: str,
+    *,
+    connect_timeout: float,
+    request_timeout: float,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[str]:
+    """nsqd's GetLookupdTopicChannels: ``/channels?topic=`` of every nsqlookupd,
+    merged and sorted; an error only when none answered."""
+    channels: set[str] = set()
+    errors: list[str] = []
+    timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
+
+    async def ask(client: httpx.AsyncClient, address: str) -> None:
+        try:
+            resp = await client.get(
+                f"http://{address}/channels",
+                params={"topic": topic},
+                headers={"Accept": "application/vnd.nsq; version=1.0"},
+            )
+            resp.raise_for_status()
+            found = resp.json().get("channels") or []
+            channels.update(str(c) for c in found)
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            errors.append(f"{address}: {exc}")
+
+    async with (
+        httpx.AsyncClient(timeout=timeout, transport=transport, verify=_tls_context()) as client,
+        trio.open_nursery() as nursery,
+    ):
+        for address in addresses:
+            nursery.start_soon(ask, client, address)
+    if errors and len(errors) == len(addresses):
+        raise OSError("Failed to query any nsqlookupd: " + "; ".join(errors))
+    return sorted(channels)
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class NSQD:
+    """An nsqd v1.3, in process.
+
+    Keyword arguments are :class:`NSQDOptions` fields (or pass ``options=``);
+    an empty ``tcp_address``/``http_address`` means no such listener (serve
+    streams with :meth:`handle_stream`).  fakensq-only settings:
+
+    - ``auth_handler``: a callable standing in for the auth server;
+    - ``ssl_context``: the server TLS context (instead of tls_cert/tls_key);
+    - ``exact_timers`` (default False, as nsqd v1.3.0): nsqd acts on message
+      timeouts and deferred messages in its queue scan, every
+      ``queue_scan_interval`` (100 ms), and looks only at the channels that
+      existed at its last refresh, every ``queue_scan_refresh_interval`` (5 s):
+      in a fresh node a 1 s msg-timeout takes up to 5 s.  True is an opt-in
+      kindness: each deadline is acted on when it is due, exactly;
+    - ``requeue_on_disconnect`` (default False, as nsqd v1.3.0): when a
+      consumer's connection ends, nsqd leaves its in-flight messages in flight
+      until their msg-timeout expires (then they count as timed out and go back
+      to the queue).  True is an opt-in kindness: they go straight back to the
+      queue, so a test need not wait out the timeout.
+
+    With a ``data_path``, ``run`` restores what a clean stop saved there and, when
+    it ends cleanly (cancelled, ``async with`` left), saves every topic, channel
+    and message (queued, in flight, deferred) for the next start
+    (:mod:`fakensq.persist`); ready messages beyond ``mem_queue_size`` go to disk
+    (:mod:`fakensq.diskqueue`).  Set :attr:`persist_on_stop` False to stop as a
+    killed nsqd would: nothing saved.
+    """
+
+    def __init__(
+        self,
+        options: NSQDOptions | None = None,
+        *,
+        auth_handler: AuthHandler | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        requeue_on_disconnect: bool = False,
+        exact_timers: bool = False,
+        **fields: Any,
+    ) -> None:
+        base = options if options is not None else NSQDOptions()
+        self.options: NSQDOptions = base.replace(**fields) if fields else base
+        self.auth_handler = auth_handler
+        self.requeue_on_disconnect = requeue_on_disconnect
+        self.exact_timers = exact_timers
+        # The trio time nsqd's queue scan loop starts (its tickers' origin).
+        self._scan_epoch: float | None = None
+        self.rng = random.Random(self.options.seed)
+        self.guids = GUIDFactory(
+            self.options.node_id, self.rng if self.options.seed is not None else None
+        )
+        self.topics: dict[str, Topic] = {}
+        self.clients: dict[int, ClientConnection] = {}
+        self._client_ids = 0
+        self._listeners: list[RegistryListener] = []
+        self._options_listeners: list[Callable[[NSQDOptions], None]] = []
+        self.tls_context = ssl_context if ssl_context is not None else self._build_tls_context()
+        self.tcp_address = ""
+        self.http_address = ""
+        self.https_address = ""
+        self.start_time = int(time.time())
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self._healthy: str | None = None
+        self.hostname = socket.gethostname()
+        #: Fault injection and tracing (:mod:`fakensq.hooks`); None: none.
+        self.hooks: NodeHooks | None = None
+        #: The httpx transport for nsqd's own HTTP requests to nsqlookupd (None:
+        #: the network; fakensq.simulation gives an in-memory one).
+        self.http_transport: httpx.AsyncBaseTransport | None = None
+        #: Save state to data_path when ``run`` ends (False: a kill, nothing saved).
+        self.persist_on_stop = True
+        #: Disk-queue positions being restored, by (topic, channel or None);
+        #: filled by :func:`fakensq.persist.load_state` while it recreates topics.
+        self.restored_backends: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+    # --- lifecycle ---
+
+    async def __aenter__(self) -> NSQD:
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            nursery.cancel_scope.cancel()
+            await self._nursery_cm.__aexit__(None, None, None)
+            raise
+        self._outer = nursery
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._outer.cancel_scope.cancel()
+        # The body's own exception propagates unchanged (not wrapped in a group).
+        await self._nursery_cm.__aexit__(None, None, None)
+        return False
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``task_status.started()`` once listening."""
+        from .http_api import NSQDHTTP  # late: http imports this module
+
+        opts = self.options
+        listeners: list[trio.abc.Listener[trio.SocketStream]] = []
+        restored = False
+        keep_metadata: Callable[[object], None] | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.start_time = int(time.time())
+                self._scan_epoch = None  # channels made during start-up: listed at once
+                if opts.data_path:
+                    # Before listening, as nsqd's LoadMetadata: no client sees a
+                    # half-restored node.
+                    load_state(self, opts.data_path)
+                    restored = True
+                    # Then nsqd.dat follows every topic and channel change (a
+                    # killed node comes back with them, as nsqd does).
+                    write_metadata(self, opts.data_path)
+                    keep_metadata = metadata_writer(self, opts.data_path)
+                    self.add_registry_listener(keep_metadata)
+                # host:port is TCP, anything else a Unix socket path, as nsqd.
+                if opts.tcp_address:
+                    tcp, self.tcp_address = await open_listeners(opts.tcp_address)
+                    listeners.extend(tcp)
+                    for listener in tcp:
+                        nursery.start_soon(self._accept_loop, listener)
+                if opts.http_address:
+                    http, self.http_address = await open_listeners(opts.http_address)
+                    server = NSQDHTTP(self, tls=False).server
+                    await nursery.start(server.serve_listeners, http)
+                # As nsqd: HTTPS only with a TLS configuration (the nsqd command's
+                # default https_address is 0.0.0.0:4152, unused without one).
+                if opts.https_address and self.tls_context is not None:
+                    host, port = split_address(opts.https_address)
+                    server = NSQDHTTP(self, tls=True).server
+                    bound = await nursery.start(server.serve, host, port)
+                    self.https_address = _join(bound[0], bound[1])
+                # Idle without lookupd addresses, but it follows later changes of
+                # them (PUT /config/nsqlookupd_tcp_addresses), as nsqd does.
+                await nursery.start(run_lookup_peers, self)
+                if opts.statsd_address:  # as nsqd: the loop only when configured at start
+                    nursery.start_soon(run_statsd, self)
+                # nsqd's queue scan loop starts now, with the channels there are.
+                self._scan_epoch = trio.current_time()
+                task_status.started()
+                await trio.sleep_forever()
+        except BaseException as exc:
+            # A crash is no clean stop: nothing saved (a cancellation is one).
+            if not _only_cancelled(exc):
+                restored = False
+            raise
+        finally:
+            self._nursery = None
+            if keep_metadata is not None:
+                self.remove_registry_listener(keep_metadata)
+            if restored and self.persist_on_stop:
+                # Before the channels close (in-flight messages still listed);
+                # only when the earlier state was restored, never overwriting it
+                # with an empty one after a failed start.
+                save_state(self, opts.data_path)
+            for topic in list(self.topics.values()):
+                for channel in topic.channels.values():
+                    channel.close()
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
+        assert self._nursery is not None
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:  # EMFILE and friends: back off, keep serving
+                log.warning("accept failed: %s", exc)
+                await trio.sleep(0.01)
+                continue
+            remote = UNIX_REMOTE_ADDRESS if is_unix_stream(stream) else None
+            self._nursery.start_soon(self.handle_stream, stream, remote)
+
+    async def handle_stream(
+        self, stream: trio.abc.Stream, remote_address: str | None = None
+    ) -> None:
+        """Serve the TCP protocol on an already connected stream, until it ends."""
+        if self.hooks is not None:
+            stream = self.hooks.wrap_stream(stream, remote_address)
+        self._client_ids += 1
+        client = ClientConnection(self, stream, self._client_ids, remote_address)
+        await client.run()
+
+    def _build_tls_context(self) -> ssl.SSLContext | None:
+        opts = self.options
+        if not (opts.tls_cert or opts.tls_key):
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
+        # nsqd is a Go server: it picks the cipher suite in Go's order.
+        prefer_go_cipher_suites(ctx)
+        versions = {
+            "ssl3.0": ssl.TLSVersion.TLSv1,
+            "tls1.0": ssl.TLSVersion.TLSv1,
+            "tls1.1": ssl.TLSVersion.TLSv1_1,
+            "tls1.2": ssl.TLSVersion.TLSv1_2,
+            "tls1.3": ssl.TLSVersion.TLSv1_3,
+        }
+        try:
+            with warnings.catch_warnings():
+                # nsqd's default floor is TLS 1.0, which Python flags as deprecated;
+                # honouring the option must not warn in the tests of fakensq's users.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                ctx.minimum_version = versions.get(
+                    opts.tls_min_version.lower(), ssl.TLSVersion.TLSv1
+                )
+        except ValueError:  # an OpenSSL that refuses old versions
+            pass
+        policy = opts.tls_client_auth_policy
+        if opts.tls_root_ca_file:
+            ctx.load_verify_locations(opts.tls_root_ca_file)
+        if policy == "require-verify":
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        elif policy == "require":
+            # Go's RequireAnyClientCert; Python cannot require a certificate
+            # without verifying it, so verify when a CA is given.
+            ctx.verify_mode = ssl.CERT_REQUIRED if opts.tls_root_ca_file else ssl.CERT_OPTIONAL
+        return ctx
+
+    # --- registry ---
+
+    def add_registry_listener(self, callback: RegistryListener) -> None:
+        """``callback(RegistryEvent)`` on every topic/channel creation and deletion."""
+        self._listeners.append(callback)
+
+    def remove_registry_listener(self, callback: RegistryListener) -> None:
+        self._listeners.remove(callback)
+
+    def registrations(self) -> list[tuple[str, str | None]]:
+        """Every (topic, None) and (topic, channel) that exists now."""
+        out: list[tuple[str, str | None]] = []
+        for topic in self.topics.values():
+            out.append((topic.name, None))
+            out.extend((topic.name, name) for name in topic.channels)
+        return out
+
+    def _notify(
+        self, action: Literal["register", "unregister"], topic: str, channel: str | None
+    ) -> None:
+        event = RegistryEvent(action, topic, channel)
+        for callback in list(self._listeners):
+            try:
+                callback(event)
+            except Exception:
+                log.exception("registry listener failed")
+
+    # --- topics ---
+
+    def get_topic(self, name: str) -> Topic:
+        """The topic, created (and registered) if new."""
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(name, self)
+            self.topics[name] = topic
+            self._notify("register", name, None)
+            # nsqd asks nsqlookupd which channels the topic has elsewhere and
+            # creates them first, so that every channel gets what is published.
+            addresses = self.lookupd_http_addresses()
+            if addresses and self._nursery is not None:
+                topic.started = False
+                self._nursery.start_soon(self._precreate_channels, topic, addresses)
+        return topic
+
+    def lookupd_http_addresses(self) -> list[str]:
+        """The nsqlookupds' HTTP addresses, as their IDENTIFY answers gave them."""
+        from .lookup_peer import lookup_peers_of
+
+        peers = lookup_peers_of(self)
+        if peers is None:
+            return []
+        out: list[str] = []
+        for peer in peers.peers:
+            address = peer.info.get("broadcast_address")
+            if address:
+                out.append(_join(str(address), int(peer.info.get("http_port", 0))))
+        return out
+
+    async def _precreate_channels(self, topic: Topic, addresses: list[str]) -> None:
+        try:
+            names = await query_lookupd_channels(
+                addresses,
+                topic.name,
+                connect_timeout=self.options.http_client_connect_timeout,
+                request_timeout=self.options.http_client_request_timeout,
+                transport=self.http_transport,
+            )
+        except Exception as exc:
+            log.warning(
+                "failed to query nsqlookupd for channels to pre-create for topic %s - %s",
+                topic.name,
+                exc,
+            )
+            names = []
+        if topic.exiting or self.topics.get(topic.name) is not topic:
+            return
+        for name in names:
+            if not is_ephemeral(name):  # no ephemeral channel without its consumer
+                topic.get_channel(name)
+        topic.start()
+
+    def new_queue(self, topic: str, channel: str | None) -> MessageQueue:
+        """The queue a new topic (``channel`` None) or channel keeps its messages in.
+
+        With a data_path, up to mem_queue_size in memory and the rest on disk, as
+        nsqd; without one (or for ephemeral topics and channels, which never touch
+        disk), memory only.
+        """
+        opts = self.options
+        if not opts.data_path or is_ephemeral(topic) or (channel and is_ephemeral(channel)):
+            return MemoryQueue()
+        return DiskBackedQueue(
+            opts.data_path,
+            topic if channel is None else f"{topic}:{channel}",
+            mem_size=opts.mem_queue_size,
+            max_bytes_per_file=opts.max_bytes_per_file,
+            sync_every=opts.sync_every,
+            meta=self.restored_backends.get((topic, channel)),
+        )
+
+    def get_existing_topic(self, name: str) -> Topic | None:
+        return self.topics.get(name)
+
+    def delete_topic(self, name: str) -> bool:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            return False
+        self._notify("unregister", name, None)
+        topic.close()
+        return True
+
+    # --- nsqd's queue scan: when timeouts and deferred messages are acted on ---
+
+    def scan_known_from(self) -> float:
+        """When the queue scan first sees a channel made now: nsqd's scan loop
+        lists the channels at its start and then at each refresh tick
+        (``queue_scan_refresh_interval``), so a channel made after the start
+        waits for the next one."""
+        epoch = self._scan_epoch
+        if epoch is None or self.exact_timers:
+            return -math.inf  # made before the node runs: listed at the start
+        refresh = self.options.queue_scan_refresh_interval
+        if refresh <= 0:
+            return -math.inf
+        now = trio.current_time()
+        return epoch + (math.floor((now - epoch) / refresh) + 1) * refresh
+
+    def scan_time(self, deadline: float, known_from: float) -> float:
+        """When a deadline (a message timeout, a deferred message's due time) of
+        a channel the scan knows from ``known_from`` is acted on: the first
+        scan tick (every ``queue_scan_interval`` from the loop's start) at or
+        after both; the deadline itself with ``exact_timers``."""
+        epoch = self._scan_epoch
+        interval = self.options.queue_scan_interval
+        if self.exact_timers or epoch is None or interval <= 0 or math.isinf(deadline):
+            return deadline
+        when = max(deadline, known_from)
+        ticks = math.ceil((when - epoch) / interval - 1e-9)
+        return epoch + max(ticks, 0) * interval
+
+    def _start_channel(self, channel: Channel) -> None:
+        if self._nursery is None:
+            raise RuntimeError("the NSQD is not running")
+        self._nursery.start_soon(channel.run_timers)
+
+    # --- auth, health, stats ---
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.options.auth_http_addresses) or self.auth_handler is not None
+
+    def add_options_listener(self, callback: Callable[[NSQDOptions], None]) -> None:
+        """``callback(options)`` after ``PUT /config/...`` changed an option."""
+        self._options_listeners.append(callback)
+
+    def _options_changed(self) -> None:
+        for callback in list(self._options_listeners):
+            try:
+                callback(self.options)
+            except Exception:
+                log.exception("options listener failed")
+
+    def health(self) -> str:
+        return "OK" if self._healthy is None else f"NOK - {self._healthy}"
+
+    def set_health(self, error: str | None) -> None:
+        """Make /ping answer 500 with ``error`` (None: healthy again)."""
+        self._healthy = error
+
+    def stats(
+        self,
+        topic: str = "",
+        channel: str = "",
+        include_clients: bool = True,
+        include_mem: bool = True,
+    ) -> dict[str, Any]:
+        """The same document as ``GET /stats?format=json``."""
+        return build_stats(self, topic, channel, include_clients, include_mem)

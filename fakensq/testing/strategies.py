@@ -1,0 +1,129 @@
+"""Hypothesis strategies for fault schedules (:mod:`fakensq.testing.schedule`).
+
+::
+
+    from hypothesis import given
+    from fakensq.testing.strategies import fault_schedules
+
+    @given(fault_schedules(nsqd=2, lookupd=1))
+    def test_my_consumer(schedule):
+        fakensq.testing.atleastonce.check_at_least_once(schedule, {"billing": my_consumer})
+
+Times and durations are drawn on a grid of ``step`` seconds and shrink towards
+zero, kinds towards the mildest (``drop``), nodes towards 0, and schedules
+towards fewer events: a failure shrinks to a short schedule of early, simple
+faults, which :func:`fakensq.testing.atleastonce.check_at_least_once` replays exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+from .schedule import (
+    DEFAULT_REDELIVERIES,
+    KINDS,
+    Direction,
+    FaultEvent,
+    FaultSchedule,
+    Level,
+    kinds_for,
+    parse_kinds,
+)
+
+__all__ = ["fault_events", "fault_schedules"]
+
+_DIRECTIONS: tuple[Direction, ...] = ("both", "in", "out")
+
+
+def _seconds(low: float, high: float, step: float) -> st.SearchStrategy[float]:
+    """Multiples of ``step`` from ``low`` to ``high``; shrinks towards ``low``."""
+    top = max(round((high - low) / step), 0)
+    return st.integers(0, top).map(lambda n: round(low + n * step, 6))
+
+
+def fault_events(
+    *,
+    level: Level = "safe",
+    kinds: Sequence[str] | None = None,
+    nsqd: int = 1,
+    lookupd: int = 1,
+    horizon: float = 120.0,
+    step: float = 0.5,
+    max_duration: float | None = None,
+) -> st.SearchStrategy[FaultEvent]:
+    """Single fault events of the kinds ``level`` allows (or only ``kinds``), at
+    times up to ``horizon`` seconds, on ``nsqd`` nsqds and ``lookupd``
+    nsqlookupds; lasting faults last up to ``max_duration`` (default: a quarter
+    of the horizon)."""
+    allowed = [k for k in kinds_for(level) if kinds is None or k in parse_kinds(kinds)]
+    if lookupd < 1 and "lookupd_outage" in allowed:
+        allowed.remove("lookupd_outage")
+    if not allowed:
+        raise ValueError(f"no fault kind left (level {level!r}, kinds {kinds!r})")
+    allowed.sort(key=KINDS.index)
+    longest = max_duration if max_duration is not None else horizon / 4
+    harsh = level != "safe"
+
+    @st.composite
+    def event(draw: st.DrawFn) -> FaultEvent:
+        kind = draw(st.sampled_from(allowed))
+        at = draw(_seconds(0.0, horizon, step))
+        count = lookupd if kind == "lookupd_outage" else nsqd
+        node = draw(st.integers(0, max(count, 1) - 1))
+        duration = draw(_seconds(step, max(longest, step), step))
+        everyone = harsh and kind in ("drop", "stall", "swallow_heartbeats", "restart")
+        everyone = everyone and draw(st.booleans())
+        if kind == "delay":
+            seconds = draw(_seconds(step / 10, max(step, duration / 2), step / 10))
+            direction = draw(st.sampled_from(_DIRECTIONS))
+            return FaultEvent(at, kind, node, duration, seconds, direction)
+        if kind == "stall":
+            direction = draw(st.sampled_from(_DIRECTIONS))
+            return FaultEvent(at, kind, node, duration, direction=direction, everyone=everyone)
+        if kind == "requeue_storm":
+            rounds = draw(st.integers(1, 3))
+            interval = draw(_seconds(step, max(step, horizon / 20), step))
+            return FaultEvent(at, kind, node, rounds=rounds, interval=interval)
+        if kind in ("swallow_heartbeats", "partition", "lookupd_outage", "fail_publishes"):
+            return FaultEvent(at, kind, node, duration, everyone=everyone)
+        return FaultEvent(at, kind, node, everyone=everyone)
+
+    return event()
+
+
+def fault_schedules(
+    *,
+    max_faults: int = 6,
+    level: Level = "safe",
+    kinds: Sequence[str] | None = None,
+    nsqd: int = 1,
+    lookupd: int = 1,
+    horizon: float = 120.0,
+    step: float = 0.5,
+    redeliveries: int = DEFAULT_REDELIVERIES,
+    max_duration: float | None = None,
+) -> st.SearchStrategy[FaultSchedule]:
+    """Schedules of up to ``max_faults`` events (see :func:`fault_events`), with
+    at most ``redeliveries`` redelivering faults (those beyond are left out)."""
+
+    events = fault_events(
+        level=level,
+        kinds=kinds,
+        nsqd=nsqd,
+        lookupd=lookupd,
+        horizon=horizon,
+        step=step,
+        max_duration=max_duration,
+    )
+
+    def within_budget(drawn: list[FaultEvent]) -> FaultSchedule:
+        kept, budget = [], redeliveries
+        for event in drawn:
+            if event.redelivers <= budget:
+                kept.append(event)
+                budget -= event.redelivers
+        return FaultSchedule(tuple(kept))
+
+    return st.lists(events, max_size=max_faults).map(within_budget)
