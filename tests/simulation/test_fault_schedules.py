@@ -1,5 +1,5 @@
 """Fault schedules, their player, lone nsqds restarted in place, the hypothesis
-strategies and the at-least-once checker (fakensq.schedule, faultplayer,
+strategies and the at-least-once checker (fakensq.testing.schedule, faultplayer,
 restartable, strategies, atleastonce)."""
 
 from __future__ import annotations

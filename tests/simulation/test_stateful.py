@@ -1,38 +1,39 @@
 """Hypothesis stateful tests over a simulated cluster: trionsq consumers against
 fakensq nsqds and lookupds, with publishes, time passing, dropped connections,
-partitions, clean and unclean node restarts and lookupd outages.
+partitions, clean and unclean node restarts, lookupd outages, and any safe
+fault of a schedule (:mod:`fakensq.testing.strategies`, played by
+:class:`fakensq.testing.faultplayer.FaultPlayer`).
 
-How Trio is driven from hypothesis's synchronous state machine: each example
-gets a long-lived ``trio.run`` on a thread of its own (:class:`TrioDriver`), on a
-``MockClock`` whose autojump is switched on only while a step runs.  A rule sends
-its step into that run with ``trio.from_thread.run`` and blocks until it is done;
-each step ends with ``wait_all_tasks_blocked`` so the run is quiescent (and
-virtual time frozen) while hypothesis decides the next step.  So every step
-starts from the same state in every replay: the run is deterministic, failures
-shrink to short step lists and replay from hypothesis's seed.  (A guest run would
-also work but needs a host loop; a ``trio.run`` per step would lose the cluster.)
+Built on fakensq's public property-test helpers (:mod:`fakensq.testing.atleastonce`):
+:class:`~fakensq.testing.atleastonce.SimDriver` runs one long-lived ``trio.run`` on a
+``MockClock`` and feeds it one step at a time, with virtual time frozen between
+steps, so every step starts from the same state in every replay and failures
+shrink to short step lists; :func:`~fakensq.testing.atleastonce.publish` publishes as a
+correct producer does and traces what nsqd acknowledged; and
+:class:`~fakensq.testing.atleastonce.AtLeastOnceChecker` checks the nodes' trace after
+every step (never handed out while in flight elsewhere within its timeout, RDY
+within max_in_flight) and at the end (every message finished or given up).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import random
-import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import trio
-import trio.testing
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import trionsq
+from fakensq.testing.atleastonce import AtLeastOnceChecker, SimDriver, publish
+from fakensq.testing.faultplayer import FaultPlayer
+from fakensq.testing.schedule import FaultEvent, FaultSchedule
 from fakensq.testing.simulation import SimCluster
-
-T = TypeVar("T")
+from fakensq.testing.strategies import fault_events
 
 NSQDS = 2
 LOOKUPDS = 2
@@ -42,84 +43,17 @@ MAX_IN_FLIGHT = 3
 MAX_RDY_COUNT = 2
 
 
-class TrioDriver:
-    """A ``trio.run`` on its own thread, fed one step at a time."""
-
-    def __init__(self, main: Callable[[trio.Nursery], Awaitable[None]]) -> None:
-        self.clock = trio.testing.MockClock(autojump_threshold=math.inf)
-        self._main = main
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        self._ready.wait(30)
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._body, clock=self.clock)
-        except BaseException as exc:  # reported by run() / close()
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _body(self) -> None:
-        self._stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            await self._main(nursery)
-            self._token = trio.lowlevel.current_trio_token()
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run one step in virtual time; returns once the cluster is quiescent."""
-        assert self._token is not None
-
-        async def step() -> T:
-            self.clock.autojump_threshold = 0
-            try:
-                return await fn(*args)
-            finally:
-                self.clock.autojump_threshold = math.inf
-                await trio.testing.wait_all_tasks_blocked()
-
-        return trio.from_thread.run(step, trio_token=self._token)
-
-    def close(self) -> None:
-        if self._token is not None and self._stop is not None:
-            try:
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        self._thread.join(30)
-        if self._error is not None:
-            raise self._error
-
-
-@dataclass
-class Delivery:
-    consumer: str
-    start: float
-    deadline: float
-    settled: bool = False
-
-
 @dataclass
 class World:
-    """What the test did and saw, to check the cluster against."""
+    """What the test did, to check the cluster's counts against."""
 
     published: dict[bytes, int] = field(default_factory=dict)  # body -> nsqd index
-    finished: set[bytes] = field(default_factory=set)
-    given_up: set[bytes] = field(default_factory=set)
-    lost: set[bytes] = field(default_factory=set)  # held by a killed node
-    deliveries: dict[bytes, Delivery] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
     held: list[int] = field(default_factory=lambda: [0] * NSQDS)  # per nsqd, expected
     fin_seen: list[int] = field(default_factory=lambda: [0] * NSQDS)
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 class ClusterMachine(RuleBasedStateMachine):
@@ -127,12 +61,16 @@ class ClusterMachine(RuleBasedStateMachine):
         super().__init__()
         self.world = World()
         self.counter = 0
+        self.trace: list[dict[str, Any]] = []
+        self.checker = AtLeastOnceChecker(
+            msg_timeout=MSG_TIMEOUT, max_in_flight=dict.fromkeys(CONSUMERS, MAX_IN_FLIGHT)
+        )
         self.cluster: SimCluster | None = None
         self.consumers: dict[str, trionsq.Consumer] = {}
         self.partitions: dict[tuple[str, str], Any] = {}
         self.nsqd_up = [True] * NSQDS
         self.lookupd_up = [True] * LOOKUPDS
-        self.driver = TrioDriver(self._start)
+        self.driver = SimDriver(self._start)
 
     # -- the cluster and the consumers, inside the trio run -------------------
 
@@ -141,6 +79,7 @@ class ClusterMachine(RuleBasedStateMachine):
             nsqd=NSQDS,
             lookupd=LOOKUPDS,
             seed=1,
+            trace=self.trace,
             nsqd_options={
                 "msg_timeout": MSG_TIMEOUT,
                 "max_rdy_count": MAX_RDY_COUNT,
@@ -178,38 +117,21 @@ class ClusterMachine(RuleBasedStateMachine):
             await trio.sleep_forever()
 
     def _handler(self, name: str) -> Callable[[trionsq.Message], Awaitable[None]]:
-        world = self.world
-
         async def handle(message: trionsq.Message) -> None:
-            now = trio.current_time()
-            body = message.body
-            previous = world.deliveries.get(body)
-            if previous is not None and not previous.settled and now < previous.deadline:
-                world.violations.append(
-                    f"{body!r} at {name} at {now:.1f} while in flight at "
-                    f"{previous.consumer} until {previous.deadline:.1f}"
-                )
-            delivery = world.deliveries[body] = Delivery(name, now, now + MSG_TIMEOUT)
-            kind = body[:1]
-            try:
-                if kind == b"r" and message.attempts == 1:
-                    raise RuntimeError("fails once")
-                if kind == b"s":
-                    await trio.sleep(20)
-                elif kind == b"t":
-                    for _ in range(3):  # 75 s of work, kept alive by TOUCH
-                        await trio.sleep(25)
-                        await message.touch()
-                        delivery.deadline = trio.current_time() + MSG_TIMEOUT
-            finally:
-                delivery.settled = True
-            world.finished.add(body)
+            kind = message.body[:1]
+            if kind == b"r" and message.attempts == 1:
+                raise RuntimeError("fails once")
+            if kind == b"s":
+                await trio.sleep(20)
+            elif kind == b"t":
+                for _ in range(3):  # 75 s of work, kept alive by TOUCH
+                    await trio.sleep(25)
+                    await message.touch()
 
         return handle
 
     def _give_up(self, message: trionsq.Message) -> None:
-        self.world.given_up.add(message.body)
-        self.world.finished.add(message.body)
+        pass  # trionsq FINs what it gives up on: the checker counts it finished
 
     # -- rules -----------------------------------------------------------------
 
@@ -230,20 +152,9 @@ class ClusterMachine(RuleBasedStateMachine):
             return
         bodies = self._bodies(kinds)
         assert self.cluster is not None
-        cluster = self.cluster
-
-        async def step() -> None:
-            async with trionsq.Producer(
-                nsqd_tcp_addresses=[cluster.nsqd_tcp_addresses[node]],
-                connector=cluster.connector_for("producer"),
-            ) as producer:
-                if multi:
-                    await producer.multi_publish("t", bodies)
-                else:
-                    for body in bodies:
-                        await producer.publish("t", body)
-
-        self.driver.run(step)
+        self.driver.run(
+            functools.partial(publish, self.cluster, "t", bodies, node=node, multi=multi)
+        )
         for body in bodies:
             self.world.published[body] = node
         self.world.held[node] += len(bodies)
@@ -261,10 +172,11 @@ class ClusterMachine(RuleBasedStateMachine):
     def partition(self, consumer: str, node: int) -> None:
         assert self.cluster is not None
         key = (consumer, f"nsqd-{node}")
+        # (in the Trio run: the trace takes its virtual time)
         if key in self.partitions:
-            self.partitions.pop(key).heal()
+            self.driver.run(_call, self.partitions.pop(key).heal)
         else:
-            self.partitions[key] = self.cluster.faults.partition(*key)
+            self.partitions[key] = self.driver.run(_call, self.cluster.faults.partition, *key)
 
     @rule(node=st.integers(0, NSQDS - 1), kill=st.booleans())
     def stop_or_start_nsqd(self, node: int, kill: bool) -> None:
@@ -272,19 +184,8 @@ class ClusterMachine(RuleBasedStateMachine):
         name = f"nsqd-{node}"
         if self.nsqd_up[node]:
             self._count_finishes()
-            # Deliveries from a stopping node may come again right after it
-            # restarts (its messages are flushed, in flight or not), as with nsqd.
-            for body, where in self.world.published.items():
-                if where == node and body in self.world.deliveries:
-                    self.world.deliveries[body].settled = True
             if kill:
-                lost = {
-                    b
-                    for b, n in self.world.published.items()
-                    if n == node and b not in self.world.finished
-                }
-                self.world.lost |= lost
-                self.world.held[node] = 0
+                self.world.held[node] = 0  # what it held in memory is gone
                 self.driver.run(self.cluster.faults.kill, name)
             else:
                 self.driver.run(self.cluster.faults.stop, name)
@@ -293,6 +194,30 @@ class ClusterMachine(RuleBasedStateMachine):
         else:
             self.driver.run(self.cluster.faults.start, name)
             self.nsqd_up[node] = True
+
+    @rule(
+        event=fault_events(
+            nsqd=NSQDS,
+            lookupd=LOOKUPDS,
+            kinds=["drop", "delay", "stall", "swallow_heartbeats", "time_out", "requeue_storm"],
+            horizon=0.0,
+            step=5.0,
+            max_duration=60.0,
+        )
+    )
+    def scheduled_fault(self, event: FaultEvent) -> None:
+        """One fault as a schedule plays it (lasting ones last their duration)."""
+        assert self.cluster is not None
+        if not self.nsqd_up[event.node]:
+            return
+        player = FaultPlayer(
+            FaultSchedule((replace(event, at=0.0),)),
+            self.cluster.faults,
+            nsqd=NSQDS,
+            lookupd=LOOKUPDS,
+        )
+        self.driver.run(player.run)
+        assert len(player.met) == 1 and not player.met[0].outcome.startswith("failed")
 
     @precondition(lambda self: sum(self.lookupd_up) > 0)
     @rule(lookupd=st.integers(0, LOOKUPDS - 1))
@@ -308,8 +233,9 @@ class ClusterMachine(RuleBasedStateMachine):
     # -- invariants ------------------------------------------------------------
 
     @invariant()
-    def never_in_flight_twice(self) -> None:
-        assert not self.world.violations, self.world.violations
+    def at_least_once_so_far(self) -> None:
+        self.checker.feed(self.trace)
+        self.checker.check()
 
     @invariant()
     def rdy_within_limits(self) -> None:
@@ -352,7 +278,7 @@ class ClusterMachine(RuleBasedStateMachine):
             if self.cluster is not None:
                 # Heal everything, bring every node back: then nothing may vanish.
                 for fault in list(self.partitions.values()):
-                    fault.heal()
+                    self.driver.run(_call, fault.heal)
                 for i, up in enumerate(self.lookupd_up):
                     if not up:
                         self.driver.run(self.cluster.faults.start, f"lookupd-{i}")
@@ -360,9 +286,11 @@ class ClusterMachine(RuleBasedStateMachine):
                     if not up:
                         self.driver.run(self.cluster.faults.start, f"nsqd-{i}")
                 self.driver.run(trio.sleep, 900)
-                world = self.world
-                missing = set(world.published) - world.finished - world.lost
-                assert not missing, f"never finished: {sorted(missing)}"
+                self.checker.feed(self.trace)
+                self.checker.check()
+                missing = self.checker.unfinished()  # (a kill may lose what it held)
+                assert not missing, f"never finished: {missing}"
+                assert set(self.checker.published) == {b.decode() for b in self.world.published}
         finally:
             self.driver.close()
 
