@@ -195,7 +195,9 @@ async def test_a_safe_restart_waits_for_producers(autojump_clock: trio.testing.M
             async with trionsq.Producer(
                 nsqd_tcp_addresses=cluster.nsqd_tcp_addresses, connector=cluster.connector
             ) as producer:
-                for i in range(40):  # connected for 40 s, publishing each second (past 1+15 s, before 30+15 s)
+                for i in range(
+                    40
+                ):  # connected for 40 s, publishing each second (past 1+15 s, before 30+15 s)
                     await producer.publish("t", b"%d" % i)
                     await trio.sleep(1)
         first, second = sorted(player.met, key=lambda m: m.at)
