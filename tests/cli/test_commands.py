@@ -52,10 +52,14 @@ async def test_nsqlookupd_serves_and_stops_on_sigterm(daemons: list[Daemon]) -> 
     assert await d.stop(signal.SIGTERM) == 0
 
 
-async def test_nsqd_registers_with_lookupd_and_stops_on_sigint(daemons: list[Daemon]) -> None:
+async def test_nsqd_registers_with_lookupd_and_stops_on_sigint(
+    daemons: list[Daemon], tmp_path: Path
+) -> None:
     async with NSQLookupd() as lookupd:
         d = await Daemon.fakensq(
             "nsqd",
+            # its own folder (not the working directory, which a parallel run shares)
+            f"--data-path={tmp_path}",
             "--tcp-address",
             "127.0.0.1:0",
             "--http-address=127.0.0.1:0",
