@@ -31,14 +31,14 @@ import math
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import trio
 
 from .config import Config
 from .protocol import codecs, commands
 from .protocol.errors import NSQError, ProtocolError
-from .protocol.frames import OK, Error, Frame, FrameParser, MessageFrame, Response
+from .protocol.frames import OK, Error, FrameParser, MessageFactory, Response
 from .rdy import DEFAULT_MAX_RDY_COUNT
 from .transport import parse_address
 
@@ -49,6 +49,7 @@ __all__ = [
     "NegotiationError",
     "CodecStream",
     "PendingResponse",
+    "MessagesCallback",
 ]
 
 log = logging.getLogger("trionsq.connection")
@@ -152,10 +153,13 @@ def _ssl_context(config: Config) -> ssl.SSLContext:
     return context
 
 
-#: Called by the reader for each message frame, in order; it returns an
-#: awaitable when it has something to wait for (the reader awaits it before the
-#: next frame), None when it is done (the common case: no coroutine per message).
-MessageCallback = Callable[[MessageFrame], Awaitable[None] | None]
+M = TypeVar("M")
+
+#: Called by the reader with the messages of one read, in order (a run of them
+#: between two other frames, if any); it returns an awaitable when it has
+#: something to wait for (the reader awaits it before going on), None when it is
+#: done (the common case: no coroutine per read).
+MessagesCallback: TypeAlias = Callable[[list[M]], Awaitable[None] | None]
 
 
 class Connection:
@@ -169,12 +173,16 @@ class Connection:
         self._out = bytearray()  # queued commands, sent by the writer task
         self._writing = False
         self._wake_writer = trio.Event()
+        # Whether the writer waits on _wake_writer: queueing a command then
+        # wakes it (once), otherwise it finds the command when it comes round.
+        self._writer_idle = False
         self._drained = trio.Event()
         self._reason: BaseException | None = None
         self._pending: deque[PendingResponse] = deque()
-        self._parser = FrameParser(config.max_frame_size)
         self._closed = trio.Event()
         self._closing = False
+        # Neither closing nor closed: the one test on every queued command.
+        self._open = True
         #: why the connection ended (``None`` for a clean close or while open)
         self.close_reason: BaseException | None = None
         #: nsqd's IDENTIFY response (empty if it does not negotiate features)
@@ -316,13 +324,15 @@ class Connection:
         await trio.lowlevel.checkpoint_if_cancelled()
         while len(self._out) >= _HIGH_WATER and not self.closed:
             await self._drained.wait()
-        if self.closed:
+        if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
         if pending is not None:
             # In the same step as the bytes: responses come back in this order.
             self._pending.append(pending)
         self._out += data
-        self._wake_writer.set()
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
 
     async def send(self, data: bytes) -> None:
         """Queue a command that gets no response (RDY, FIN, REQ, TOUCH, NOP).
@@ -340,10 +350,12 @@ class Connection:
         they skip :meth:`send`'s backpressure and its checkpoint.  Raises
         :class:`ConnectionClosedError` if the connection is closed.
         """
-        if self._closing or self._closed.is_set():
+        if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
         self._out += data
-        self._wake_writer.set()
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
 
     async def request(self, data: bytes) -> bytes:
         """Send a command and wait for its response (``OK``, ``CLOSE_WAIT``, JSON).
@@ -363,12 +375,14 @@ class Connection:
         consumer's CLS, queued in the same step as the commands around it.
         Raises :class:`ConnectionClosedError` if the connection is closed.
         """
-        if self.closed:
+        if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
         pending = PendingResponse()
         self._pending.append(pending)
         self._out += data
-        self._wake_writer.set()
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
         return pending
 
     async def flush(self) -> None:
@@ -383,6 +397,7 @@ class Connection:
                 self._drained.set()
                 self._drained = trio.Event()
                 self._wake_writer = trio.Event()
+                self._writer_idle = True
                 await self._wake_writer.wait()
                 continue
             # Swap buffers rather than copy: senders append to a fresh one.
@@ -397,15 +412,29 @@ class Connection:
     # (whose code decides what leaving means) instead of tearing a loop apart
     # halfway through a frame.
     @trio.lowlevel.enable_ki_protection
-    async def run(self, on_message: MessageCallback | None = None) -> None:
+    async def run(
+        self,
+        on_messages: MessagesCallback[M] | None = None,
+        message_factory: MessageFactory[M] | None = None,
+    ) -> None:
         """Run the reader and the writer until the connection ends, then fail
         what is pending.
 
-        Returns normally however the connection ended; see :attr:`close_reason`.
+        Messages go to ``on_messages`` a read's worth at a time, as
+        :class:`~trionsq.protocol.frames.MessageFrame` objects or as
+        ``message_factory(timestamp, attempts, id, body)`` makes them (see
+        :data:`MessagesCallback`); without ``on_messages`` a message ends the
+        connection (a producer's nsqd must not send any).  Returns normally
+        however the connection ended; see :attr:`close_reason`.
         """
+        parser: FrameParser[Any] = (
+            FrameParser(self.config.max_frame_size)
+            if message_factory is None
+            else FrameParser(self.config.max_frame_size, message_factory=message_factory)
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
-            await self._guard(self._read_loop, nursery.cancel_scope, on_message)
+            await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
         self._finish(self._reason)
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self._stream)
@@ -432,22 +461,28 @@ class Connection:
             self._finish(self._reason)
             scope.cancel()
 
-    async def _read_loop(self, on_message: MessageCallback | None) -> None:
+    async def _read_loop(
+        self, parser: FrameParser[Any], on_messages: MessagesCallback[Any] | None
+    ) -> None:
         # Without heartbeats, silence is normal: only a missed heartbeat is a failure.
         heartbeats = self.config.heartbeat_interval is not None
         read_timeout = self.config.read_timeout if heartbeats else math.inf
-        frames = self._parser.feed(self._leftover)
+        frames = parser.feed(self._leftover)
         self._leftover = b""
+        receive = self._stream.receive_some
         while True:
-            for frame in frames:
-                if type(frame) is MessageFrame and on_message is not None:
-                    waiting = on_message(frame)
+            if frames:
+                if parser.others:
+                    await self._dispatch(frames, on_messages)
+                elif on_messages is None:
+                    raise ProtocolError(f"{self.address}: unexpected message frame")
+                else:
+                    # The common case: a read of nothing but messages, handed on whole.
+                    waiting = on_messages(frames)
                     if waiting is not None:
                         await waiting
-                else:
-                    await self._handle(frame)
             with trio.move_on_after(read_timeout) as scope:
-                data = await self._stream.receive_some(_RECEIVE_SIZE)
+                data = await receive(_RECEIVE_SIZE)
             if scope.cancelled_caught:
                 raise NSQConnectionError(
                     f"{self.address}: nothing received for {self.config.read_timeout}s"
@@ -456,13 +491,33 @@ class Connection:
                 if not self._closing:
                     raise NSQConnectionError(f"{self.address}: closed by nsqd")
                 return
-            frames = self._parser.feed(bytes(data))
+            frames = parser.feed(data)
 
-    async def _handle(self, frame: Frame) -> None:
-        """Any frame but a message for the callback."""
-        if isinstance(frame, MessageFrame):
-            raise ProtocolError(f"{self.address}: unexpected message frame")
-        elif isinstance(frame, Response):
+    async def _dispatch(self, frames: list[Any], on_messages: MessagesCallback[Any] | None) -> None:
+        """Frames of a read that are not all messages: each run of messages to
+        the callback, the others handled, all in order."""
+        run: list[Any] = []
+        for frame in frames:
+            kind = type(frame)
+            if kind is not Response and kind is not Error:
+                if on_messages is None:
+                    raise ProtocolError(f"{self.address}: unexpected message frame")
+                run.append(frame)
+                continue
+            if run and on_messages is not None:
+                waiting = on_messages(run)
+                run = []
+                if waiting is not None:
+                    await waiting
+            await self._handle(frame)
+        if run and on_messages is not None:
+            waiting = on_messages(run)
+            if waiting is not None:
+                await waiting
+
+    async def _handle(self, frame: Response | Error) -> None:
+        """A frame that is not a message."""
+        if isinstance(frame, Response):
             if frame.is_heartbeat:
                 await self.send(commands.nop())
             elif self._pending:
@@ -488,6 +543,7 @@ class Connection:
             failure.__cause__ = reason
         while self._pending:
             self._pending.popleft().fail(failure)
+        self._open = False
         self._closed.set()
         self._drained.set()  # nothing more will be written
 
@@ -498,5 +554,6 @@ class Connection:
         """Close now (call :meth:`flush` first to send what is queued); the
         loops return and pending requests fail."""
         self._closing = True
+        self._open = False
         self._finish(None)
         await trio.aclose_forcefully(self._stream)

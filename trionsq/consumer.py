@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import CoroutineType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -32,9 +32,8 @@ from .lookupd import lookup, merge
 from .message import Message
 from .protocol import commands
 from .protocol.errors import NSQError
-from .protocol.frames import MessageFrame
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
-from .rdy import RdyController, starved
+from .rdy import ConnRdy, RdyController, starved
 
 if TYPE_CHECKING:
     import httpx
@@ -59,6 +58,9 @@ _STRAGGLER_GRACE = 0.01
 #: scheduler: fewer passes through the run loop (the writer then sends the FINs
 #: of a whole batch at once), while other tasks still get their turn.
 _YIELD_EVERY = 256
+
+_new = object.__new__
+_NORMAL = BackoffState.NORMAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,8 @@ class _Session:
         self.address = conn.address
         self.wire_generation = 0
         self.wire_rdy = 0  # the last RDY queued
+        #: the RDY controller's state for this connection, while it has one
+        self.rdy_state: ConnRdy | None = None
         #: messages handed out and not answered yet (see message._Responder)
         self.out: dict[Message, None] = {}
         #: shields the connection from cancellation while leaving needs it
@@ -144,8 +148,42 @@ class _Session:
             return False
         return True
 
+    def make_message(self, timestamp: int, attempts: int, id: bytes, body: bytes) -> Message:
+        """The connection's parser makes each message with this (no
+        intermediate frame object, no ``__init__`` call: it is per message)."""
+        message = _new(Message)
+        message.id = id
+        message.body = body
+        message.attempts = attempts
+        message.timestamp = timestamp
+        message.address = self.address
+        message.responded = None
+        message._responder = self
+        return message
+
     def _finish(self, message: Message) -> None:
-        self.consumer._settle(self, message, commands.fin(message.id), True, True)
+        consumer = self.consumer
+        state = self.rdy_state
+        if (
+            state is None
+            or consumer._closing
+            or consumer._backoff.state is not _NORMAL
+            or consumer._rdy.due
+        ):
+            consumer._settle(self, message, commands.fin(message.id), True, True)
+            return
+        # The steady state, on every message: a success changes no backoff and
+        # frees budget no connection is waiting for, so no RDY is decided
+        # (what _settle would find out, the long way).
+        self.out.pop(message, None)
+        if state.in_flight > 0:
+            state.in_flight -= 1
+        try:
+            self.conn.send_nowait(b"FIN " + message.id + b"\n")
+        except NSQError as exc:
+            log.info("%s: could not answer a message: %s", self.address, exc)
+        else:
+            consumer._finished += 1
 
     def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         if delay is None:
@@ -349,11 +387,12 @@ class Consumer:
         # Always a cancellation point; a scheduling point only every
         # _YIELD_EVERY messages while some are queued (the queue holds at most
         # what RDY allowed, so the run without a yield is bounded).
-        self._since_yield += 1
-        if self._since_yield >= _YIELD_EVERY:
+        since = self._since_yield + 1
+        if since >= _YIELD_EVERY:
             self._since_yield = 0
             await trio.lowlevel.checkpoint()
         else:
+            self._since_yield = since
             await trio.lowlevel.checkpoint_if_cancelled()
         while not self._queue:
             if self._queue_closed:
@@ -541,7 +580,7 @@ class Consumer:
 
     async def _serve(self, conn: Connection) -> None:
         session = _Session(self, conn)
-        on_message = functools.partial(self._on_message, session)
+        on_messages = functools.partial(self._on_messages, session)
         # Shielded: leaving, even when cancelled, still needs the connection to
         # requeue what is unanswered and hear CLOSE_WAIT; _exit cancels it.
         with session.scope:
@@ -550,7 +589,7 @@ class Consumer:
                 if self._closing:
                     return
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(conn.run, on_message)
+                    nursery.start_soon(conn.run, on_messages, session.make_message)
                     try:
                         await conn.request(commands.sub(self.topic, self.channel))
                     except NSQError as exc:
@@ -562,6 +601,7 @@ class Consumer:
                         return
                     self._sessions[session] = None
                     self._rdy.add(session, conn.max_rdy_count, trio.current_time())
+                    session.rdy_state = self._rdy.conns[session]
                     self._connected.set()
                     log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
                     self._update_rdy()
@@ -570,6 +610,7 @@ class Consumer:
                 del self._serving[session]
                 self._sessions.pop(session, None)
                 self._rdy.remove(session)
+                session.rdy_state = None
                 with trio.CancelScope(shield=True):
                     await conn.aclose()
                 if self._closing:
@@ -579,34 +620,35 @@ class Consumer:
 
     # --- messages ---
 
-    def _on_message(self, session: _Session, frame: MessageFrame) -> Awaitable[None] | None:
-        """Take a message from ``session``'s reader (see MessageCallback)."""
-        message = Message(
-            frame.id, frame.body, frame.attempts, frame.timestamp, session.address, session
-        )
-        self._received += 1
-        due = self._rdy.on_message(session, trio.current_time())
+    def _on_messages(self, session: _Session, messages: list[Message]) -> None:
+        """Take one read's messages from ``session``'s reader (see MessagesCallback)."""
+        count = len(messages)
+        self._received += count
+        due = self._rdy.on_messages(session, count, trio.current_time())
         if self._closing:
-            self._abandon(message)  # sent before nsqd read our CLS
+            for message in messages:
+                self._abandon(message)  # sent before nsqd read our CLS
             if session.cls is not None and session.cls.done:
                 session.straggler.set()
-            return None
+            return
         max_attempts = self.config.max_attempts
-        if max_attempts and message.attempts > max_attempts:
+        if max_attempts and any(m.attempts > max_attempts for m in messages):
             assert self._handlers is not None
-            session.out[message] = None
-            self._giving_up.add(message)
-            self._handlers.start_soon(self._give_up, message)
-        else:
-            self._queue.append(message)
-            if self._handler is None:
-                if self._queue_waiters:
-                    self._queue_waiters.unpark()
-            elif not self._waking:
-                self._wake_workers(1)
+            for message in messages:
+                if message.attempts > max_attempts:
+                    session.out[message] = None
+                    self._giving_up.add(message)
+                    self._handlers.start_soon(self._give_up, message)
+            messages = [m for m in messages if m.attempts <= max_attempts]
+        self._queue.extend(messages)
+        if self._handler is None:
+            if self._queue_waiters:
+                # One iterating task per message at most, as one at a time did.
+                self._queue_waiters.unpark(count=len(messages))
+        elif not self._waking and messages:
+            self._wake_workers(1)
         if due:
             self._update_rdy()
-        return None
 
     # --- the handler pool ---
     #
@@ -637,6 +679,8 @@ class Consumer:
         worker over a lowered ``max_in_flight`` leaves once its message is settled."""
         woken = True  # counted in _waking until it runs
         fresh = False
+        handler = self._handler
+        assert handler is not None
         try:
             while self._workers <= self._pool_limit:
                 if woken:
@@ -654,7 +698,22 @@ class Consumer:
                         spare = len(self._queue) - self._waking
                         if spare > 0:
                             self._wake_workers(min(2, spare))
-                    await self._handle(message)
+                    # _handle, inline: a coroutine less per message.
+                    try:
+                        result = handler(message)
+                        if type(result) is CoroutineType:
+                            await result
+                        elif result is not None and inspect.isawaitable(result):
+                            await result
+                    except Exception as exc:
+                        log.warning("handler failed for %r: %r", message, exc, exc_info=True)
+                        await message.requeue()
+                    else:
+                        if message.responded is None:
+                            # finish(), minus its cancellation point: the
+                            # handler is done, its answer must not be lost.
+                            message.responded = "finished"
+                            message._responder._finish(message)
                 elif self._queue_closed:
                     return
                 else:
@@ -672,19 +731,6 @@ class Consumer:
                 # Leaving over the limit: pass the queue on to a parked worker.
                 self._queue_waiters.unpark()
                 self._waking += 1
-
-    async def _handle(self, message: Message) -> None:
-        assert self._handler is not None
-        try:
-            result = self._handler(message)
-            # Sync handlers return None: skip the (comparatively slow) awaitable check.
-            if result is not None and inspect.isawaitable(result):
-                await result
-        except Exception as exc:
-            log.warning("handler failed for %r: %r", message, exc, exc_info=True)
-            await message.requeue()
-        else:
-            await message.finish()
 
     async def _give_up(self, message: Message) -> None:
         self._given_up += 1

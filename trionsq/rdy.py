@@ -112,11 +112,16 @@ class RdyController(Generic[K]):
 
     def on_message(self, key: K, now: float) -> bool:
         """A message arrived on ``key``; returns whether a rebalance is due."""
+        return self.on_messages(key, 1, now)
+
+    def on_messages(self, key: K, count: int, now: float) -> bool:
+        """``count`` messages arrived on ``key`` (one read's worth: the refresh
+        rule is looked at once for them all); returns whether a rebalance is due."""
         conn = self.conns.get(key)
         if conn is None:
             return self._due
-        conn.in_flight += 1
-        conn.remaining -= 1
+        conn.in_flight += count
+        conn.remaining -= count
         conn.last_message_at = now
         if conn.bootstrapping:
             conn.bootstrapping = False  # its target grows from 1 to its share

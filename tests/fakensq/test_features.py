@@ -65,8 +65,7 @@ async def test_compression_with_pipelined_commands(
         assert doc["deflate_level"] == 3
     c.encoder = SnappyEncoder() if codec == "snappy" else DeflateEncoder(3)
     c.decoder = SnappyDecoder() if codec == "snappy" else DeflateDecoder()
-    rest = bytes(c.parser._buffer)
-    c.parser._buffer.clear()
+    rest = c.parser.take_buffer()
     c.frames.extend(c.parser.feed(c.decoder.decode(rest)))
     assert await c.read_response() == b"OK"  # the upgrade
     # A client that waited for the answer: its commands arrive.

@@ -111,3 +111,44 @@ def test_heartbeat_and_error_frames() -> None:
     assert isinstance(err, Error)
     assert isinstance(err.error, errors.BadTopicError)
     assert err.error.description == "nope"
+
+
+@given(st.lists(any_frame, max_size=10), st.lists(st.integers(min_value=0), max_size=30))
+def test_a_message_factory_makes_the_messages_and_others_counts_the_rest(
+    frame_list: list[frames.Frame], cuts: list[int]
+) -> None:
+    made: list[tuple[int, int, bytes, bytes]] = []
+
+    def make(timestamp: int, attempts: int, id: bytes, body: bytes) -> tuple[str, int]:
+        made.append((timestamp, attempts, id, body))
+        return ("made", len(made) - 1)
+
+    parser = FrameParser(message_factory=make)
+    out: list[object] = []
+    for piece in split_at(b"".join(encode(f) for f in frame_list), cuts):
+        got = parser.feed(piece)
+        assert parser.others == sum(1 for f in got if isinstance(f, Response | Error))
+        out.extend(got)
+    expected: list[object] = []
+    for frame in frame_list:
+        if isinstance(frame, MessageFrame):
+            assert made[len([e for e in expected if isinstance(e, tuple)])] == (
+                frame.timestamp,
+                frame.attempts,
+                frame.id,
+                frame.body,
+            )
+            expected.append(("made", len([e for e in expected if isinstance(e, tuple)])))
+        else:
+            expected.append(frame)
+    assert out == expected
+
+
+def test_take_buffer_returns_what_is_not_parsed_yet() -> None:
+    parser = FrameParser()
+    data = frames.encode_response(b"OK") + b"\x00\x00\x00\x09compr"
+    assert parser.feed(data) == [Response(b"OK")]
+    assert parser.take_buffer() == b"\x00\x00\x00\x09compr"
+    assert parser.buffered == 0
+    # The parser starts afresh: a whole frame parses.
+    assert parser.feed(frames.encode_response(b"OK")) == [Response(b"OK")]
