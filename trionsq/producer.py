@@ -40,6 +40,8 @@ def _check_topic(verb: str, topic: str) -> None:
 
 
 def _check_body(verb: str, body: bytes) -> bytes:
+    if type(body) is bytes and body:
+        return body  # the common case: nothing to check further, nothing to copy
     if not isinstance(body, bytes | bytearray | memoryview):
         raise TypeError(f"message body must be bytes, not {type(body).__name__}")
     data = bytes(body)
