@@ -1,491 +1,999 @@
-"""trionsq's Consumer and Producer throughput and memory, against same-run baselines.
+"""Client throughput and cost against the real nsqd v1.3.0, as ratios to a raw socket loop.
 
-Everything runs in one Trio loop on one core, a fakensq nsqd included, with
-100-byte bodies.  The baseline is :mod:`rawclient`, a minimal raw-socket NSQ
-client, run in the same process against the same kind of server, so the
-server's cost is common to both and the ratio is what trionsq's own machinery
-(connection object, RDY logic, handler dispatch, stats) costs.
+The server is the real nsqd (found by tests/reference.py: ``NSQ_BIN``, else
+``shared/reference/nsq-bin`` above the checkout; without it the script says so
+and stops), so what differs between rows is the client alone.  Every case runs
+in a fresh process of its own (the Go tools are their own processes), which
+reports how long its timed part took, in wall-clock seconds and in CPU seconds
+of the whole process (every thread, kernel time included: what a message costs
+the client).  Bodies are 100 bytes.
 
-Consume: the channel is pre-filled with N messages by MPUB, then the time to
-drain it (SUB, FIN each message) is measured for the raw loop and for a
-``trionsq.Consumer`` with a handler and with ``async for``.
+The baseline is :mod:`rawsocket`: a plain blocking-socket loop (no event loop,
+no object per message).  Rounds interleave the cases, their order rotating, so
+a burst of load on the shared machine hurts them alike; every figure is the
+median over rounds of the ratio of a case's rate to the baseline's in the same
+round.  Two ratios are given: of wall-clock rates (speed: the targets) and of
+CPU rates (messages per CPU second: the cost of a message, far steadier when
+other programs share the machine).  Columns: ``msg/s`` the median rate,
+``us/msg`` the client's median CPU time per message, ``srv us`` the server's
+(nsqd's, all its threads), ``wall`` and ``cpu`` the two ratios.
 
-Publish: PUB awaited one at a time (trionsq and raw), pipelined PUB (many
-concurrent ``publish`` calls sharing one connection; raw: windows of PUBs
-written at once, their OKs read together, the server's ceiling) and MPUB.
+Every run is checked against nsqd's ``/stats``: a drained channel has exactly N
+messages sent, none in flight, requeued or timed out, the client finished N; a
+published topic holds exactly N messages.  A case that fails its check stops
+the script.
 
-Rates are given per wall-clock second and per CPU second of this process.
-Client, server and baseline share one process and talk over loopback, so the
-loop never waits on anything but itself: on a quiet machine the two agree, and
-on a shared one the CPU figure is the steadier, so ratios use it: the median,
-over rounds, of the ratio within a round (the figures shown are the bests).
+Sections (``--sections``, all by default):
 
-Memory (``--memory``): a consumer drains a million messages while a publisher
-keeps the channel's backlog bounded; RSS and Python's allocated blocks (and
-with ``--tracemalloc`` traced bytes and peaks, whole process) are sampled every
-100k messages, so growth over the run shows leaks.
+- ``consume``: drain N pre-filled messages (max_in_flight / RDY 2500), FIN
+  each: the raw loop; trionsq with ``async for`` and with an async handler (and
+  a sync one); a minimal Trio loop; pynsq; Go's ``bench_reader``.
+- ``publish``: pipelined PUB with 256 unanswered (raw: each read's OKs replaced
+  by as many PUBs; trionsq: 256 tasks publishing on one Producer; pynsq: 256
+  callbacks chaining) and sequential MPUB of 100 (raw, trionsq, pynsq, Go's
+  ``bench_writer -batch-size=100``).
+- ``features``: the consume drain over TLS, snappy and deflate, trionsq and
+  the raw loop (TLS, deflate), against the plain drains of the same round.
+- ``connections``: trionsq's CPU per message draining N messages spread over
+  1, 10 and 50 real nsqds (``--connections``).
+- ``fakensq``: the same drains and publishes with fakensq's nsqd (run as its
+  command-line daemon) as the server: its end-to-end rate as a ratio to nsqd's.
+- ``memory`` (only when named, a few minutes): a trionsq consumer drains
+  ``--memory-messages`` (10 million) while a feeder process keeps nsqd's
+  backlog bounded; RSS, live objects and allocated blocks every million.
 
-    python benchmarks/bench_client.py [--messages N] [--publishes N] [--runs N]
-    python benchmarks/bench_client.py --memory [--messages N] [--tracemalloc]
+    python benchmarks/bench_client.py [--messages N] [--rounds R] [--sections consume,publish]
+    python benchmarks/bench_client.py --sections memory [--memory-messages N]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import re
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-import tracemalloc
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import trio
+import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
 
-import rawclient
+import rawsocket  # noqa: E402
 
-import fakensq
-import trionsq
-from trionsq.protocol import commands, frames
+from tests import reference  # noqa: E402
 
 BODY = b"x" * 100
-BATCH = 1000
-#: the raw loop's RDY, and the Consumer's max_in_flight (nsqd's max_rdy_count)
+#: the consumers' max_in_flight (and the raw loop's RDY): nsqd's max_rdy_count
 IN_FLIGHT = 2500
-#: concurrent publishers in the pipelined PUB run (the Producer's default window)
+#: unanswered PUBs in the pipelined runs (the Producer's default window)
 PIPELINE = 256
+#: messages per MPUB
+BATCH = 100
+CHANNEL = "c"
+#: nsqd's flags: everything in memory (no disk queue in the measurements)
+NSQD_FLAGS = ["--mem-queue-size=100000000", "--max-rdy-count=2500"]
 
 
-def _nsqd() -> fakensq.NSQD:
-    return fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="")
+# --- the cases (each runs in a child process: ``--child CASE``) -------------
 
 
-async def _prefill(address: str, topic: str, channel: str, messages: int) -> None:
-    """Create the channel, then MPUB ``messages`` bodies into it."""
-    stream, parser = await rawclient.connect(address)
-    async with stream:
-        await stream.send_all(commands.sub(topic, channel))
-        await rawclient.expect_ok(stream, parser)
-    await rawclient.publish_mpub(address, topic, [BODY] * messages, BATCH)
+class Job(NamedTuple):
+    addresses: list[str]
+    topic: str
+    count: int
+    feature: str  # "", "tls", "snappy" or "deflate"
+    ca: str  # the CA's PEM file for TLS
 
 
-class Rate(NamedTuple):
-    """Messages per wall-clock second and per CPU second of this process."""
+def _ssl_context(job: Job) -> Any:
+    import ssl
 
-    wall: float
-    cpu: float
-
-
-class _Stopwatch:
-    def __init__(self) -> None:
-        self.wall = time.perf_counter()
-        self.cpu = time.process_time()
-
-    def rate(self, messages: int) -> Rate:
-        wall = time.perf_counter() - self.wall
-        cpu = time.process_time() - self.cpu
-        return Rate(messages / wall, messages / max(cpu, 1e-9))
+    return ssl.create_default_context(cafile=job.ca)
 
 
-async def _timed_drain(messages: int, drain: Callable[[str], Awaitable[None]]) -> Rate:
-    """The rate of ``drain(address)`` emptying a channel pre-filled with ``messages``."""
-    async with _nsqd() as nsqd:
-        await _prefill(nsqd.tcp_address, "bench", "c", messages)
-        gc.collect()
-        watch = _Stopwatch()
-        await drain(nsqd.tcp_address)
-        rate = watch.rate(messages)
-    return rate
+def _raw_link(job: Job) -> dict[str, Any]:
+    if job.feature == "tls":
+        return {"tls": _ssl_context(job)}
+    if job.feature == "deflate":
+        return {"deflate": 6}
+    if job.feature:
+        raise SystemExit(f"the raw loop has no {job.feature}")
+    return {}
 
 
-def raw_consume(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def drain(address: str) -> None:
-        await rawclient.consume(address, "bench", "c", messages, rdy=IN_FLIGHT)
+def _trionsq_options(job: Job) -> dict[str, Any]:
+    if job.feature == "tls":
+        return {"tls": _ssl_context(job)}
+    if job.feature in ("snappy", "deflate"):
+        return {job.feature: True}
+    return {}
 
-    return drain
+
+def raw_consume(job: Job) -> None:
+    rawsocket.consume(job.addresses[0], job.topic, CHANNEL, job.count, IN_FLIGHT, **_raw_link(job))
 
 
-def handler_consume(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def drain(address: str) -> None:
-        done = trio.Event()
-        count = 0
+def raw_pipelined(job: Job) -> None:
+    rawsocket.publish_pipelined(job.addresses[0], job.topic, BODY, job.count, PIPELINE)
 
-        async def handler(message: trionsq.Message) -> None:
-            nonlocal count
-            count += 1
-            if count == messages:
-                done.set()
 
+def raw_mpub(job: Job) -> None:
+    rawsocket.publish_mpub(job.addresses[0], job.topic, BODY, job.count, BATCH)
+
+
+def trio_raw_consume(job: Job) -> None:
+    import rawclient
+    import trio
+
+    trio.run(rawclient.consume, job.addresses[0], job.topic, CHANNEL, job.count, IN_FLIGHT)
+
+
+def trionsq_iterate(job: Job) -> None:
+    import trio
+
+    import trionsq
+
+    async def main() -> None:
+        received = 0
         async with trionsq.Consumer(
-            "bench", "c", handler=handler, nsqd_tcp_addresses=[address], max_in_flight=IN_FLIGHT
-        ):
-            await done.wait()
-
-    return drain
-
-
-def iterator_consume(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def drain(address: str) -> None:
-        count = 0
-        async with trionsq.Consumer(
-            "bench", "c", nsqd_tcp_addresses=[address], max_in_flight=IN_FLIGHT
+            job.topic,
+            CHANNEL,
+            nsqd_tcp_addresses=job.addresses,
+            max_in_flight=IN_FLIGHT,
+            **_trionsq_options(job),
         ) as consumer:
             async for message in consumer:
                 await message.finish()
-                count += 1
-                if count == messages:
+                received += 1
+                if received == job.count:
                     break
 
-    return drain
+    trio.run(main)
 
 
-async def _timed_publish(messages: int, publish: Callable[[str], Awaitable[None]]) -> Rate:
-    async with _nsqd() as nsqd:
-        gc.collect()
-        watch = _Stopwatch()
-        await publish(nsqd.tcp_address)
-        rate = watch.rate(messages)
-    return rate
+def _trionsq_handler(job: Job, asynchronous: bool) -> None:
+    import trio
 
+    import trionsq
 
-async def _bare_pub_server(stream: trio.SocketStream) -> None:
-    """Answers IDENTIFY, then an OK for every PUB of BODY to "bench", all the
-    OKs of one read in one write: what pipelining can gain with no NSQ work."""
-    data = b""
-    header = len(commands.MAGIC_V2) + len(b"IDENTIFY\n") + 4
-    while len(data) < header:
-        data += await stream.receive_some(65536)
-    size = header + int.from_bytes(data[header - 4 : header], "big")
-    while len(data) < size:
-        data += await stream.receive_some(65536)
-    ok = frames.encode_response(b"OK")
-    await stream.send_all(ok)
-    pub_size = len(commands.pub("bench", BODY))
-    pending = len(data) - size
-    async for chunk in stream:
-        pending += len(chunk)
-        if pending >= pub_size:
-            await stream.send_all(ok * (pending // pub_size))
-            pending %= pub_size
+    async def main() -> None:
+        done = trio.Event()
+        received = 0
 
+        def count(message: trionsq.Message) -> None:
+            nonlocal received
+            received += 1
+            if received == job.count:
+                done.set()
 
-async def _timed_bare(messages: int, publish: Callable[[str], Awaitable[None]]) -> Rate:
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, _bare_pub_server, 0)
-        port = listeners[0].socket.getsockname()[1]
-        gc.collect()
-        watch = _Stopwatch()
-        await publish(f"127.0.0.1:{port}")
-        rate = watch.rate(messages)
-        nursery.cancel_scope.cancel()
-    return rate
+        async def handler(message: trionsq.Message) -> None:
+            count(message)
 
-
-def producer_sequential(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def publish(address: str) -> None:
-        async with trionsq.Producer([address]) as producer:
-            for _ in range(messages):
-                await producer.publish("bench", BODY)
-
-    return publish
-
-
-def producer_pipelined(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def publish(address: str) -> None:
-        async with trionsq.Producer([address]) as producer:
-
-            async def worker(count: int) -> None:
-                for _ in range(count):
-                    await producer.publish("bench", BODY)
-
-            async with trio.open_nursery() as nursery:
-                share, extra = divmod(messages, PIPELINE)
-                for i in range(PIPELINE):
-                    nursery.start_soon(worker, share + (1 if i < extra else 0))
-
-    return publish
-
-
-def producer_mpub(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def publish(address: str) -> None:
-        async with trionsq.Producer([address]) as producer:
-            for start in range(0, messages, BATCH):
-                await producer.multi_publish("bench", [BODY] * min(BATCH, messages - start))
-
-    return publish
-
-
-def raw_sequential(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def publish(address: str) -> None:
-        await rawclient.publish_sequential(address, "bench", [BODY] * messages)
-
-    return publish
-
-
-def raw_pipelined(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def publish(address: str) -> None:
-        stream, parser = await rawclient.connect(address)
-        async with stream:
-            for start in range(0, messages, PIPELINE):
-                count = min(PIPELINE, messages - start)
-                await stream.send_all(commands.pub("bench", BODY) * count)
-                await rawclient.expect_ok(stream, parser, count)
-
-    return publish
-
-
-def raw_mpub(messages: int) -> Callable[[str], Awaitable[None]]:
-    async def publish(address: str) -> None:
-        await rawclient.publish_mpub(address, "bench", [BODY] * messages, BATCH)
-
-    return publish
-
-
-Timed = Callable[[int, Callable[[str], Awaitable[None]]], Awaitable[Rate]]
-Maker = Callable[[int], Callable[[str], Awaitable[None]]]
-
-
-class Measured(NamedTuple):
-    best: Rate  # the best wall and CPU rates over the rounds
-    rounds: list[float]  # the CPU rate of each round
-
-
-async def best_of(
-    runs: int, timed: Timed, cases: Mapping[str, tuple[int, Maker]]
-) -> dict[str, Measured]:
-    """Each case's rates over ``runs`` rounds, each run on a fresh nsqd.
-
-    Rounds interleave the cases, so a burst of load on the machine hurts them
-    alike rather than one of them, and ratios (see :func:`ratio`) compare the
-    cases of one round.
-    """
-    best = dict.fromkeys(cases, Rate(0.0, 0.0))
-    rounds: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(runs):
-        for name, (count, make) in cases.items():
-            rate = await timed(count, make(count))
-            best[name] = Rate(max(best[name].wall, rate.wall), max(best[name].cpu, rate.cpu))
-            rounds[name].append(rate.cpu)
-    return {name: Measured(best[name], rounds[name]) for name in cases}
-
-
-def ratio(case: Measured, baseline: Measured) -> float:
-    """The median over rounds of the case's CPU rate over the baseline's in the
-    same round: steadier than a ratio of bests when the machine's load drifts."""
-    return statistics.median(c / b for c, b in zip(case.rounds, baseline.rounds, strict=True))
-
-
-def _row(name: str, case: Measured, baseline: Measured | None = None, against: str = "") -> None:
-    rate = case.best
-    shown = f"   {ratio(case, baseline):5.2f} x {against}" if baseline is not None else ""
-    print(f"  {name:<32} {rate.wall:>9,.0f} {rate.cpu:>9,.0f}{shown}")
-
-
-def _header(title: str) -> None:
-    print(title)
-    print(f"  {'':<32} {'msg/s':>9} {'msg/cpu-s':>9}")
-
-
-async def consume_section(messages: int, runs: int) -> None:
-    # Warm up every path once (imports, caches, allocator), then best of ``runs``.
-    for make in (raw_consume, handler_consume, iterator_consume):
-        await _timed_drain(messages // 10, make(messages // 10))
-    cases = {
-        "raw": (messages, raw_consume),
-        "handler": (messages, handler_consume),
-        "iterator": (messages, iterator_consume),
-    }
-    rates = await best_of(runs, _timed_drain, cases)
-    raw = rates["raw"]
-    _header(f"consume: drain {messages:,} pre-filled messages of {len(BODY)} bytes, FIN each")
-    _row(f"raw loop (RDY {IN_FLIGHT})", raw)
-    _row(f"Consumer, handler ({IN_FLIGHT} in flight)", rates["handler"], raw, "raw")
-    _row(f"Consumer, async for ({IN_FLIGHT})", rates["iterator"], raw, "raw")
-
-
-async def publish_section(messages: int, runs: int) -> None:
-    cases = {
-        "raw PUB, sequential": raw_sequential,
-        "Producer PUB, sequential": producer_sequential,
-        f"Producer PUB, {PIPELINE} concurrent": producer_pipelined,
-        f"raw PUB, windows of {PIPELINE}": raw_pipelined,
-        f"raw MPUB x{BATCH}": raw_mpub,
-        f"Producer MPUB x{BATCH}": producer_mpub,
-    }
-    for make in cases.values():
-        await _timed_publish(messages // 10, make(messages // 10))
-    # MPUB moves BATCH messages per round trip: give it more to time.
-    figures = await best_of(
-        runs,
-        _timed_publish,
-        {
-            name: (messages * 10 if "MPUB" in name else messages, make)
-            for name, make in cases.items()
-        },
-    )
-    _header(f"publish: {messages:,} PUBs ({messages * 10:,} for MPUB) of {len(BODY)} bytes")
-    raw_seq = figures["raw PUB, sequential"]
-    seq = figures["Producer PUB, sequential"]
-    raw_pipe = figures[f"raw PUB, windows of {PIPELINE}"]
-    _row("raw PUB, sequential", raw_seq)
-    _row("Producer PUB, sequential", seq, raw_seq, "raw sequential")
-    _row(f"Producer PUB, {PIPELINE} concurrent", figures[f"Producer PUB, {PIPELINE} concurrent"])
-    _row(f"raw PUB, windows of {PIPELINE}", raw_pipe, raw_seq, "raw sequential")
-    _row(f"raw MPUB x{BATCH}", figures[f"raw MPUB x{BATCH}"])
-    _row(
-        f"Producer MPUB x{BATCH}",
-        figures[f"Producer MPUB x{BATCH}"],
-        figures[f"raw MPUB x{BATCH}"],
-        "raw",
-    )
-    pipelined = figures[f"Producer PUB, {PIPELINE} concurrent"]
-    print(f"  pipelined / sequential PUB (Producer)  {ratio(pipelined, seq):5.2f}")
-    print(f"  pipelined Producer / raw windows       {ratio(pipelined, raw_pipe):5.2f}")
-
-    # fakensq answers every PUB with a write of its own, so the server bounds
-    # pipelining above; a bare server that answers a read's PUBs at once shows
-    # what the Producer itself can do.
-    bare = await best_of(
-        runs,
-        _timed_bare,
-        {
-            "sequential": (messages, producer_sequential),
-            "pipelined": (messages, producer_pipelined),
-        },
-    )
-    _header(f"publish: {messages:,} PUBs to a bare server (OK for each, no NSQ work)")
-    _row("Producer PUB, sequential", bare["sequential"])
-    _row(
-        f"Producer PUB, {PIPELINE} concurrent", bare["pipelined"], bare["sequential"], "sequential"
-    )
-
-
-def _rss() -> int:
-    """Resident set size in bytes (Linux), 0 where unknown."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-class _Sample(NamedTuple):
-    received: int
-    rss: int
-    blocks: int  # sys.getallocatedblocks(): objects alive in Python's allocator
-    traced: int  # tracemalloc's current and peak since the last sample (or 0)
-    peak: int
-
-
-async def memory_section(messages: int, checkpoint: int, backlog: int, traced: bool) -> None:
-    """Drain ``messages`` through a handler Consumer; sample memory at checkpoints.
-
-    A raw publisher MPUBs alongside, never more than ``backlog`` messages ahead
-    of the consumer, so the server's queue (in the same process) stays bounded
-    and any growth is the client's (or a leak in either).  RSS and the count of
-    allocated blocks cost nothing to sample; tracemalloc (``traced``) adds
-    byte-exact figures and peaks but slows everything several times over.
-    """
-    samples: list[_Sample] = []
-    done = trio.Event()
-    received = 0
-    progressed = trio.Event()
-
-    def sample() -> None:
-        current, peak = tracemalloc.get_traced_memory() if traced else (0, 0)
-        if traced:
-            tracemalloc.reset_peak()
-        samples.append(_Sample(received, _rss(), sys.getallocatedblocks(), current, peak))
-
-    async def handler(message: trionsq.Message) -> None:
-        nonlocal received, progressed
-        received += 1
-        if received % BATCH == 0:
-            progressed.set()
-            progressed = trio.Event()
-        if received % checkpoint == 0:
-            sample()
-        if received == messages:
-            done.set()
-
-    async def publisher(address: str) -> None:
-        stream, parser = await rawclient.connect(address)
-        async with stream:
-            published = 0
-            while published < messages:
-                while published - received >= backlog:
-                    await progressed.wait()
-                count = min(BATCH, messages - published)
-                await stream.send_all(commands.mpub("bench", [BODY] * count))
-                await rawclient.expect_ok(stream, parser)
-                published += count
-
-    async with _nsqd() as nsqd:
-        await _prefill(nsqd.tcp_address, "bench", "c", 0)
-        if traced:
-            tracemalloc.start()
-        watch = _Stopwatch()
         async with trionsq.Consumer(
-            "bench",
-            "c",
-            handler=handler,
-            nsqd_tcp_addresses=[nsqd.tcp_address],
+            job.topic,
+            CHANNEL,
+            handler=handler if asynchronous else count,
+            nsqd_tcp_addresses=job.addresses,
             max_in_flight=IN_FLIGHT,
-        ) as consumer:
+            **_trionsq_options(job),
+        ):
+            await done.wait()
+
+    trio.run(main)
+
+
+def trionsq_handler(job: Job) -> None:
+    _trionsq_handler(job, asynchronous=True)
+
+
+def trionsq_sync_handler(job: Job) -> None:
+    _trionsq_handler(job, asynchronous=False)
+
+
+def trionsq_pipelined(job: Job) -> None:
+    import trio
+
+    import trionsq
+
+    async def main() -> None:
+        async with trionsq.Producer(job.addresses, **_trionsq_options(job)) as producer:
+
+            async def worker(share: int) -> None:
+                for _ in range(share):
+                    await producer.publish(job.topic, BODY)
+
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(publisher, nsqd.tcp_address)
-                await done.wait()
-            workers = consumer._workers
-        rate = watch.rate(messages)
-        if traced:
-            tracemalloc.stop()
-    mib = 1024 * 1024
-    print(
-        f"memory: a handler Consumer drains {messages:,} messages"
-        f" ({rate.wall:,.0f} msg/s, {rate.cpu:,.0f} msg/cpu-s{', traced' if traced else ''}),"
-        f" backlog at most {backlog:,}, {workers} handler workers at the end"
+                for share in _shares(job.count, PIPELINE):
+                    nursery.start_soon(worker, share)
+
+    trio.run(main)
+
+
+def trionsq_mpub(job: Job) -> None:
+    import trio
+
+    import trionsq
+
+    async def main() -> None:
+        async with trionsq.Producer(job.addresses, **_trionsq_options(job)) as producer:
+            batch = [BODY] * BATCH
+            for start in range(0, job.count, BATCH):
+                size = min(BATCH, job.count - start)
+                await producer.multi_publish(job.topic, batch if size == BATCH else batch[:size])
+
+    trio.run(main)
+
+
+def pynsq_consume(job: Job) -> None:
+    import nsq
+    import tornado.ioloop
+
+    loop = tornado.ioloop.IOLoop.current()
+    received = 0
+
+    def handler(message: Any) -> bool:
+        nonlocal received
+        received += 1
+        if received == job.count:
+            loop.add_callback(stop)
+        return True  # pynsq FINs it
+
+    def stop() -> None:
+        reader.close()
+        loop.stop()
+
+    reader = nsq.Reader(
+        topic=job.topic,
+        channel=CHANNEL,
+        message_handler=handler,
+        nsqd_tcp_addresses=job.addresses,
+        max_in_flight=IN_FLIGHT,
     )
-    print(f"  {'received':>9}  {'RSS':>9}  {'blocks':>10}" + ("  traced now  peak since" * traced))
-    for s in samples:
-        line = f"  {s.received:>9,}  {s.rss / mib:>5.1f} MiB  {s.blocks:>10,}"
-        if traced:
-            line += f"  {s.traced / mib:>6.2f} MiB  {s.peak / mib:>6.2f} MiB"
-        print(line)
-    if len(samples) >= 2:
-        first, last = samples[0], samples[-1]
-        span = f"from {first.received:,} to {last.received:,} messages"
-        print(f"  growth {span}: RSS {(last.rss - first.rss) / mib:+.1f} MiB,", end="")
-        print(f" blocks {last.blocks - first.blocks:+,}", end="")
-        print(f", traced {(last.traced - first.traced) / mib:+.2f} MiB" if traced else "")
+    loop.start()
 
 
-async def main(args: argparse.Namespace) -> None:
-    if args.memory:
-        messages = args.messages or 1_000_000
-        await memory_section(messages, args.checkpoint, 5 * IN_FLIGHT, args.tracemalloc)
-        return
-    await consume_section(args.messages or 100_000, args.runs)
-    await publish_section(args.publishes, args.runs)
+def _pynsq_publish(job: Job, batch: int) -> None:
+    import nsq
+    import tornado.ioloop
+
+    loop = tornado.ioloop.IOLoop.current()
+    writer = nsq.Writer(job.addresses)
+    sent = done = 0
+    failures: list[object] = []
+
+    def publish_next() -> None:
+        nonlocal sent
+        size = min(batch, job.count - sent)
+        sent += size
+        if batch == 1:
+            writer.pub(job.topic, BODY, answered)
+        else:
+            writer.mpub(job.topic, [BODY] * size, answered)
+
+    def answered(conn: Any, data: Any) -> None:
+        nonlocal done
+        if isinstance(data, Exception):
+            failures.append(data)
+            loop.stop()
+            return
+        done += batch
+        if sent < job.count:
+            publish_next()
+        elif done >= job.count:
+            loop.stop()
+
+    def start() -> None:
+        if not writer.conns:  # connecting
+            loop.call_later(0.001, start)
+            return
+        for _ in range(PIPELINE if batch == 1 else 1):
+            if sent < job.count:
+                publish_next()
+
+    loop.add_callback(start)
+    loop.start()
+    if failures:
+        raise SystemExit(f"pynsq: {failures[0]!r}")
+
+
+def pynsq_pipelined(job: Job) -> None:
+    _pynsq_publish(job, 1)
+
+
+def pynsq_mpub(job: Job) -> None:
+    _pynsq_publish(job, BATCH)
+
+
+CASES: dict[str, Callable[[Job], None]] = {
+    "raw_consume": raw_consume,
+    "raw_pipelined": raw_pipelined,
+    "raw_mpub": raw_mpub,
+    "trio_raw_consume": trio_raw_consume,
+    "trionsq_iterate": trionsq_iterate,
+    "trionsq_handler": trionsq_handler,
+    "trionsq_sync_handler": trionsq_sync_handler,
+    "trionsq_pipelined": trionsq_pipelined,
+    "trionsq_mpub": trionsq_mpub,
+    "pynsq_consume": pynsq_consume,
+    "pynsq_pipelined": pynsq_pipelined,
+    "pynsq_mpub": pynsq_mpub,
+}
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def child(case: str, job: Job) -> None:
+    """Run one case and print its timings as the last line (JSON)."""
+    run = CASES[case]
+    # Imported before the clock starts (about 0.1 s of CPU: 1 us a message of
+    # a 100,000 message run), whatever the case uses.
+    import nsq  # noqa: F401
+    import rawclient  # noqa: F401
+    import tornado.ioloop  # noqa: F401
+    import trio  # noqa: F401
+
+    import trionsq  # noqa: F401
+
+    gc.collect()
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    run(job)
+    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"wall": wall, "cpu": cpu, "peak_rss": peak}))
+
+
+# --- the daemons and their checks -------------------------------------------
+
+
+class Took(NamedTuple):
+    wall: float
+    cpu: float
+    count: int
+    server_cpu: float = 0.0  # the nsqd's CPU seconds over the run
+
+
+class Nsqd:
+    """A running nsqd (real, or fakensq's command), with its HTTP API at hand."""
+
+    def __init__(self, daemon: reference.RealDaemon) -> None:
+        self.daemon = daemon
+        self.tcp = daemon.tcp_address
+        self.http = httpx.Client(base_url=f"http://{daemon.http_address}", timeout=60)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def cpu(self) -> float:
+        """The daemon's CPU seconds so far (user and system, every thread)."""
+        process = self.daemon.process
+        assert process is not None
+        try:
+            with open(f"/proc/{process.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0  # no /proc: the column shows 0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def topic(self, name: str) -> dict[str, Any]:
+        stats = self.http.get("/stats", params={"format": "json", "topic": name}).json()
+        for topic in stats.get("topics") or []:
+            if topic["topic_name"] == name:
+                return dict(topic)
+        return {}
+
+    def channel(self, topic: str) -> dict[str, Any]:
+        for channel in self.topic(topic).get("channels") or []:
+            if channel["channel_name"] == CHANNEL:
+                return dict(channel)
+        return {}
+
+    def create(self, topic: str, channel: bool) -> None:
+        self.http.post("/topic/create", params={"topic": topic}).raise_for_status()
+        if channel:
+            self.http.post(
+                "/channel/create", params={"topic": topic, "channel": CHANNEL}
+            ).raise_for_status()
+
+    def delete(self, topic: str) -> None:
+        self.http.post("/topic/delete", params={"topic": topic}).raise_for_status()
+
+    def prefill(self, topic: str, count: int) -> None:
+        """The channel holding ``count`` messages before anything is timed."""
+        self.create(topic, channel=True)
+        rawsocket.publish_mpub(self.tcp, topic, BODY, count, 1000)
+        # nsqd copies the topic's messages into the channel in the background.
+        _wait(lambda: self.channel(topic).get("depth") == count, 120, f"{topic}: prefill")
+
+    def check_drained(self, topic: str, count: int) -> None:
+        _wait(
+            lambda: self.channel(topic).get("in_flight_count") == 0,
+            60,
+            f"{topic}: messages still in flight",
+        )
+        channel = self.channel(topic)
+        expected = {"depth": 0, "message_count": count, "requeue_count": 0, "timeout_count": 0}
+        got = {key: channel.get(key) for key in expected}
+        if got != expected:
+            raise AssertionError(f"{topic}: the channel has {got}, expected {expected}")
+
+    def check_published(self, topic: str, count: int) -> None:
+        got = self.topic(topic).get("message_count")
+        if got != count:
+            raise AssertionError(f"{topic}: nsqd counted {got} messages, expected {count}")
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.01)  # polling another process
+
+
+@contextmanager
+def nsqd_daemon(
+    flags: Sequence[str] = (), fake: bool = False, shims: Path | None = None
+) -> Iterator[Nsqd]:
+    """A started nsqd; ``fake`` runs fakensq's nsqd command instead (its shim)."""
+    daemon = reference.RealDaemon("nsqd", [*NSQD_FLAGS, *flags])
+    if fake:
+        assert shims is not None
+        daemon.path = shims / "nsqd"
+    with daemon:
+        nsqd = Nsqd(daemon)
+        try:
+            yield nsqd
+        finally:
+            nsqd.close()
+
+
+def run_child(
+    case: str, nsqds: Sequence[Nsqd], topic: str, count: int, feature: str, ca: str
+) -> Took:
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        case,
+        "--addresses",
+        ",".join(n.tcp for n in nsqds),
+        "--topic",
+        topic,
+        "--count",
+        str(count),
+        "--feature",
+        feature,
+        "--ca",
+        ca,
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{case} failed ({out.returncode}): {out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return Took(result["wall"], result["cpu"], count)
+
+
+def _rusage_seconds(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def go_reader(nsqd: Nsqd, topic: str, count: int) -> Took:
+    """Go's bench_reader (one connection: GOMAXPROCS=1) draining the channel.
+
+    It flushes its writes only in the last quarter of each RDY's worth of
+    messages, so the FINs of the messages after its last flush are never
+    written: the clock stops when nsqd has sent it every message, and the check
+    is that nsqd sent exactly ``count`` and got every FIN but those.
+    """
+    binary = reference.binary("bench_reader")
+    assert binary is not None
+    argv = [
+        str(binary),
+        f"-nsqd-tcp-address={nsqd.tcp}",
+        f"-topic={topic}",
+        f"-channel={CHANNEL}",
+        f"-size={len(BODY)}",
+        f"-rdy={IN_FLIGHT}",
+        "-runfor=10m",
+    ]
+    env = {**os.environ, "GOMAXPROCS": "1"}
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+
+        def sent() -> int:
+            clients = nsqd.channel(topic).get("clients") or []
+            return sum(client.get("message_count", 0) for client in clients)
+
+        _wait(lambda: sent() >= count, 300, f"{topic}: bench_reader drain")
+        wall = time.perf_counter() - start
+
+        def finished() -> int:
+            clients = nsqd.channel(topic).get("clients") or []
+            return sum(client.get("finish_count", 0) for client in clients)
+
+        _wait(lambda: finished() >= count - _go_unflushed(count), 30, f"{topic}: bench_reader FINs")
+        channel = nsqd.channel(topic)
+        if (channel.get("depth"), sent(), finished()) != (0, count, count - _go_unflushed(count)):
+            raise AssertionError(f"{topic}: bench_reader left {channel}")
+    finally:
+        process.kill()
+        _, _, usage = os.wait4(process.pid, 0)
+        process.returncode = -9
+    return Took(wall, _rusage_seconds(usage), count)
+
+
+def _go_unflushed(count: int) -> int:
+    """How many of bench_reader's last FINs stay unwritten (see go_reader)."""
+    rest = count % IN_FLIGHT
+    return 0 if rest > IN_FLIGHT * 0.75 else rest + 1
+
+
+_GO_DURATION = re.compile(r"duration: ([0-9.]+)(ms|s|µs)")
+
+
+def go_writer(nsqd: Nsqd, topic: str, runfor: float) -> Took:
+    """Go's bench_writer (one connection: GOMAXPROCS=1), MPUB of BATCH, for
+    ``runfor`` seconds; how many it published is nsqd's count."""
+    binary = reference.binary("bench_writer")
+    assert binary is not None
+    argv = [
+        str(binary),
+        f"-nsqd-tcp-address={nsqd.tcp}",
+        f"-topic={topic}",
+        f"-size={len(BODY)}",
+        f"-batch-size={BATCH}",
+        f"-runfor={runfor}s",
+    ]
+    env = {**os.environ, "GOMAXPROCS": "1"}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert process.stdout is not None
+    output = process.stdout.read().decode(errors="replace")
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"bench_writer failed: {output[-2000:]}")
+    match = _GO_DURATION.search(output)
+    if match is None:
+        raise RuntimeError(f"bench_writer said: {output[-2000:]}")
+    wall = float(match.group(1)) / {"s": 1, "ms": 1e3, "µs": 1e6}[match.group(2)]
+    count = int(nsqd.topic(topic).get("message_count") or 0)
+    if count == 0 or count % BATCH:
+        raise AssertionError(f"{topic}: bench_writer published {count} messages")
+    return Took(wall, _rusage_seconds(usage), count)
+
+
+# --- rounds and tables ------------------------------------------------------
+
+
+class Case(NamedTuple):
+    label: str
+    kind: str  # "consume" or "publish"
+    run: Callable[[Nsqd, str, int], Took]  # (nsqd, topic, count) -> timings
+    scale: float = 1.0  # fraction of the section's count (slow clients move fewer)
+    checked: bool = False  # the run checks nsqd's counts itself
+
+
+def child_case(name: str, feature: str = "", ca: str = "") -> Callable[[Nsqd, str, int], Took]:
+    def run(nsqd: Nsqd, topic: str, count: int) -> Took:
+        return run_child(name, [nsqd], topic, count, feature, ca)
+
+    return run
+
+
+class Series(NamedTuple):
+    wall: list[float]  # messages per second, one per round
+    cpu: list[float]  # messages per CPU second of the client
+    server: list[float]  # the nsqd's CPU seconds per message
+
+
+_topics = 0
+
+
+def _topic() -> str:
+    global _topics
+    _topics += 1
+    return f"bench_{os.getpid()}_{_topics}"
+
+
+def measure(nsqd: Nsqd, case: Case, count: int) -> Took:
+    count = max(1, int(count * case.scale))
+    topic = _topic()
+    if case.kind == "consume":
+        nsqd.prefill(topic, count)
+        server = nsqd.cpu()
+        took = case.run(nsqd, topic, count)
+        if not case.checked:
+            nsqd.check_drained(topic, count)
+    else:
+        nsqd.create(topic, channel=False)
+        server = nsqd.cpu()
+        took = case.run(nsqd, topic, count)
+        nsqd.check_published(topic, took.count)
+    took = took._replace(server_cpu=nsqd.cpu() - server)
+    nsqd.delete(topic)
+    return took
+
+
+def rounds(
+    cases: dict[str, tuple[Nsqd, Case]], count: int, runs: int, title: str
+) -> dict[str, Series]:
+    """Every case once a round, in a rotating order."""
+    series = {name: Series([], [], []) for name in cases}
+    names = list(cases)
+    for round_ in range(runs):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            nsqd, case = cases[name]
+            took = measure(nsqd, case, count)
+            series[name].wall.append(took.count / took.wall)
+            series[name].cpu.append(took.count / max(took.cpu, 1e-9))
+            series[name].server.append(took.server_cpu / took.count)
+        print(f"  {title}: round {round_ + 1}/{runs} done", file=sys.stderr, flush=True)
+    return series
+
+
+class Row(NamedTuple):
+    name: str
+    baseline: str = ""  # the series it is divided by ('' for none)
+    target: float | None = None
+
+
+def _median_ratio(case: list[float], base: list[float]) -> float:
+    return statistics.median(c / b for c, b in zip(case, base, strict=True))
+
+
+def table(
+    title: str, cases: dict[str, tuple[Nsqd, Case]], series: dict[str, Series], rows: list[Row]
+) -> list[str]:
+    """Print a section's table; returns the targets missed."""
+    print(title)
+    head = f"{'msg/s':>9} {'us/msg':>7} {'srv us':>6} {'wall':>6} {'cpu':>6}"
+    print(f"  {'case':<44} {head}  {'target':<10} against")
+    missed = []
+    for row in rows:
+        s = series[row.name]
+        label = cases[row.name][1].label
+        rate = statistics.median(s.wall)
+        cost = 1e6 / statistics.median(s.cpu)
+        server = 1e6 * statistics.median(s.server)
+        figures = f"{rate:>9,.0f} {cost:>7.2f} {server:>6.2f}"
+        if not row.baseline:
+            print(f"  {label:<44} {figures} {'':>6} {'':>6}  {'':<10} (baseline)")
+            continue
+        base = series[row.baseline]
+        wall = _median_ratio(s.wall, base.wall)
+        cpu = _median_ratio(s.cpu, base.cpu)
+        verdict = ""
+        if row.target is not None:
+            ok = wall >= row.target
+            verdict = f">={row.target:.1f} {'ok' if ok else 'MISSED'}"
+            if not ok:
+                missed.append(f"{label}: {wall:.2f} < {row.target}")
+        against = cases[row.baseline][1].label
+        print(f"  {label:<44} {figures} {wall:6.2f} {cpu:6.2f}  {verdict:<10} {against}")
+    sys.stdout.flush()
+    return missed
+
+
+# --- sections ---------------------------------------------------------------
+
+
+def consume_section(nsqd: Nsqd, args: argparse.Namespace) -> list[str]:
+    cases = {
+        "raw": (nsqd, Case("raw socket loop", "consume", child_case("raw_consume"))),
+        "iterate": (nsqd, Case("trionsq, async for", "consume", child_case("trionsq_iterate"))),
+        "handler": (
+            nsqd,
+            Case("trionsq, async handler", "consume", child_case("trionsq_handler")),
+        ),
+        "sync": (
+            nsqd,
+            Case("trionsq, sync handler", "consume", child_case("trionsq_sync_handler")),
+        ),
+        "trio": (
+            nsqd,
+            Case("minimal Trio loop (rawclient)", "consume", child_case("trio_raw_consume")),
+        ),
+        "pynsq": (
+            nsqd,
+            Case("pynsq Reader", "consume", child_case("pynsq_consume"), scale=0.1),
+        ),
+    }
+    if reference.binary("bench_reader") is not None:
+        cases["go"] = (
+            nsqd,
+            Case("Go bench_reader (1 connection)", "consume", go_reader, checked=True),
+        )
+    series = rounds(cases, args.messages, args.rounds, "consume")
+    return table(
+        f"consume: drain {args.messages:,} pre-filled messages, FIN each, RDY {IN_FLIGHT}, "
+        f"median of {args.rounds} per-round ratios",
+        cases,
+        series,
+        [
+            Row("raw"),
+            Row("iterate", "raw", 0.6),
+            Row("handler", "raw", 0.6),
+            Row("sync", "raw"),
+            Row("trio", "raw"),
+            Row("pynsq", "raw"),
+            *([Row("go", "raw")] if "go" in cases else []),
+        ],
+    )
+
+
+def go_writer_case(runfor: float) -> Callable[[Nsqd, str, int], Took]:
+    def run(nsqd: Nsqd, topic: str, count: int) -> Took:
+        return go_writer(nsqd, topic, runfor)
+
+    return run
+
+
+def publish_section(nsqd: Nsqd, args: argparse.Namespace) -> list[str]:
+    cases = {
+        "raw_pipe": (
+            nsqd,
+            Case(f"raw PUB, {PIPELINE} unanswered", "publish", child_case("raw_pipelined")),
+        ),
+        "pipe": (
+            nsqd,
+            Case(f"trionsq PUB, {PIPELINE} tasks", "publish", child_case("trionsq_pipelined")),
+        ),
+        "pynsq_pipe": (
+            nsqd,
+            Case(
+                f"pynsq PUB, {PIPELINE} unanswered",
+                "publish",
+                child_case("pynsq_pipelined"),
+                scale=0.25,
+            ),
+        ),
+        "raw_mpub": (
+            nsqd,
+            Case(f"raw MPUB x{BATCH}, sequential", "publish", child_case("raw_mpub")),
+        ),
+        "mpub": (
+            nsqd,
+            Case(f"trionsq MPUB x{BATCH}, sequential", "publish", child_case("trionsq_mpub")),
+        ),
+        "pynsq_mpub": (
+            nsqd,
+            Case(f"pynsq MPUB x{BATCH}, sequential", "publish", child_case("pynsq_mpub")),
+        ),
+    }
+    if reference.binary("bench_writer") is not None:
+        cases["go_mpub"] = (
+            nsqd,
+            Case(
+                f"Go bench_writer x{BATCH} (1 connection)",
+                "publish",
+                go_writer_case(args.go_runfor),
+            ),
+        )
+    series = rounds(cases, args.publishes, args.rounds, "publish")
+    return table(
+        f"publish: {args.publishes:,} messages, median of {args.rounds} per-round ratios",
+        cases,
+        series,
+        [
+            Row("raw_pipe"),
+            Row("pipe", "raw_pipe", 0.9),
+            Row("pynsq_pipe", "raw_pipe"),
+            Row("raw_mpub"),
+            Row("mpub", "raw_mpub", 0.8),
+            Row("pynsq_mpub", "raw_mpub"),
+            *([Row("go_mpub", "raw_mpub")] if "go_mpub" in cases else []),
+        ],
+    )
+
+
+def features_section(nsqd: Nsqd, ca: str, args: argparse.Namespace) -> list[str]:
+    def case(label: str, name: str, feature: str) -> tuple[Nsqd, Case]:
+        return nsqd, Case(label, "consume", child_case(name, feature, ca))
+
+    cases = {
+        "raw": case("raw socket loop", "raw_consume", ""),
+        "raw_tls": case("raw socket loop, TLS", "raw_consume", "tls"),
+        "raw_deflate": case("raw socket loop, deflate", "raw_consume", "deflate"),
+        "plain": case("trionsq, async for", "trionsq_iterate", ""),
+        "tls": case("trionsq, async for, TLS", "trionsq_iterate", "tls"),
+        "snappy": case("trionsq, async for, snappy", "trionsq_iterate", "snappy"),
+        "deflate": case("trionsq, async for, deflate", "trionsq_iterate", "deflate"),
+    }
+    series = rounds(cases, args.messages, args.rounds, "features")
+    return table(
+        f"features: drain {args.messages:,} messages over TLS, snappy, deflate, "
+        f"median of {args.rounds} per-round ratios",
+        cases,
+        series,
+        [
+            Row("raw"),
+            Row("raw_tls", "raw"),
+            Row("raw_deflate", "raw"),
+            Row("plain", "raw"),
+            Row("tls", "raw"),
+            Row("tls", "plain"),
+            Row("snappy", "plain"),
+            Row("deflate", "plain"),
+            Row("deflate", "raw_deflate"),
+        ],
+    )
+
+
+def connections_section(args: argparse.Namespace) -> list[str]:
+    """trionsq's CPU per message as the messages come from more nsqds."""
+    widths = [int(n) for n in args.connections.split(",")]
+    with ExitStack() as stack:
+        nsqds = [stack.enter_context(nsqd_daemon()) for _ in range(max(widths))]
+        cpu: dict[int, list[float]] = {n: [] for n in widths}
+        wall: dict[int, list[float]] = {n: [] for n in widths}
+        raw: list[float] = []
+        for round_ in range(args.rounds):
+            shift = round_ % len(widths)
+            for width in widths[shift:] + widths[:shift]:
+                group = nsqds[:width]
+                topic = _topic()
+                shares = _shares(args.messages, width)
+                for nsqd, share in zip(group, shares, strict=True):
+                    nsqd.prefill(topic, share)
+                took = run_child("trionsq_iterate", group, topic, args.messages, "", "")
+                for nsqd, share in zip(group, shares, strict=True):
+                    nsqd.check_drained(topic, share)
+                    nsqd.delete(topic)
+                cpu[width].append(args.messages / took.cpu)
+                wall[width].append(args.messages / took.wall)
+            raw_took = measure(
+                nsqds[0], Case("raw", "consume", child_case("raw_consume")), args.messages
+            )
+            raw.append(raw_took.count / raw_took.cpu)
+            print(f"  connections: round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+    print(
+        f"connections: trionsq (async for, max_in_flight {IN_FLIGHT}) drains {args.messages:,} "
+        f"messages spread over n nsqds, median of {args.rounds} rounds"
+    )
+    print(f"  {'nsqds':>6} {'msg/s':>9} {'us/msg':>7} {'cpu vs 1':>9} {'cpu vs raw':>10}")
+    first = widths[0]
+    for width in widths:
+        cost = 1e6 / statistics.median(cpu[width])
+        vs_first = _median_ratio(cpu[width], cpu[first])
+        vs_raw = _median_ratio(cpu[width], raw)
+        rate = statistics.median(wall[width])
+        print(f"  {width:>6} {rate:>9,.0f} {cost:>7.2f} {vs_first:>9.2f} {vs_raw:>10.2f}")
+    print(f"  raw loop, 1 nsqd: {1e6 / statistics.median(raw):.2f} us/msg")
+    return []
+
+
+def fakensq_section(real: Nsqd, fake: Nsqd, args: argparse.Namespace) -> list[str]:
+    cases: dict[str, tuple[Nsqd, Case]] = {}
+    for server, nsqd in (("nsqd", real), ("fakensq", fake)):
+        cases[f"{server}_raw"] = (
+            nsqd,
+            Case(f"{server}: raw loop drains", "consume", child_case("raw_consume")),
+        )
+        cases[f"{server}_iterate"] = (
+            nsqd,
+            Case(f"{server}: trionsq async for drains", "consume", child_case("trionsq_iterate")),
+        )
+        cases[f"{server}_pipe"] = (
+            nsqd,
+            Case(
+                f"{server}: raw PUB, {PIPELINE} unanswered", "publish", child_case("raw_pipelined")
+            ),
+        )
+        cases[f"{server}_mpub"] = (
+            nsqd,
+            Case(f"{server}: raw MPUB x{BATCH}", "publish", child_case("raw_mpub")),
+        )
+    series = rounds(cases, args.messages, args.rounds, "fakensq")
+    return table(
+        f"fakensq's nsqd against the real one, {args.messages:,} messages, "
+        f"median of {args.rounds} per-round ratios (wall: fakensq's rate over nsqd's)",
+        cases,
+        series,
+        [
+            Row("nsqd_raw"),
+            Row("fakensq_raw", "nsqd_raw"),
+            Row("nsqd_iterate"),
+            Row("fakensq_iterate", "nsqd_iterate"),
+            Row("nsqd_pipe"),
+            Row("fakensq_pipe", "nsqd_pipe"),
+            Row("nsqd_mpub"),
+            Row("fakensq_mpub", "nsqd_mpub"),
+        ],
+    )
+
+
+def _shares(count: int, parts: int) -> list[int]:
+    share, extra = divmod(count, parts)
+    return [share + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _certificates(folder: Path) -> tuple[list[str], str]:
+    """nsqd's TLS flags (a certificate for 127.0.0.1) and the CA's file."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    flags = [f"--tls-cert={folder / 'cert.pem'}", f"--tls-key={folder / 'key.pem'}"]
+    return flags, str(folder / "ca.pem")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per drain")
+    parser.add_argument("--publishes", type=int, default=200_000, help="messages per publish run")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--sections", default="consume,publish,features,connections,fakensq", help="which tables"
+    )
+    parser.add_argument("--connections", default="1,10,50", help="nsqd counts to spread over")
+    parser.add_argument("--go-runfor", type=float, default=1.0, help="bench_writer's run, s")
+    parser.add_argument("--memory-messages", type=int, default=10_000_000)
+    parser.add_argument("--child", choices=sorted(CASES), help=argparse.SUPPRESS)
+    parser.add_argument("--addresses", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--feature", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--ca", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(
+            args.child,
+            Job(args.addresses.split(","), args.topic, args.count, args.feature, args.ca),
+        )
+        return 0
+    if reference.binary("nsqd") is None:
+        print(f"no real nsqd: {reference.skip_reason()}; nothing measured")
+        return 0
+    sections = set(args.sections.split(","))
+    missed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-client-") as folder:
+        tls_flags, ca = _certificates(Path(folder))
+        if sections & {"consume", "publish", "features", "fakensq"}:
+            with nsqd_daemon(tls_flags) as nsqd:
+                if "consume" in sections:
+                    missed += consume_section(nsqd, args)
+                if "publish" in sections:
+                    missed += publish_section(nsqd, args)
+                if "features" in sections:
+                    missed += features_section(nsqd, ca, args)
+                if "fakensq" in sections:
+                    shims = Path(folder) / "shims"
+                    subprocess.run(
+                        [sys.executable, "-m", "fakensq", "shims", str(shims)], check=True
+                    )
+                    with nsqd_daemon(fake=True, shims=shims) as fake:
+                        missed += fakensq_section(nsqd, fake, args)
+        if "connections" in sections:
+            missed += connections_section(args)
+        if "memory" in sections:
+            import memory_client
+
+            memory_client.run(args.memory_messages)
+    if missed:
+        print("targets missed: " + "; ".join(missed))
+    return 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--messages",
-        type=int,
-        help="messages to consume (default 100,000; 1,000,000 with --memory)",
-    )
-    parser.add_argument("--publishes", type=int, default=3_000, help="publish: PUBs")
-    parser.add_argument("--runs", type=int, default=4, help="rounds of every case")
-    parser.add_argument(
-        "--memory", action="store_true", help="run only the memory section (a few minutes)"
-    )
-    parser.add_argument("--checkpoint", type=int, default=100_000)
-    parser.add_argument(
-        "--tracemalloc", action="store_true", help="memory: also trace allocations (slow)"
-    )
-    trio.run(main, parser.parse_args())
+    sys.exit(main())
