@@ -363,8 +363,19 @@ class Connection:
         An error frame in reply raises its typed error; a connection that ends
         first raises :class:`ConnectionClosedError`.
         """
+        # _write, inline (a coroutine less per publish).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while len(self._out) >= _HIGH_WATER and not self.closed:
+            await self._drained.wait()
+        if not self._open:
+            raise ConnectionClosedError(f"{self.address}: connection is closed")
         pending = PendingResponse()
-        await self._write(data, pending)
+        # In the same step as the bytes: responses come back in this order.
+        self._pending.append(pending)
+        self._out += data
+        if self._writer_idle:
+            self._writer_idle = False
+            self._wake_writer.set()
         return await pending.result()
 
     def request_nowait(self, data: bytes) -> PendingResponse:

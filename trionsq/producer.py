@@ -31,6 +31,10 @@ __all__ = ["Producer", "ProducerStats"]
 log = logging.getLogger("trionsq.producer")
 
 
+#: how many valid topic names a Producer remembers (a bound, not a tuning knob)
+_VALID_TOPICS_KEPT = 1000
+
+
 def _check_topic(verb: str, topic: str) -> None:
     if not isinstance(topic, str):
         raise TypeError(f"topic must be a str, not {type(topic).__name__}")
@@ -112,6 +116,8 @@ class Producer:
         # for its response anyway, and a yield more each costs scheduler passes.
         self._in_flight = 0
         self._window_waiters = trio.lowlevel.ParkingLot()
+        # Topic names already found valid (a few, in practice): checked once.
+        self._valid_topics: set[str] = set()
         self._published = 0
         self._batches = 0
         self._errors = 0
@@ -214,7 +220,9 @@ class Producer:
         else:
             await self._window_waiters.park()  # woken with a place handed over
         try:
-            conn = await self._connection()
+            conn = self._conn
+            if conn is None or conn.closed or self._closed:
+                conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
             self._errors += 1
@@ -231,14 +239,22 @@ class Producer:
         if batch:
             self._batches += 1
 
+    def _check_topic(self, verb: str, topic: str) -> None:
+        if type(topic) is str and topic in self._valid_topics:
+            return
+        _check_topic(verb, topic)
+        if len(self._valid_topics) >= _VALID_TOPICS_KEPT:
+            self._valid_topics.clear()
+        self._valid_topics.add(topic)
+
     async def publish(self, topic: str, body: bytes) -> None:
         """PUB one message."""
-        _check_topic("PUB", topic)
+        self._check_topic("PUB", topic)
         await self._publish(commands.pub(topic, _check_body("PUB", body)))
 
     async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
         """MPUB several messages atomically."""
-        _check_topic("MPUB", topic)
+        self._check_topic("MPUB", topic)
         data = [_check_body("MPUB", body) for body in bodies]
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
@@ -246,7 +262,7 @@ class Producer:
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """DPUB: the message becomes visible after ``delay`` seconds."""
-        _check_topic("DPUB", topic)
+        self._check_topic("DPUB", topic)
         if isinstance(delay, bool) or not isinstance(delay, int | float):
             raise TypeError("delay must be a number of seconds")
         if not math.isfinite(delay) or delay < 0:
