@@ -1,6 +1,10 @@
-"""Go's formats, as the Go daemons write and read them: ``encoding/json``'s output
-(:mod:`.json`), the ``flag`` package and ``time.Duration`` (:mod:`.flags`), and
-``crypto/tls``'s cipher-suite names and preferences (:mod:`.tls`).
+"""What the Go daemons share below their own code: Go's formats as
+``encoding/json`` writes them (:mod:`.json`), the ``flag`` package and
+``time.Duration`` (:mod:`.flags`), ``net``'s host:port (:mod:`.net`),
+``crypto/tls``'s cipher-suite names and preferences (:mod:`.tls`), and nsq's
+``internal/lg`` and ``internal/version`` (:mod:`.lg`: log lines, levels, the
+version string, the flags every daemon has).
 
-Shared by every part of fakensq; it imports nothing else of fakensq.
+Shared by every part of fakensq; it imports nothing else of fakensq but
+:mod:`fakensq.version`.
 """

@@ -42,10 +42,12 @@ import trio
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ..golang.flags import format_go_duration
+from ..golang.net import join_host_port, split_host_port
 from ..http import pprof
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
 from ..version import VERSION
+from .protocol import MAGIC_V1, encode_response
 
 __all__ = [
     "NSQLookupd",
@@ -54,16 +56,10 @@ __all__ = [
     "Registration",
     "PeerInfo",
     "Producer",
-    "MAGIC_V1",
     "LEGACY_ALIASES",
-    "encode_response",
-    "split_host_port",
-    "join_host_port",
 ]
 
 log = logging.getLogger("fakensq.nsqlookupd")
-
-MAGIC_V1: Final = b"  V1"
 
 # nsqlookupd reads commands and IDENTIFY bodies unbounded; bounds keep a
 # misbehaving client from growing our memory forever, far above what any nsqd
@@ -74,29 +70,6 @@ _MAX_IDENTIFY_BODY: Final = 16 * 1024 * 1024
 _READ_SIZE: Final = 16 * 1024
 # time.Time{}.UnixNano() as Go computes it: /debug shows it for never-tombstoned producers.
 _GO_ZERO_TIME_UNIX_NANO: Final = -6795364578871345152
-
-
-def encode_response(data: bytes) -> bytes:
-    """One answer as nsqlookupd (and nsqd's ``SendResponse``) frames it: size, data."""
-    return struct.pack(">l", len(data)) + data
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[::1]:4160"`` for IPv6) → ``(host, port)``."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"address {address}: missing port in address")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        return host, int(port)
-    except ValueError:
-        raise ValueError(f"address {address}: invalid port") from None
-
-
-def join_host_port(host: str, port: int) -> str:
-    """Go's ``net.JoinHostPort``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass

@@ -29,9 +29,11 @@ from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 from ..http import pprof
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
+from .flags import nsqd_cfg_fields
 from .options import TLS_REQUIRED, VERSION
 from .persist import write_metadata
 from .stats import format_text_stats
+from .statsd import statsd_prefix
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -453,8 +455,6 @@ def config_value(nsqd: NSQD, name: str) -> tuple[bool, Any]:
     """``getOptByCfgName``: the option nsqd's ``/config/<name>`` shows, as nsqd
     keeps it (durations in ns, the log level and TLS version as numbers, the
     broadcast ports and statsd prefix as resolved at start)."""
-    from ..cli import nsqd_cfg_fields  # late: cli imports the daemons
-
     field = nsqd_cfg_fields().get(name)
     if field is None:
         return False, None
@@ -477,8 +477,6 @@ def config_value(nsqd: NSQD, name: str) -> tuple[bool, Any]:
     if field.dest == "broadcast_http_port" and not value:
         return True, max(0, _port(nsqd.http_address))
     if field.dest == "statsd_prefix" and value:
-        from .statsd import statsd_prefix
-
         http_port = opts.broadcast_http_port or max(0, _port(nsqd.http_address))
         return True, statsd_prefix(value, opts.broadcast_address, http_port)
     if isinstance(value, list):

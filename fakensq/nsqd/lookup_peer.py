@@ -33,7 +33,8 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from ..lookupd.daemon import MAGIC_V1, split_host_port
+from ..golang.net import split_host_port
+from ..lookupd.protocol import MAGIC_V1
 from .options import VERSION, NSQDOptions
 
 __all__ = [

@@ -29,12 +29,14 @@ import trio
 
 from trionsq.protocol.names import is_ephemeral
 
+from ..golang.net import split_address
 from ..golang.tls import prefer_go_cipher_suites
 from .auth import AuthHandler
 from .channel import Channel
 from .client import ClientConnection
 from .diskqueue import DiskBackedQueue
 from .hooks import NodeHooks
+from .http_api import NSQDHTTP
 from .listeners import UNIX_REMOTE_ADDRESS, is_unix_stream, open_listeners
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
@@ -44,7 +46,7 @@ from .stats import build_stats
 from .statsd import run_statsd
 from .topic import Topic
 
-__all__ = ["NSQD", "RegistryEvent", "split_address"]
+__all__ = ["NSQD", "RegistryEvent"]
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +61,6 @@ class RegistryEvent:
 
 
 RegistryListener = Callable[[RegistryEvent], None]
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (port 0 allowed) to ``(host, port)``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"invalid address {address!r}: expected 'host:port'")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port)
 
 
 @functools.cache
@@ -230,8 +222,6 @@ class NSQD:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started()`` once listening."""
-        from .http_api import NSQDHTTP  # late: http imports this module
-
         opts = self.options
         listeners: list[trio.abc.Listener[trio.SocketStream]] = []
         restored = False

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..golang.net import split_address
 from .stats import _memory_stats
 
 if TYPE_CHECKING:
@@ -152,8 +153,6 @@ async def run_statsd(nsqd: NSQD) -> None:
         opts = nsqd.options
         if not opts.statsd_address:
             continue
-        from .node import split_address  # late: nsqd imports this module
-
         http_port = opts.broadcast_http_port or _port(nsqd.http_address)
         prefix = statsd_prefix(opts.statsd_prefix, opts.broadcast_address, http_port)
         lines, last, last_mem = collect_lines(nsqd, prefix, last, last_mem)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
-from ..lookupd.daemon import NSQLookupd, join_host_port, split_host_port
+from ..golang.net import join_host_port, split_host_port
+from ..lookupd.daemon import NSQLookupd
 from ..nsqd.lookup_peer import LookupPeers, lookup_peers_of, run_lookup_peers, set_lookup_connector
 from ..nsqd.node import NSQD
 from ..nsqd.options import NSQDOptions

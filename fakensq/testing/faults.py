@@ -245,7 +245,7 @@ class Faults:
 
     def wrap_connector(self, source: str, base: LookupConnector | None) -> LookupConnector:
         """A connector from ``source`` whose streams go through the faults."""
-        from ..lookupd.daemon import join_host_port
+        from ..golang.net import join_host_port
 
         async def connect(host: str, port: int) -> trio.abc.Stream:
             target = self.node_at(join_host_port(host, port))

@@ -40,9 +40,9 @@ from typing import Any, Final
 
 import trio
 
+from ..golang.net import join_host_port, split_host_port
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
-from ..lookupd.daemon import join_host_port, split_host_port
 from .faults import Direction, Fault, Faults, FaultyStream, Role, Tracer, _socket_peer
 
 __all__ = [
@@ -378,70 +378,3 @@ def http_router(proxy: FaultProxy) -> Router:
     router.add("DELETE", "/faults/:id", heal)
     router.add("DELETE", "/faults", heal_all)
     return router
-
-
-# -- the command line ------------------------------------------------------------
-
-_PREFIX: Final = "[fakensq proxy] "
-
-
-def proxy_main(argv: list[str] | tuple[str, ...]) -> int:
-    """``fakensq proxy --upstream HOST:PORT [--tcp-address ...] [--http-address ...]``:
-    relay to a real nsqd with faults; print the addresses, stop on Ctrl-C.
-    Exit 2 for bad flags, 1 (one line) when upstream cannot be reached."""
-    import signal
-    import sys
-
-    from ..cli import _fatal, _parse_or_exit, _setup_logging, _wait_for_signal
-    from ..golang.flags import FlagSet
-
-    fs = FlagSet("fakensq proxy")
-    fs.add_string("upstream", "", "<addr>:<port> of the real nsqd's TCP address (required)")
-    fs.add_string("tcp-address", "127.0.0.1:0", "<addr>:<port> to listen on for NSQ clients")
-    fs.add_string("http-address", "127.0.0.1:0", "<addr>:<port> of the faults' HTTP API")
-    fs.add_duration("connect-timeout", 5.0, "how long to wait for upstream (e.g. 5s)")
-    fs.add_string("log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal")
-    values = _parse_or_exit(fs, argv)
-    if isinstance(values, int):
-        return values
-    upstream = values.get("upstream", "")
-    addresses = {
-        "upstream": upstream,
-        "tcp-address": values.get("tcp-address", "127.0.0.1:0"),
-        "http-address": values.get("http-address", "127.0.0.1:0"),
-    }
-    if not upstream:
-        sys.stderr.write("fakensq proxy: --upstream HOST:PORT is required\n")
-        return 2
-    for flag, address in addresses.items():
-        try:
-            split_host_port(address)
-        except ValueError as exc:
-            sys.stderr.write(f"fakensq proxy: --{flag}: {exc}\n")
-            return 2
-    _setup_logging(_PREFIX, values.get("log-level", "warn"), sys.stderr)
-    proxy = FaultProxy(
-        upstream,
-        tcp_address=addresses["tcp-address"],
-        http_address=addresses["http-address"],
-        connect_timeout=values.get("connect-timeout", 5.0),
-    )
-
-    async def run() -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            await proxy.check_upstream()
-            async with proxy:
-                print(f"proxy: tcp {proxy.tcp_address} http {proxy.http_address}")
-                print(f"upstream: {proxy.upstream}")
-                print("NSQD_TCP_ADDRESSES=" + proxy.tcp_address)
-                print("FAULTS_URL=http://" + str(proxy.http_address) + "/faults")
-                print("ready (Ctrl-C to stop)", flush=True)
-                await _wait_for_signal(signals)
-
-    try:
-        trio.run(run)
-    except (OSError, BaseExceptionGroup) as exc:
-        from ..cli import _first_error
-
-        return _fatal(_PREFIX, f"{_first_error(exc)}")
-    return 0

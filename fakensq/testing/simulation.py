@@ -35,7 +35,9 @@ import httpx
 import trio
 import trio.testing
 
-from ..lookupd.daemon import NSQLookupd, join_host_port
+from ..golang.net import join_host_port
+from ..lookupd.daemon import NSQLookupd
+from ..nsqd.http_api import NSQDHTTP
 from ..nsqd.node import NSQD
 from .cluster import Cluster
 from .faults import Faults, Tracer
@@ -105,8 +107,6 @@ class SimNetwork:
     ) -> None:
         """Listen on ``slot``'s TCP and HTTP addresses for a cluster's node."""
         if isinstance(node, NSQD):
-            from ..nsqd.http_api import NSQDHTTP  # late: it imports nsqd
-
             http = NSQDHTTP(node, tls=False).server
 
             async def nsqd_tcp(stream: trio.abc.Stream, remote: str) -> None:

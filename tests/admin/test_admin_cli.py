@@ -18,8 +18,8 @@ import httpx
 import pytest
 import trio
 
-from fakensq.admin.cli import admin_flagset, admin_main, admin_options_from_flags
 from fakensq.admin.options import AdminOptions
+from fakensq.cli.nsqadmin import admin_flagset, admin_main, admin_options_from_flags
 from tests import reference
 
 _FLAG_LINE = re.compile(r"^  -(\S+)(?: (\S+))?$")

@@ -24,7 +24,7 @@ import trustme
 
 from fakensq import NSQD, Cluster
 from fakensq.admin import Admin
-from fakensq.admin.cli import admin_flagset, admin_options_from_flags
+from fakensq.cli.nsqadmin import admin_flagset, admin_options_from_flags
 from fakensq.http.server import HTTPServer, Request, Response
 from fakensq.nsqd.options import TLS_REQUIRED, NSQDOptions
 from tests import reference

@@ -14,7 +14,7 @@ import trio
 
 from fakensq import NSQD, Cluster, NSQLookupd
 from fakensq.admin import Admin
-from fakensq.admin.cli import admin_main
+from fakensq.cli.nsqadmin import admin_main
 
 from .conftest import AdminEnv, RawConsumer
 

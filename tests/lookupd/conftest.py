@@ -11,7 +11,8 @@ import httpx
 import pytest
 import trio
 
-from fakensq.lookupd.daemon import NSQLookupd, split_host_port
+from fakensq.golang.net import split_host_port
+from fakensq.lookupd.daemon import NSQLookupd
 
 
 class V1Client:

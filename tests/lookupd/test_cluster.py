@@ -6,7 +6,7 @@ import httpx
 import trio
 import trio.testing
 
-from fakensq.lookupd.daemon import split_host_port
+from fakensq.golang.net import split_host_port
 from fakensq.testing.cluster import Cluster
 
 

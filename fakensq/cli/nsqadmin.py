@@ -26,9 +26,10 @@ from typing import Any
 
 import trio
 
-from ..cli import GoLogFormatter, _daemon_flagset, version_string
+from ..admin.options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
+from ..admin.server import Admin, client_tls_context
 from ..golang.flags import FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
-from .options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
+from ..golang.lg import GoLogFormatter, _daemon_flagset, version_string
 
 __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]
 
@@ -284,8 +285,6 @@ def admin_main(argv: Sequence[str]) -> int:
         options = admin_options_from_flags(values)
     except ConfigError as exc:
         return _fatal(prefix, str(exc))
-    from .server import client_tls_context
-
     try:
         options.validate()
         client_tls_context(options)
@@ -328,8 +327,6 @@ def _os_error(options: AdminOptions, exc: BaseException) -> str:
 
 
 async def _serve(options: AdminOptions) -> None:
-    from .server import Admin
-
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with Admin(options=options) as admin:
             async for _ in signals:

@@ -1,0 +1,74 @@
+"""``fakensq proxy``: a :class:`~fakensq.testing.proxy.FaultProxy` in front of a
+real nsqd, from the command line."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+import trio
+
+from ..golang.flags import FlagSet
+from ..golang.net import split_host_port
+from ..testing.proxy import FaultProxy
+from .common import _fatal, _first_error, _parse_or_exit, _setup_logging, _wait_for_signal
+
+__all__ = ["proxy_main"]
+
+_PREFIX: Final = "[fakensq proxy] "
+
+
+def proxy_main(argv: Sequence[str]) -> int:
+    """``fakensq proxy --upstream HOST:PORT [--tcp-address ...] [--http-address ...]``:
+    relay to a real nsqd with faults; print the addresses, stop on Ctrl-C.
+    Exit 2 for bad flags, 1 (one line) when upstream cannot be reached."""
+    fs = FlagSet("fakensq proxy")
+    fs.add_string("upstream", "", "<addr>:<port> of the real nsqd's TCP address (required)")
+    fs.add_string("tcp-address", "127.0.0.1:0", "<addr>:<port> to listen on for NSQ clients")
+    fs.add_string("http-address", "127.0.0.1:0", "<addr>:<port> of the faults' HTTP API")
+    fs.add_duration("connect-timeout", 5.0, "how long to wait for upstream (e.g. 5s)")
+    fs.add_string("log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal")
+    values = _parse_or_exit(fs, argv)
+    if isinstance(values, int):
+        return values
+    upstream = values.get("upstream", "")
+    addresses = {
+        "upstream": upstream,
+        "tcp-address": values.get("tcp-address", "127.0.0.1:0"),
+        "http-address": values.get("http-address", "127.0.0.1:0"),
+    }
+    if not upstream:
+        sys.stderr.write("fakensq proxy: --upstream HOST:PORT is required\n")
+        return 2
+    for flag, address in addresses.items():
+        try:
+            split_host_port(address)
+        except ValueError as exc:
+            sys.stderr.write(f"fakensq proxy: --{flag}: {exc}\n")
+            return 2
+    _setup_logging(_PREFIX, values.get("log-level", "warn"), sys.stderr)
+    proxy = FaultProxy(
+        upstream,
+        tcp_address=addresses["tcp-address"],
+        http_address=addresses["http-address"],
+        connect_timeout=values.get("connect-timeout", 5.0),
+    )
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            await proxy.check_upstream()
+            async with proxy:
+                print(f"proxy: tcp {proxy.tcp_address} http {proxy.http_address}")
+                print(f"upstream: {proxy.upstream}")
+                print("NSQD_TCP_ADDRESSES=" + proxy.tcp_address)
+                print("FAULTS_URL=http://" + str(proxy.http_address) + "/faults")
+                print("ready (Ctrl-C to stop)", flush=True)
+                await _wait_for_signal(signals)
+
+    try:
+        trio.run(run)
+    except (OSError, BaseExceptionGroup) as exc:
+        return _fatal(_PREFIX, f"{_first_error(exc)}")
+    return 0

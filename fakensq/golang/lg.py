@@ -1,0 +1,92 @@
+"""nsq's ``internal/lg`` and ``internal/version``, shared by the daemons: log
+levels and their names, the log line (``[nsqd] 2026/11/22 01:02:03.123456 INFO:
+...``), the version string, and the flags every daemon has (``--version``,
+``--config``, ``--log-level``, ``--log-prefix``).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Final
+
+from ..version import GO_TOOLCHAIN, VERSION
+from .flags import Flag, FlagSet, FlagValueError
+
+__all__ = ["GO_VERSION", "GoLogFormatter", "version_string"]
+
+
+#: What ``--version`` and the text ``/stats`` report as the Go toolchain: the
+#: reference v1.3.0 binaries' (tests/reference.py).
+GO_VERSION: Final = GO_TOOLCHAIN
+
+
+_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
+
+
+_LEVEL_NAMES: Final = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARNING",
+    logging.ERROR: "ERROR",
+    logging.CRITICAL: "FATAL",
+}
+
+
+def version_string(app: str) -> str:
+    """``internal/version.String``: ``nsqd v1.3.0 (built w/go1.21.5)``."""
+    return f"{app} v{VERSION} (built w/{GO_VERSION})"
+
+
+class GoLogFormatter(logging.Formatter):
+    """nsq's ``internal/lg`` lines: ``PREFIX YYYY/MM/DD HH:MM:SS.micros LEVEL: msg``.
+
+    The prefix is the record's ``nsq_prefix`` (set by fakensq's nodes) or the
+    formatter's default.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = getattr(record, "nsq_prefix", self.prefix)
+        when = datetime.fromtimestamp(record.created).strftime("%Y/%m/%d %H:%M:%S.%f")
+        level = _LEVEL_NAMES.get(record.levelno, record.levelname)
+        text = f"{prefix}{when} {level}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def _parse_log_level(text: str) -> str:
+    if text.lower() not in _LEVELS:
+        raise FlagValueError(f"invalid log level '{text}' (debug, info, warn, error, fatal)")
+    return text.lower()
+
+
+def _daemon_flagset(name: str, log_level: str) -> FlagSet:
+    """The flags nsqd and nsqlookupd share: version, config, logging."""
+    fs = FlagSet(name)
+    fs.add_bool("version", False, "print version string")
+    fs.add_string("config", "", "path to config file")
+    fs.add(
+        Flag(
+            "log-level",
+            "custom",
+            log_level,
+            "set log verbosity: debug, info, warn, error, or fatal",
+            "log_level",
+            parse=_parse_log_level,
+            default_text=_LEVEL_NAMES[_LEVELS[log_level]],
+        )
+    )
+    fs.add_string("log-prefix", f"[{name}] ", "log message prefix", "log_prefix")
+    fs.add_bool("verbose", False, "[deprecated] has no effect, use --log-level")  # ignored
+    return fs

@@ -1,0 +1,303 @@
+"""The packages' architecture, read from their imports (issue 14).
+
+The graph is every import statement of ``trionsq`` and ``fakensq`` that runs:
+module level, inside functions and methods alike (a late import is still an
+arrow); only imports under ``if TYPE_CHECKING:`` (annotations) are left out.
+On it: no circles, ``trionsq`` never imports ``fakensq``, the sans-IO core
+imports no I/O, and fakensq's parts depend on each other one way only.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("trionsq", "fakensq")
+
+
+@dataclass(frozen=True)
+class Arrow:
+    source: str
+    target: str
+    line: int
+
+    def __str__(self) -> str:
+        path = module_path(self.source).relative_to(ROOT)
+        return f"{self.source} -> {self.target} ({path}:{self.line})"
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the packages, by dotted name (a package by its own name)."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def module_path(name: str) -> Path:
+    return modules()[name]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def _run_time_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run: all but the bodies of ``if TYPE_CHECKING:``
+    (their ``else:`` branches do run)."""
+    if isinstance(tree, ast.If) and _is_type_checking(tree.test):
+        children: Iterable[ast.AST] = tree.orelse
+    else:
+        children = ast.iter_child_nodes(tree)
+    for child in children:
+        if isinstance(child, ast.Import | ast.ImportFrom):
+            yield child
+        else:
+            yield from _run_time_imports(child)
+
+
+def _targets(name: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
+    """The modules of the packages that ``node``, in module ``name``, imports."""
+    known = modules()
+    if isinstance(node, ast.Import):
+        candidates = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            is_package = module_path(name).name == "__init__.py"
+            base = name.split(".") if is_package else name.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            source = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            source = node.module or ""
+        # ``from package import module`` imports the module itself.
+        candidates = [
+            f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+            for alias in node.names
+        ]
+    for candidate in candidates:
+        # ``import a.b.c`` of something not in the packages: its closest known parent.
+        while candidate and candidate not in known:
+            candidate = candidate.rpartition(".")[0]
+        if candidate and candidate != name:
+            yield candidate
+
+
+@cache
+def arrows() -> tuple[Arrow, ...]:
+    found: list[Arrow] = []
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in _run_time_imports(tree):
+            for target in _targets(name, node):
+                found.append(Arrow(name, target, node.lineno))
+    return tuple(found)
+
+
+def circles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    graph: dict[str, set[str]] = {name: set() for name in modules()}
+    for arrow in arrows():
+        graph[arrow.source].add(arrow.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def front_door(name: str) -> bool:
+    """``python -m fakensq.nsqd`` and the like: a package's ``__main__`` runs its
+    command, so it stands above the package, with the command line."""
+    return name.endswith(".__main__")
+
+
+def violations(sources: str | tuple[str, ...], forbidden: Iterable[str]) -> list[str]:
+    """The arrows from modules in ``sources`` to modules in ``forbidden``."""
+    if isinstance(sources, str):
+        sources = (sources,)
+    forbidden = tuple(forbidden)
+    return sorted(
+        {
+            str(arrow)
+            for arrow in arrows()
+            if any(within(arrow.source, s) for s in sources)
+            and not front_door(arrow.source)
+            and any(within(arrow.target, f) for f in forbidden)
+        }
+    )
+
+
+# --- the graph itself -----------------------------------------------------------
+
+
+def test_the_graph_is_read() -> None:
+    """Guards the rules below against an empty graph passing them all."""
+    assert len(modules()) > 100
+    pairs = {(a.source, a.target) for a in arrows()}
+    assert ("fakensq.nsqd.node", "fakensq.nsqd.channel") in pairs
+    assert ("trionsq.consumer", "trionsq.connection") in pairs
+    # A late import (inside a function) is an arrow; one under TYPE_CHECKING is not.
+    late = ast.parse("def f():\n    from . import x\n")
+    typing_only = ast.parse("if TYPE_CHECKING:\n    from . import y\nelse:\n    from . import z\n")
+    assert [n.names[0].name for n in _run_time_imports(late)] == ["x"]
+    assert [n.names[0].name for n in _run_time_imports(typing_only)] == ["z"]
+
+
+def test_no_import_circles() -> None:
+    found = circles()
+    described = [
+        " <-> ".join(c)
+        + "\n    "
+        + "\n    ".join(str(a) for a in arrows() if a.source in c and a.target in c)
+        for c in found
+    ]
+    assert not found, "import circles:\n" + "\n".join(described)
+
+
+# --- trionsq --------------------------------------------------------------------
+
+
+def test_trionsq_imports_nothing_of_fakensq() -> None:
+    assert violations("trionsq", ["fakensq"]) == []
+
+
+def test_the_protocol_core_is_sans_io() -> None:
+    """trionsq.protocol: no sockets, no Trio, nothing of the client around it."""
+    allowed_stdlib_or_codecs = {
+        "__future__", "collections", "dataclasses", "enum", "json", "re", "struct",
+        "typing", "unicodedata", "zlib", "snappy", "cramjam", "functools", "itertools",
+        "abc", "string",
+    }  # fmt: skip
+    outside = []
+    for name, path in modules().items():
+        if not within(name, "trionsq.protocol"):
+            continue
+        for node in _run_time_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            roots = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            for root in roots:
+                top = root.split(".")[0]
+                if top == "trionsq" and within(root, "trionsq.protocol"):
+                    continue
+                if top not in allowed_stdlib_or_codecs:
+                    outside.append(f"{name}:{node.lineno} imports {root}")
+    assert outside == []
+
+
+# --- fakensq's parts, bottom to top ---------------------------------------------
+
+#: fakensq's parts, each allowed to import only the parts listed for it (and
+#: itself, and trionsq's sans-IO core and helpers).
+LAYERS: dict[str, tuple[str, ...]] = {
+    "fakensq.version": (),
+    "fakensq.golang": ("fakensq.version",),
+    "fakensq.serving": (),
+    "fakensq.http": ("fakensq.golang", "fakensq.version"),
+    "fakensq.lookupd": ("fakensq.http", "fakensq.golang", "fakensq.version", "fakensq.serving"),
+    "fakensq.nsqd": (
+        "fakensq.lookupd.protocol",
+        "fakensq.http",
+        "fakensq.golang",
+        "fakensq.version",
+        "fakensq.serving",
+    ),
+    "fakensq.admin": (
+        "fakensq.http",
+        "fakensq.golang",
+        "fakensq.version",
+        "fakensq.serving",
+    ),
+}
+
+#: What no daemon imports: the machinery that drives them, and the front doors.
+ABOVE_THE_DAEMONS = (
+    "fakensq.testing",
+    "fakensq.cli",
+    "fakensq.pytest_plugin",
+    "fakensq.demo",
+    "fakensq.simulation",
+    "fakensq.faults",
+    "fakensq.threaded",
+)
+
+
+@pytest.mark.parametrize("part", sorted(LAYERS))
+def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
+    allowed = (part, *LAYERS[part])
+    others = sorted(
+        {
+            str(arrow)
+            for arrow in arrows()
+            if within(arrow.source, part)
+            and not front_door(arrow.source)
+            and within(arrow.target, "fakensq")
+            and arrow.target != "fakensq"
+            and not any(within(arrow.target, a) for a in allowed)
+        }
+    )
+    assert others == []
+
+
+@pytest.mark.parametrize("daemon", ["fakensq.nsqd", "fakensq.lookupd", "fakensq.admin"])
+def test_the_daemons_never_import_what_drives_them(daemon: str) -> None:
+    assert violations(daemon, ABOVE_THE_DAEMONS) == []
+
+
+def test_the_test_machinery_never_imports_the_command_line() -> None:
+    assert violations("fakensq.testing", ["fakensq.cli", "fakensq.pytest_plugin"]) == []
+
+
+def test_old_public_paths_are_thin_re_exports() -> None:
+    """fakensq.simulation, .faults, .threaded: names only, no code of their own."""
+    for old in ("fakensq.simulation", "fakensq.faults", "fakensq.threaded"):
+        tree = ast.parse(module_path(old).read_text())
+        kinds = {type(node).__name__ for node in tree.body}
+        assert kinds <= {"Expr", "ImportFrom", "Assign"}, (old, kinds)
