@@ -20,6 +20,9 @@ message is a round trip each: shown for reference, against the async Producer
 publishing one at a time); from 8 threads, each thread does the same; 8 threads
 calling the blocking ``publish`` (8 in flight) are shown too, against the async
 Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks.
+A reference case publishes nothing: 8 threads handing requests one at a time
+to one thread through a lock each, without nsqd or Trio (the thread switches
+of a blocking call per message, alone: their ceiling on this machine).
 
 Consume (``--messages`` messages pre-filled, the channel full before the clock
 starts): the baseline is the async Consumer with ``async for`` (max_in_flight
@@ -39,6 +42,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -59,6 +63,9 @@ IN_FLIGHT = 2500
 OUTPUT_BUFFER_TIMEOUT = 0.025
 PIPELINE = 256
 THREADS = 8
+#: the reference case that publishes nothing (see handoff_only)
+HANDOFF = "8 threads, lock hand-offs only, no I/O"
+UNCHECKED = {HANDOFF}
 
 
 class Took(NamedTuple):
@@ -154,6 +161,47 @@ def blocking_threads(use_futures: bool) -> Case:
             return began.took()
 
     return case
+
+
+def handoff_only(address: str, topic: str, count: int) -> Took:
+    """No nsqd, no Trio: 8 threads each handing ``count / 8`` requests, one at
+    a time, to one serving thread through a lock each, as a blocking
+    ``publish`` does.  The ceiling of a blocking call per message on this
+    machine: the thread switches alone, without any of the work."""
+    requests: deque[threading.Lock] = deque()
+    ready = threading.Condition()
+    served = 0
+
+    def server() -> None:
+        nonlocal served
+        while served < count:
+            with ready:
+                while not requests:
+                    ready.wait()
+                batch = list(requests)
+                requests.clear()
+            for reply in batch:
+                reply.release()
+            served += len(batch)
+
+    def worker(share: int) -> None:
+        for _ in range(share):
+            reply = threading.Lock()
+            reply.acquire()
+            with ready:
+                requests.append(reply)
+                ready.notify()
+            reply.acquire()
+
+    serving = threading.Thread(target=server)
+    threads = [threading.Thread(target=worker, args=(n,)) for n in _shares(count, THREADS)]
+    began = Clock()
+    serving.start()
+    for thread in threads:
+        thread.start()
+    for thread in (*threads, serving):
+        thread.join()
+    return began.took()
 
 
 def aio_tasks(address: str, topic: str, count: int) -> Took:
@@ -381,7 +429,7 @@ def run_rounds(
             took = cases[name](nsqd.tcp, topic, count)
             if consume:
                 nsqd.check_drained(topic, count)
-            else:
+            elif name not in UNCHECKED:
                 nsqd.check_published(topic, count)
             rates[name].wall.append(count / took.wall)
             rates[name].cpu.append(count / max(took.cpu, 1e-9))
@@ -444,6 +492,7 @@ def main() -> int:
                 "blocking, 8 threads, publish": blocking_threads(False),
                 "blocking, 1 thread, publish": blocking_sequential,
                 "asyncio Producer, 256 tasks": aio_tasks,
+                HANDOFF: handoff_only,
             }
             rates = run_rounds(nsqd, publish, args.publishes, args.rounds, consume=False)
             failures += report(
@@ -458,6 +507,7 @@ def main() -> int:
                     Row("blocking, 8 threads, publish", "async Producer, 256 tasks", None),
                     Row("blocking, 8 threads, publish", "async Producer, 8 tasks", None),
                     Row("blocking, 1 thread, publish", "async Producer, 1 task", None),
+                    Row(HANDOFF, "async Producer, 256 tasks", None),
                 ],
             )
         if args.only != "publish":
