@@ -83,8 +83,12 @@ PIPELINE = 256
 #: messages per MPUB
 BATCH = 100
 CHANNEL = "c"
-#: nsqd's flags: everything in memory (no disk queue in the measurements)
-NSQD_FLAGS = ["--mem-queue-size=100000000", "--max-rdy-count=2500"]
+#: nsqd's flags (and --mem-queue-size, see nsqd_daemon)
+NSQD_FLAGS = ["--max-rdy-count=2500"]
+#: nsqd's memory queue, per topic and per channel: room for a run's messages
+#: (no disk queue in the measurements).  nsqd allocates it whole, 8 bytes a
+#: message, for every topic and channel: 100 million cost 1.7 GB each.
+MEM_QUEUE = 2_000_000
 
 
 # --- the cases (each runs in a child process: ``--child CASE``) -------------
@@ -448,10 +452,14 @@ def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 @contextmanager
 def nsqd_daemon(
-    flags: Sequence[str] = (), fake: bool = False, shims: Path | None = None
+    flags: Sequence[str] = (),
+    fake: bool = False,
+    shims: Path | None = None,
+    mem_queue: int = MEM_QUEUE,
 ) -> Iterator[Nsqd]:
     """A started nsqd; ``fake`` runs fakensq's nsqd command instead (its shim)."""
-    daemon = reference.RealDaemon("nsqd", [*NSQD_FLAGS, *flags])
+    flags = [*NSQD_FLAGS, f"--mem-queue-size={mem_queue}", *flags]
+    daemon = reference.RealDaemon("nsqd", flags)
     if fake:
         assert shims is not None
         daemon.path = shims / "nsqd"
@@ -841,7 +849,9 @@ def connections_section(args: argparse.Namespace) -> list[str]:
     """trionsq's CPU per message as the messages come from more nsqds."""
     widths = [int(n) for n in args.connections.split(",")]
     with ExitStack() as stack:
-        nsqds = [stack.enter_context(nsqd_daemon()) for _ in range(max(widths))]
+        # Each holds at most a run's messages (50 of them: keep their memory small).
+        queue = args.messages + 1000
+        nsqds = [stack.enter_context(nsqd_daemon(mem_queue=queue)) for _ in range(max(widths))]
         cpu: dict[int, list[float]] = {n: [] for n in widths}
         wall: dict[int, list[float]] = {n: [] for n in widths}
         raw: list[float] = []
@@ -970,7 +980,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-client-") as folder:
         tls_flags, ca = _certificates(Path(folder))
         if sections & {"consume", "publish", "features", "fakensq"}:
-            with nsqd_daemon(tls_flags) as nsqd:
+            queue = max(MEM_QUEUE, args.messages + 1000, args.publishes + 1000)
+            with nsqd_daemon(tls_flags, mem_queue=queue) as nsqd:
                 if "consume" in sections:
                     missed += consume_section(nsqd, args)
                 if "publish" in sections:
@@ -982,7 +993,7 @@ def main() -> int:
                     subprocess.run(
                         [sys.executable, "-m", "fakensq", "shims", str(shims)], check=True
                     )
-                    with nsqd_daemon(fake=True, shims=shims) as fake:
+                    with nsqd_daemon(fake=True, shims=shims, mem_queue=queue) as fake:
                         missed += fakensq_section(nsqd, fake, args)
         if "connections" in sections:
             missed += connections_section(args)

@@ -110,7 +110,8 @@ def _channel(http: httpx.Client) -> dict[str, int]:
 
 def run(count: int) -> list[dict[str, float]]:
     """Feed and drain ``count`` messages; print and return the samples."""
-    flags = ["--mem-queue-size=100000000", f"--max-rdy-count={IN_FLIGHT}"]
+    # Room for the backlog (nsqd allocates the queue whole: 8 bytes a message).
+    flags = [f"--mem-queue-size={2 * BACKLOG}", f"--max-rdy-count={IN_FLIGHT}"]
     with reference.RealDaemon("nsqd", flags) as daemon:
         http = httpx.Client(base_url=f"http://{daemon.http_address}", timeout=60)
         http.post("/topic/create", params={"topic": TOPIC}).raise_for_status()
