@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 import trionsq
@@ -384,7 +384,12 @@ def test_the_helper_finds_a_double_count_and_shrinks_it() -> None:
     run = {"nsqd": 2, "messages": 8, "publish_over": 4.0, "max_in_flight": {"billing": 3}}
 
     @settings(
-        max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=25,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate, Phase.shrink],  # no "explain": it reruns the examples
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
     )
     @given(fault_schedules(nsqd=2, horizon=30.0, max_faults=4, kinds=["drop", "time_out", "delay"]))
     def check(schedule: FaultSchedule) -> None:
