@@ -266,7 +266,15 @@ class Session:
         ``("sync",)``.  Messages nsqd delivers on its own (not answers) may
         still arrive after it: read those by count.
         """
+        await self.send_sync(topic)
+        return await self.read_sync()
+
+    async def send_sync(self, topic: str = SYNC_TOPIC) -> None:
+        """The first half of :meth:`sync` (to sync several sessions at once)."""
         await self.send(cmds.pub(topic, b"sync"))
+
+    async def read_sync(self) -> list[Entry]:
+        """The second half of :meth:`sync`: read until the sync point."""
         entries: list[Entry] = []
         with trio.fail_after(READ_TIMEOUT):
             while True:

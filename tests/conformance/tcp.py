@@ -8,6 +8,7 @@ point after it), and what the node looks like afterwards (:func:`node_state`).
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,17 +111,20 @@ async def setup_state(t: Target, state: str) -> Ctx:
 async def settled_stats(t: Target) -> Any:
     """``/stats`` once nsqd has let go of every connection the scenario saw
     closed (nsqd closes the socket a moment before it removes the client)."""
+    # (A port the server closed is free again at once: a later session may
+    # have it, and counts as one client there.)
     gone = {s.local_address for s in t.sessions if s.closed}
+    still_open = Counter(s.local_address for s in t.sessions if not s.closed)
     with trio.fail_after(READ_TIMEOUT):
         while True:
             doc = await t.stats()
-            remaining = {
+            remaining = Counter(
                 c["remote_address"]
                 for topic in doc["topics"]
                 for ch in topic["channels"]
                 for c in ch["clients"]
-            }
-            if not remaining & gone:
+            )
+            if all(remaining[a] <= still_open[a] for a in gone):
                 return doc
             await trio.sleep(0.005)  # another process's state: poll it
 

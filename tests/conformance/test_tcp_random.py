@@ -287,22 +287,26 @@ async def run_steps(t: Target, plan: Plan, sequence: list[Step]) -> Any:
         before = {i: len(c.messages) for i, c in sessions.items()}
         if step.kind == "sub" and not ids[step.conn].topic:
             ids[step.conn].topic = step.args[0]  # (its messages come after the OK)
+        answered = False
         if step.kind == "close":
             await s.close()
+        elif step.kind == "identify":
+            await s.identify(**step.args[0])  # (follows the negotiated compression)
         else:
             command = _command(s, step)
-            if step.kind == "identify":
-                await s.identify(**step.args[0])  # (follows the negotiated compression)
-            else:
-                await s.send(command)
-                if command.split(b"\n", 1)[0].split(b" ", 1)[0] in ANSWERED:
-                    await s.read_answer()
-        # Every open connection reads up to a sync point, then the messages
-        # this step brought it that came after the sync: on fakensq, all it
-        # has written once the node is idle; on nsqd, as many as on fakensq.
+            await s.send(command)
+            answered = command.split(b"\n", 1)[0].split(b" ", 1)[0] in ANSWERED
+        # Every open connection reads up to a sync point (sent at once, right
+        # behind the command), then the messages this step brought it that
+        # came after the sync: on fakensq, all it has written once the node is
+        # idle; on nsqd, as many as on fakensq.
         open_sessions = [(i, c) for i, c in sorted(sessions.items()) if not c.closed]
         for _, c in open_sessions:
-            await c.sync()
+            await c.send_sync()
+        if answered:
+            await s.read_answer()
+        for _, c in open_sessions:
+            await c.read_sync()
         if t.kind == "fakensq":
             await trio.testing.wait_all_tasks_blocked()
         for i, c in open_sessions:
