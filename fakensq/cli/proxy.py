@@ -3,6 +3,7 @@ real nsqd, from the command line."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ import trio
 
 from ..golang.flags import FlagSet
 from ..golang.net import split_host_port
-from ..testing.proxy import FaultProxy
+from ..testing.proxy import SCHEDULE_KINDS, FaultProxy
 from .common import _fatal, _first_error, _parse_or_exit, _setup_logging, _wait_for_signal
 
 __all__ = ["proxy_main"]
@@ -23,12 +24,22 @@ _PREFIX: Final = "[fakensq proxy] "
 def proxy_main(argv: Sequence[str]) -> int:
     """``fakensq proxy --upstream HOST:PORT [--tcp-address ...] [--http-address ...]``:
     relay to a real nsqd with faults; print the addresses, stop on Ctrl-C.
-    Exit 2 for bad flags, 1 (one line) when upstream cannot be reached."""
+    With ``--faults-seed``, plays seeded fault schedules and prints each fault
+    as it happens.  Exit 2 for bad flags, 1 (one line) when upstream cannot be
+    reached."""
     fs = FlagSet("fakensq proxy")
     fs.add_string("upstream", "", "<addr>:<port> of the real nsqd's TCP address (required)")
     fs.add_string("tcp-address", "127.0.0.1:0", "<addr>:<port> to listen on for NSQ clients")
     fs.add_string("http-address", "127.0.0.1:0", "<addr>:<port> of the faults' HTTP API")
     fs.add_duration("connect-timeout", 5.0, "how long to wait for upstream (e.g. 5s)")
+    fs.add_string(
+        "faults-seed",
+        "",
+        "play fault schedules drawn from this seed (an integer) on consumers' connections",
+    )
+    fs.add_float("faults-rate", 4.0, "mean number of faults per --faults-every")
+    fs.add_duration("faults-every", 60.0, "how long each drawn schedule spans (e.g. 30s)")
+    fs.add_string("faults-kinds", ",".join(SCHEDULE_KINDS), "the kinds the schedules may hold")
     fs.add_string("log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal")
     values = _parse_or_exit(fs, argv)
     if isinstance(values, int):
@@ -48,6 +59,28 @@ def proxy_main(argv: Sequence[str]) -> int:
         except ValueError as exc:
             sys.stderr.write(f"fakensq proxy: --{flag}: {exc}\n")
             return 2
+    seed: int | None = None
+    raw_seed = values.get("faults-seed", "")
+    default_kinds = ",".join(SCHEDULE_KINDS)
+    kinds = tuple(
+        k.strip() for k in values.get("faults-kinds", default_kinds).split(",") if k.strip()
+    )
+    rate, every = values.get("faults-rate", 4.0), values.get("faults-every", 60.0)
+    if raw_seed:
+        if not raw_seed.isdigit():
+            sys.stderr.write(
+                f"fakensq proxy: --faults-seed wants an integer >= 0, not {raw_seed!r}\n"
+            )
+            return 2
+        seed = int(raw_seed)
+    wrong = [k for k in kinds if k not in SCHEDULE_KINDS]
+    if wrong or not kinds:
+        known = ", ".join(SCHEDULE_KINDS)
+        sys.stderr.write(f"fakensq proxy: --faults-kinds: unknown {wrong} (known: {known})\n")
+        return 2
+    if rate < 0 or every <= 0:
+        sys.stderr.write("fakensq proxy: --faults-rate must be >= 0 and --faults-every > 0\n")
+        return 2
     _setup_logging(_PREFIX, values.get("log-level", "warn"), sys.stderr)
     proxy = FaultProxy(
         upstream,
@@ -65,7 +98,20 @@ def proxy_main(argv: Sequence[str]) -> int:
                 print("NSQD_TCP_ADDRESSES=" + proxy.tcp_address)
                 print("FAULTS_URL=http://" + str(proxy.http_address) + "/faults")
                 print("ready (Ctrl-C to stop)", flush=True)
-                await _wait_for_signal(signals)
+                async with trio.open_nursery() as nursery:
+                    if seed is not None:
+                        nursery.start_soon(
+                            functools.partial(
+                                proxy.play_seeded,
+                                seed,
+                                rate=rate,
+                                horizon=every,
+                                kinds=kinds,
+                                on_met=lambda met: print(f"fault: {met.describe()}", flush=True),
+                            )
+                        )
+                    await _wait_for_signal(signals)
+                    nursery.cancel_scope.cancel()
 
     try:
         trio.run(run)

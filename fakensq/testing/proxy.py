@@ -43,12 +43,14 @@ import trio
 from ..golang.net import join_host_port, split_host_port
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
+from .faultplayer import MetFault
 from .faults import Direction, Fault, Faults, FaultyStream, Role, Tracer, _socket_peer
 
 __all__ = [
     "FRAME_KINDS",
     "FaultProxy",
     "ProxyRefusal",
+    "SCHEDULE_KINDS",
     "WIRE_KINDS",
     "add_fault",
     "http_router",
@@ -66,6 +68,8 @@ WIRE_KINDS: Final = (
     "truncate",
     "partition",
 )
+#: The kinds of :mod:`fakensq.testing.schedule` a proxy can play.
+SCHEDULE_KINDS: Final = ("drop", "delay", "stall", "swallow_heartbeats")
 #: Those that act on whole frames (not on TLS or compressed connections).
 FRAME_KINDS: Final = ("swallow_heartbeats", "corrupt", "truncate")
 #: Faults of fakensq's own nsqd, which a proxy cannot inject, and why.
@@ -172,6 +176,52 @@ class FaultProxy:
         self._cancel.cancel()
         result: bool | None = await self._nursery_manager.__aexit__(exc_type, exc, tb)
         return result
+
+    async def play_seeded(
+        self,
+        seed: int,
+        *,
+        rate: float = 4.0,
+        horizon: float = 60.0,
+        kinds: tuple[str, ...] = SCHEDULE_KINDS,
+        on_met: Callable[[MetFault], None] | None = None,
+        rounds: int | None = None,
+    ) -> list[MetFault]:
+        """Play fault schedules drawn from ``seed``, one per ``horizon`` seconds
+        (about ``rate`` faults each, of ``kinds``: a subset of
+        :data:`SCHEDULE_KINDS`), until cancelled or ``rounds`` are played; the
+        same seed draws the same schedules.  Consumers' connections only, as
+        ``pytest --nsq-faults`` does.  Returns (or hands ``on_met``) the faults
+        as they happened."""
+        import random
+
+        from .faultplayer import FaultPlayer
+        from .schedule import draw_schedule, seed_for
+
+        wrong = sorted(set(kinds) - set(SCHEDULE_KINDS))
+        if wrong:
+            raise ProxyRefusal(
+                f"the proxy cannot play {', '.join(wrong)} (it can: {', '.join(SCHEDULE_KINDS)})"
+            )
+        met: list[MetFault] = []
+        played = 0
+        while rounds is None or played < rounds:
+            rng = random.Random(seed_for(seed, f"proxy-round-{played}"))
+            schedule = draw_schedule(
+                rng, rate=rate, horizon=horizon, kinds=kinds, nsqd=1, lookupd=0
+            )
+            start = trio.current_time()
+            player = FaultPlayer(
+                schedule, self.faults, nsqd_names=[self.name], label=f"round {played}"
+            )
+            await player.run()
+            met += player.met
+            if on_met is not None:
+                for fault in sorted(player.met, key=lambda m: m.at):
+                    on_met(fault)
+            await trio.sleep_until(start + horizon)
+            played += 1
+        return met
 
     # -- relaying ------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import ssl
 import subprocess
 import sys
@@ -276,6 +277,54 @@ async def test_http_api_adds_lists_heals_and_refuses() -> None:
         assert (await http.delete(base + "/faults")).json() == {"healed": 1}
 
 
+async def test_seeded_schedules_on_the_proxy_lose_nothing() -> None:
+    """``play_seeded``: the schedules ``fakensq proxy --faults-seed`` plays; the
+    same seed draws the same faults, and a consumer still gets every message."""
+    async with (
+        reference.open_nsqd(MSG_TIMEOUT) as nsqd,
+        FaultProxy(nsqd.tcp_address) as proxy,
+    ):
+        bodies = [b"s%02d" % i for i in range(30)]
+        await _publish(nsqd.tcp_address, "seeded", bodies)  # straight to nsqd
+        got: set[bytes] = set()
+        met: list[Any] = []
+
+        async def handle(message: trionsq.Message) -> None:
+            await trio.sleep(0.1)
+            got.add(message.body)
+
+        async with (
+            trionsq.Consumer(
+                "seeded",
+                "c",
+                nsqd_tcp_addresses=[proxy.tcp_address],
+                handler=handle,
+                max_in_flight=2,
+            ),
+            trio.open_nursery() as nursery,
+        ):
+
+            async def play() -> None:
+                met.extend(await proxy.play_seeded(7, rate=6, horizon=1.5, rounds=2))
+
+            nursery.start_soon(play)
+            await _wait(lambda: got >= set(bodies) and len(met) > 0)
+            with trio.fail_after(30):
+                while not await _settled(nsqd.http_address, "seeded"):  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+        assert {m.event.kind for m in met} <= {"drop", "delay", "stall", "swallow_heartbeats"}
+        # The same seed draws the same schedules (what happened may differ: real time).
+        async with FaultProxy(nsqd.tcp_address) as other:
+            again = await other.play_seeded(7, rate=6, horizon=1.5, rounds=2)
+
+        def events(found: list[Any]) -> list[Any]:
+            return sorted(((m.source, m.event.at), m.event.describe()) for m in found)
+
+        assert events(again) == events(met)
+        with pytest.raises(ValueError, match="the proxy cannot play time_out"):
+            await proxy.play_seeded(7, kinds=("time_out",))
+
+
 def _fakensq(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fakensq", "proxy", *args],
@@ -292,6 +341,8 @@ def _fakensq(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str
         (["--upstream=nowhere"], 2, "--upstream: address nowhere: missing port in address"),
         (["--upstream=127.0.0.1:1", "--http-address=x"], 2, "--http-address: address x"),
         (["--bogus"], 2, "flag provided but not defined: -bogus"),
+        (["--upstream=127.0.0.1:1", "--faults-seed=x"], 2, "--faults-seed wants an integer"),
+        (["--upstream=127.0.0.1:1", "--faults-kinds=drop,kill"], 2, "unknown ['kill']"),
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(args: list[str], code: int, error: str) -> None:
@@ -311,7 +362,17 @@ def test_cli_unreachable_upstream_is_one_line_and_quick() -> None:
 async def test_cli_serves_until_stopped(tmp_path: Path) -> None:
     async with reference.open_nsqd() as nsqd:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "fakensq", "proxy", f"--upstream={nsqd.tcp_address}"],
+            [
+                sys.executable,
+                "-m",
+                "fakensq",
+                "proxy",
+                f"--upstream={nsqd.tcp_address}",
+                "--faults-seed=3",
+                "--faults-every=1s",
+                "--faults-rate=5",
+                "--faults-kinds=delay,stall",  # (nobody consumes: nothing to drop)
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -329,8 +390,16 @@ async def test_cli_serves_until_stopped(tmp_path: Path) -> None:
             async with httpx.AsyncClient() as http:
                 listed = (await http.get(lines["FAULTS_URL"])).json()
                 stats = (await http.get(f"http://{nsqd.http_address}/stats?format=json")).json()
-            assert listed["faults"] == [] and listed["upstream"] == nsqd.tcp_address
+            assert {f["kind"] for f in listed["faults"]} <= {"delay", "stall"}
+            assert listed["upstream"] == nsqd.tcp_address
             assert stats["topics"][0]["message_count"] == 1
+            # The seeded schedules play, each fault printed as it is over.
+            with trio.fail_after(30):
+                while b"fault: " not in text:
+                    chunk = await process.stdout.receive_some()
+                    assert chunk, text
+                    text += chunk
+            assert re.search(rb"fault: +\d+\.\d{3}s  \[round \d+\] (delay|stall) nsqd-0", text)
         finally:
             process.terminate()
             with trio.fail_after(10):
