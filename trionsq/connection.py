@@ -410,6 +410,10 @@ class Connection:
                 self._wake_writer = trio.Event()
                 self._writer_idle = True
                 await self._wake_writer.wait()
+                # Woken by the first command queued: let the tasks already
+                # runnable queue theirs too (the FINs of a read, a RDY, other
+                # publishes), so that they go out in one send, not one each.
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 continue
             # Swap buffers rather than copy: senders append to a fresh one.
             data, self._out = self._out, bytearray()
