@@ -122,7 +122,12 @@ async def test_upgraded_connections_pass_through_and_still_drop(
     flags = [MSG_TIMEOUT]
     options: dict[str, Any] = {}
     if feature == "tls":
-        flags += [f"--tls-cert={pki['cert']}", f"--tls-key={pki['key']}"]
+        flags += [
+            f"--tls-cert={pki['cert']}",
+            f"--tls-key={pki['key']}",
+            # (with a certificate nsqd serves HTTPS too: 0.0.0.0:4152 unless told)
+            f"--https-address=127.0.0.1:{reference.free_port()}",
+        ]
         options["tls"] = pki["context"]
     else:
         options[feature] = True
