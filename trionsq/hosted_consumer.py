@@ -37,9 +37,15 @@ __all__ = ["HandedMessage", "HostedConsumer"]
 
 log = logging.getLogger("trionsq.hosted")
 
-FIN = 0
-REQ = 1
-TOUCH = 2
+
+class _Touch:
+    """A TOUCH asked for ``message`` (FIN and REQ go through the inbox as the
+    message itself, whose ``responded`` says which)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: HandedMessage) -> None:
+        self.message = message
 
 
 class HandedMessage:
@@ -96,16 +102,24 @@ class HandedMessage:
             self._backoff = backoff
         return True
 
-    def _send(self, op: int) -> None:
+    def _send(self, item: HandedMessage | _Touch) -> None:
         try:
-            self._hosted.inbox.put((op, self))
+            self._hosted.inbox.put(item)
         except LoopStoppedError as exc:
             # The client is gone: nsqd will time the message out and redeliver it.
             log.info("could not answer %r: %s", self, exc)
 
     def _finish(self) -> None:
-        if self._claim("finished"):
-            self._send(FIN)
+        # (_claim and _send, inlined: every message is finished through here)
+        hosted = self._hosted
+        with hosted.lock:
+            if self.responded is not None:
+                return
+            self.responded = "finished"
+        try:
+            hosted.inbox.put(self)  # the message itself says what to do
+        except LoopStoppedError as exc:
+            log.info("could not answer %r: %s", self, exc)
 
     def _requeue(self, delay: float | None, backoff: bool) -> None:
         if delay is not None and (
@@ -113,11 +127,11 @@ class HandedMessage:
         ):
             raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
         if self._claim("requeued", delay, backoff):
-            self._send(REQ)
+            self._send(self)
 
     def _touch(self) -> None:
         if self.responded is None:
-            self._send(TOUCH)
+            self._send(_Touch(self))
 
     async def _apply(self) -> None:
         """In the loop: carry out the decision on the core message."""
@@ -164,7 +178,7 @@ class HostedConsumer:
         self._deliver = deliver
         self._end_of_batch = end_of_batch
         self._on_end = on_end
-        self.inbox: Inbox[tuple[int, HandedMessage]] = Inbox(self.runner.run_sync_soon)
+        self.inbox: Inbox[HandedMessage | _Touch] = Inbox(self.runner.run_sync_soon)
         #: orders the claims of finish/requeue across threads
         self.lock = threading.Lock()
         # Handed out and not settled yet (dict as an ordered set; loop only).
@@ -335,12 +349,13 @@ class HostedConsumer:
             # coroutine each (this loop carries every answer; neither waits,
             # and the loop checks for cancellation once per batch, in wait()).
             while items:
-                op, message = items.popleft()
-                core = message._core
-                if op == TOUCH:
+                message = items.popleft()
+                if isinstance(message, _Touch):
+                    core = message.message._core
                     if not core.has_responded:
                         await core.touch()
                     continue
+                core = message._core
                 out.pop(message, None)
                 if core.responded is not None:
                     continue
