@@ -23,7 +23,6 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -32,6 +31,7 @@ import trio
 from ..golang.flags import format_go_duration
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
+from ..serving import ServingNode
 from . import nodepages, topicpages, views
 from .actions import ActionError, PageActions
 from .api import NSQAdminAPI, as_nsqadmin_sends, v1_error
@@ -111,7 +111,7 @@ def client_tls_context(options: AdminOptions) -> ssl.SSLContext | bool:
     return context
 
 
-class Admin:
+class Admin(ServingNode):
     """The admin server; an async context manager, or run ``serve`` in a nursery.
 
     ``options`` are nsqadmin's (:class:`AdminOptions`, what ``fakensq admin``'s
@@ -161,8 +161,6 @@ class Admin:
         self._client: httpx.AsyncClient | None = None
         self._reader: Reader | None = None
         self._router: Router | None = None
-        self._cm: Any = None
-        self._nursery: trio.Nursery | None = None
         self.latest: Snapshot | None = None
 
     # -- running ------------------------------------------------------------------
@@ -249,27 +247,6 @@ class Admin:
             log.info("HTTP: listening on %s", self.listen_address)
             nursery.start_soon(self._watch)
             task_status.started(self.url)
-
-    async def __aenter__(self) -> Admin:
-        self._cm = trio.open_nursery()
-        self._nursery = await self._cm.__aenter__()
-        try:
-            await self._nursery.start(self.serve)
-        except BaseException:
-            self._nursery.cancel_scope.cancel()
-            await self._cm.__aexit__(None, None, None)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        await self._cm.__aexit__(None, None, None)
 
     # -- reading ------------------------------------------------------------------
 

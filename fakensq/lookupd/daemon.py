@@ -34,7 +34,6 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Final
 
 import trio
@@ -46,6 +45,7 @@ from ..golang.net import join_host_port, split_host_port
 from ..http import pprof
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
+from ..serving import ServingNode
 from ..version import VERSION
 from .protocol import MAGIC_V1, encode_response
 
@@ -362,7 +362,7 @@ def _decode_peer_json(body: bytes, peer: PeerInfo) -> None:
         setattr(peer, name, value)
 
 
-class NSQLookupd:
+class NSQLookupd(ServingNode):
     """An nsqlookupd serving TCP and HTTP inside the caller's task tree.
 
     Use ``async with NSQLookupd(tcp_address="127.0.0.1:0") as lookupd:``; the
@@ -384,8 +384,6 @@ class NSQLookupd:
         self._hostname = socket.gethostname()
         # Maps trio time onto the wall clock for /debug's nanosecond timestamps.
         self._wall_offset = 0.0
-        self._nursery_cm: Any = None
-        self._nursery: trio.Nursery | None = None
         self._connections: set[trio.abc.Stream] = set()
         self._http = HTTPServer(self._handle_http)
         #: ``hooks(stream, remote) -> stream``: wraps every TCP connection served
@@ -454,29 +452,7 @@ class NSQLookupd:
             for stream in list(self._connections):
                 await trio.aclose_forcefully(stream)
 
-    async def __aenter__(self) -> NSQLookupd:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        try:
-            await self._nursery.start(self.serve)
-        except BaseException as exc:
-            self._nursery.cancel_scope.cancel()
-            await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        # The body's own exception propagates as it is (not wrapped in the
-        # nursery's ExceptionGroup); only the servers' failures come from here.
-        await self._nursery_cm.__aexit__(None, None, None)
-        self._nursery = None
+    def _stopped(self) -> None:
         self._logf(logging.INFO, "TCP: closing " + self.tcp_address)
 
     def advertise(self, tcp_address: str, http_address: str) -> None:

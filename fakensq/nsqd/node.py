@@ -5,7 +5,7 @@ Everything runs inside the caller's task tree::
     async with fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as nsqd:
         ...  # nsqd.tcp_address, nsqd.http_address are the bound "host:port"
 
-or ``await nursery.start(nsqd.run)``.  ``await nsqd.handle_stream(stream)`` serves
+or ``await nursery.start(nsqd.serve)``.  ``await nsqd.handle_stream(stream)`` serves
 an already connected stream (memory streams, simulations).
 """
 
@@ -21,7 +21,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
@@ -31,6 +30,7 @@ from trionsq.protocol.names import is_ephemeral
 
 from ..golang.net import split_address
 from ..golang.tls import prefer_go_cipher_suites
+from ..serving import ServingNode
 from .auth import AuthHandler
 from .channel import Channel
 from .client import ClientConnection
@@ -120,7 +120,7 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class NSQD:
+class NSQD(ServingNode):
     """An nsqd v1.3, in process.
 
     Keyword arguments are :class:`NSQDOptions` fields (or pass ``options=``);
@@ -181,7 +181,6 @@ class NSQD:
         self.https_address = ""
         self.start_time = int(time.time())
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         self._healthy: str | None = None
         self.hostname = socket.gethostname()
         #: Fault injection and tracing (:mod:`fakensq.hooks`); None: none.
@@ -197,30 +196,7 @@ class NSQD:
 
     # --- lifecycle ---
 
-    async def __aenter__(self) -> NSQD:
-        self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
-        try:
-            await nursery.start(self.run)
-        except BaseException:
-            nursery.cancel_scope.cancel()
-            await self._nursery_cm.__aexit__(None, None, None)
-            raise
-        self._outer = nursery
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self._outer.cancel_scope.cancel()
-        # The body's own exception propagates unchanged (not wrapped in a group).
-        await self._nursery_cm.__aexit__(None, None, None)
-        return False
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started()`` once listening."""
         opts = self.options
         listeners: list[trio.abc.Listener[trio.SocketStream]] = []
@@ -286,6 +262,9 @@ class NSQD:
                     channel.close()
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
+
+    #: The name ``serve`` had before the daemons shared :class:`ServingNode`.
+    run = serve
 
     async def _accept_loop(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
         assert self._nursery is not None
