@@ -36,7 +36,7 @@ from typing import Any, TypeAlias, TypeVar
 import trio
 
 from .config import Config
-from .protocol import codecs, commands
+from .protocol import codecs, commands, states
 from .protocol.errors import NSQError, ProtocolError
 from .protocol.frames import OK, Error, FrameParser, MessageFactory, Response
 from .rdy import DEFAULT_MAX_RDY_COUNT
@@ -194,6 +194,11 @@ class Connection:
         self.msg_timeout: float | None = None
         self.tls = False
         self.compression: str | None = None
+        #: Where the connection is in the protocol's state machine
+        #: (:mod:`trionsq.protocol.states`), as of the commands queued so far.
+        self.state = states.ConnState.INIT
+        # The first bytes of the commands the table must see in this state.
+        self._watched = states.watched(self.state)
 
     def __repr__(self) -> str:
         return f"<Connection {self.address}{' closed' if self.closed else ''}>"
@@ -326,6 +331,8 @@ class Connection:
             await self._drained.wait()
         if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
+        if data and data[0] in self._watched:
+            self._follow(data)
         if pending is not None:
             # In the same step as the bytes: responses come back in this order.
             self._pending.append(pending)
@@ -333,6 +340,19 @@ class Connection:
         if self._writer_idle:
             self._writer_idle = False
             self._wake_writer.set()
+
+    def _follow(self, data: bytes) -> None:
+        """The state table, for a command about to be queued: nsqd's error for a
+        command not valid in this state (raised here; nothing is sent), else the
+        state after it.  A command's state applies from the moment it is queued:
+        nsqd reads commands in order and closes the connection when a SUB or
+        CLS fails, so every later command meets the state it leads to."""
+        name = states.command_name(data)
+        states.check(self.state, name)
+        after = states.state_after(self.state, name)
+        if after is not self.state:
+            self.state = after
+            self._watched = states.watched(after)
 
     async def send(self, data: bytes) -> None:
         """Queue a command that gets no response (RDY, FIN, REQ, TOUCH, NOP).
@@ -352,6 +372,8 @@ class Connection:
         """
         if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
+        if data and data[0] in self._watched:
+            self._follow(data)
         self._out += data
         if self._writer_idle:
             self._writer_idle = False
@@ -369,6 +391,8 @@ class Connection:
             await self._drained.wait()
         if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
+        if data and data[0] in self._watched:
+            self._follow(data)
         pending = PendingResponse()
         # In the same step as the bytes: responses come back in this order.
         self._pending.append(pending)
@@ -388,6 +412,8 @@ class Connection:
         """
         if not self._open:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
+        if data and data[0] in self._watched:
+            self._follow(data)
         pending = PendingResponse()
         self._pending.append(pending)
         self._out += data

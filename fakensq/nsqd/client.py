@@ -15,11 +15,12 @@ import logging
 import math
 import ssl
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from trionsq.protocol import commands as cmds
+from trionsq.protocol import states
 from trionsq.protocol.codecs import (
     Decoder,
     DeflateDecoder,
@@ -50,6 +51,7 @@ from trionsq.protocol.frames import (
     message_frame_header,
 )
 from trionsq.protocol.names import go_quote
+from trionsq.protocol.states import ConnState
 
 from ..golang import json as gojson
 from ..golang.tls import cipher_suite_text
@@ -62,16 +64,16 @@ if TYPE_CHECKING:
     from .node import NSQD
     from .topic import Topic
 
-__all__ = ["ClientConnection", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING"]
+__all__ = ["ClientConnection", "STATE_NUMBERS"]
 
 log = logging.getLogger(__name__)
 
 # nsqd's client states (their numeric values appear in /stats).
-STATE_INIT = 0
-STATE_DISCONNECTED = 1
-STATE_CONNECTED = 2
-STATE_SUBSCRIBED = 3
-STATE_CLOSING = 4
+#: nsqd's numbers for a client's state, as ``/stats`` shows them (``state``);
+#: which command is valid in which state is :mod:`trionsq.protocol.states`.
+STATE_NUMBERS: Final = {ConnState.INIT: 0, ConnState.SUBSCRIBED: 3, ConnState.CLOSING: 4}
+#: stateDisconnected: the connection has ended.
+STATE_DISCONNECTED: Final = 1
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -98,7 +100,9 @@ class ClientConnection:
         self.client_id = host
         self.hostname = host
         self.user_agent = ""
-        self.state = STATE_INIT
+        #: Where the connection is in the protocol's state machine.
+        self.state = ConnState.INIT
+        self._disconnected = False
         self.connect_ts = int(time.time())
 
         self.heartbeat_interval = opts.client_timeout / 2
@@ -172,7 +176,7 @@ class ClientConnection:
                     finally:
                         nursery.cancel_scope.cancel()
         finally:
-            self.state = STATE_DISCONNECTED
+            self._disconnected = True
             self.nsqd.clients.pop(self.id, None)
             channel, self.channel = self.channel, None
             try:
@@ -275,38 +279,22 @@ class ClientConnection:
         return bytes(await self.stream.receive_some(_READ_SIZE))
 
     def _precheck(self, name: bytes) -> None:
-        """The checks nsqd makes before it looks at a command's parameters."""
-        if name == b"IDENTIFY":
-            if self.state != STATE_INIT:
-                raise InvalidError("cannot IDENTIFY in current state")
-            return
-        if self.nsqd.options.tls_required != TLS_NOT_REQUIRED and not self.tls:
-            text = name.decode("utf-8", "surrogateescape")
-            raise InvalidError(f"cannot {text} in current state (TLS required)")
-        state = self.state
-        if name in (b"FIN", b"REQ", b"TOUCH"):
-            if state != STATE_SUBSCRIBED and state != STATE_CLOSING:
-                raise InvalidError(f"cannot {name.decode()} in current state")
-        elif name == b"RDY":
-            if state != STATE_CLOSING and state != STATE_SUBSCRIBED:
-                raise InvalidError("cannot RDY in current state")
-        elif name == b"SUB":
-            if state != STATE_INIT:
-                raise InvalidError("cannot SUB in current state")
-            if self.heartbeat_interval <= 0:
-                raise InvalidError("cannot SUB with heartbeats disabled")
-        elif name == b"CLS":
-            if state != STATE_SUBSCRIBED:
-                raise InvalidError("cannot CLS in current state")
-        elif name == b"AUTH":
-            if state != STATE_INIT:
-                raise InvalidError("cannot AUTH in current state")
+        """The checks nsqd makes before it looks at a command's parameters: the
+        state machine's table (IDENTIFY first, as nsqd checks nothing before it),
+        then TLS, then what SUB needs."""
+        if name != b"IDENTIFY" and self.nsqd.options.tls_required != TLS_NOT_REQUIRED:
+            if not self.tls:
+                text = name.decode("utf-8", "surrogateescape")
+                raise InvalidError(f"cannot {text} in current state (TLS required)")
+        states.check(self.state, name)
+        if name == b"SUB" and self.heartbeat_interval <= 0:
+            raise InvalidError("cannot SUB with heartbeats disabled")
 
     async def _exec(self, command: cmds.Command) -> None:
         if isinstance(command, cmds.Fin):
             self._subscribed_channel().finish(self, command.id)
         elif isinstance(command, cmds.Rdy):
-            if self.state == STATE_CLOSING:
+            if states.is_ignored(self.state, b"RDY"):
                 return  # nsqd ignores RDY after CLS, before parsing the count
             self._rdy(command.count())
         elif isinstance(command, cmds.Pub):
@@ -333,7 +321,7 @@ class ClientConnection:
         elif isinstance(command, cmds.Sub):
             await self._sub(command)
         elif isinstance(command, cmds.Cls):
-            self.state = STATE_CLOSING
+            self.state = states.state_after(self.state, b"CLS")
             self._set_ready(0)
             await self._send_response(CLOSE_WAIT)
         elif isinstance(command, cmds.Identify):
@@ -380,7 +368,7 @@ class ClientConnection:
                 f"exceeds limit of {limit}"
             )
         channel.add_client(self)
-        self.state = STATE_SUBSCRIBED
+        self.state = states.state_after(self.state, b"SUB")
         self.channel = channel
         await self._send_response(OK)
 
@@ -712,7 +700,7 @@ class ClientConnection:
             "hostname": self.hostname,
             "version": "V2",
             "remote_address": self.remote_address,
-            "state": self.state,
+            "state": STATE_DISCONNECTED if self._disconnected else STATE_NUMBERS[self.state],
             "ready_count": self.ready_count,
             "in_flight_count": self.in_flight_count,
             "message_count": self.message_count,
