@@ -34,8 +34,9 @@ class ServingNode:
         """Start the node's tasks in ``nursery``; return once they are up."""
         await nursery.start(self.serve)
 
-    def _stopped(self) -> None:
-        """Called when ``async with`` has ended the node's tasks."""
+    def _stopped(self, *, started: bool) -> None:
+        """Called once the node's tasks have ended: after ``async with``, or after
+        a start that failed (``started`` False); even when they failed."""
 
     async def __aenter__(self) -> Self:
         manager = trio.open_nursery()
@@ -44,7 +45,10 @@ class ServingNode:
             await self._start_serving(nursery)
         except BaseException:
             nursery.cancel_scope.cancel()
-            await manager.__aexit__(None, None, None)
+            try:
+                await manager.__aexit__(None, None, None)
+            finally:
+                self._stopped(started=False)
             raise
         self._serving = (manager, nursery)
         return self
@@ -59,6 +63,8 @@ class ServingNode:
         manager, nursery = self._serving
         self._serving = None
         nursery.cancel_scope.cancel()
-        # The body's exception (if any) is left to propagate by itself.
-        await manager.__aexit__(None, None, None)
-        self._stopped()
+        try:
+            # The body's exception (if any) is left to propagate by itself.
+            await manager.__aexit__(None, None, None)
+        finally:
+            self._stopped(started=True)

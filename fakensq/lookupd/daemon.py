@@ -452,8 +452,9 @@ class NSQLookupd(ServingNode):
             for stream in list(self._connections):
                 await trio.aclose_forcefully(stream)
 
-    def _stopped(self) -> None:
-        self._logf(logging.INFO, "TCP: closing " + self.tcp_address)
+    def _stopped(self, *, started: bool) -> None:
+        if started:
+            self._logf(logging.INFO, "TCP: closing " + self.tcp_address)
 
     def advertise(self, tcp_address: str, http_address: str) -> None:
         """Without listeners (served through an in-memory network), the addresses

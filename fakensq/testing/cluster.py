@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
@@ -30,6 +29,7 @@ from ..lookupd.daemon import NSQLookupd
 from ..nsqd.lookup_peer import LookupPeers, lookup_peers_of, run_lookup_peers, set_lookup_connector
 from ..nsqd.node import NSQD
 from ..nsqd.options import NSQDOptions
+from ..serving import ServingNode
 from .faults import Faults, Tracer
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class _Slot(Generic[N]):
     generation: int = 0
 
 
-class Cluster:
+class Cluster(ServingNode):
     """``nsqd`` nsqds and ``lookupd`` nsqlookupds on loopback, all wired together.
 
     ``nsqd_options`` (a dict of :class:`NSQDOptions` fields, or an NSQDOptions)
@@ -132,7 +132,6 @@ class Cluster:
         if network is not None:
             network.faults = self.faults
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
 
     # -- what tests use ----------------------------------------------------
 
@@ -179,47 +178,27 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------
 
-    async def __aenter__(self) -> Cluster:
+    async def _start_serving(self, nursery: trio.Nursery) -> None:
         if self._data_root is None:
             self._own_data_root = tempfile.mkdtemp(prefix="fakensq-cluster-")
             self._data_root = self._own_data_root
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        try:
-            for i in range(len(self._lookupd_slots)):
-                await self.start_lookupd(i, wait=False)
-            for i in range(len(self._nsqd_slots)):
-                await self.start_nsqd(i, keep_data=False, wait=False)
-            await self.wait_registered()
-        except BaseException:
-            await self._close()
-            raise
-        return self
+        self._nursery = nursery
+        for i in range(len(self._lookupd_slots)):
+            await self.start_lookupd(i, wait=False)
+        for i in range(len(self._nsqd_slots)):
+            await self.start_nsqd(i, keep_data=False, wait=False)
+        await self.wait_registered()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._close()
-
-    async def _close(self) -> None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        try:
-            # The body's exception propagates as it is, not inside a group.
-            await self._nursery_cm.__aexit__(None, None, None)
-        finally:
-            self._nursery = None
-            for nsqd_slot in self._nsqd_slots:
-                nsqd_slot.node = None
-            for lookupd_slot in self._lookupd_slots:
-                lookupd_slot.node = None
-            if self._own_data_root is not None:
-                shutil.rmtree(self._own_data_root, ignore_errors=True)
-            if self.tracer is not None:
-                self.tracer.close()
+    def _stopped(self, *, started: bool) -> None:
+        self._nursery = None
+        for nsqd_slot in self._nsqd_slots:
+            nsqd_slot.node = None
+        for lookupd_slot in self._lookupd_slots:
+            lookupd_slot.node = None
+        if self._own_data_root is not None:
+            shutil.rmtree(self._own_data_root, ignore_errors=True)
+        if self.tracer is not None:
+            self.tracer.close()
 
     async def _run_node(
         self,

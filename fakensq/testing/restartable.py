@@ -20,17 +20,15 @@ node::
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Any
-
 import trio
 
 from ..nsqd.node import NSQD
+from ..serving import ServingNode
 
 __all__ = ["RestartableNSQD"]
 
 
-class RestartableNSQD:
+class RestartableNSQD(ServingNode):
     """Runs ``nsqd`` (which needs a ``data_path`` to keep messages across a stop)
     and stops and starts it on request; ``name`` is its name for the faults."""
 
@@ -38,7 +36,6 @@ class RestartableNSQD:
         self.nsqd = nsqd
         self.name = name
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         self._scope: trio.CancelScope | None = None
         self._done: trio.Event | None = None
         #: how many times it was started
@@ -48,26 +45,9 @@ class RestartableNSQD:
     def running(self) -> bool:
         return self._done is not None and not self._done.is_set()
 
-    async def __aenter__(self) -> RestartableNSQD:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        try:
-            await self._start()
-        except BaseException:
-            self._nursery.cancel_scope.cancel()
-            await self._nursery_cm.__aexit__(None, None, None)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        await self._nursery_cm.__aexit__(None, None, None)
+    async def _start_serving(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        await self._start()
 
     async def _start(self) -> None:
         assert self._nursery is not None
@@ -78,7 +58,7 @@ class RestartableNSQD:
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             try:
                 with scope:
-                    await self.nsqd.run(task_status=task_status)
+                    await self.nsqd.serve(task_status=task_status)
             finally:
                 done.set()
 

@@ -212,8 +212,10 @@ async def test_non_fatal_error_is_logged_and_connection_kept(
     node = MiniNSQD(nursery)
     conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
     nursery.start_soon(conn.run)
-    await conn.send(commands.fin(b"0123456789abcdef"))  # not in flight: E_FIN_FAILED
     assert await conn.request(commands.sub("t", "c")) == b"OK"
+    await conn.send(commands.fin(b"0123456789abcdef"))  # not in flight: E_FIN_FAILED
+    # Answered after the error (frames keep their order): the error was read.
+    assert await conn.request(commands.pub("t", b"x")) == b"OK"
     assert not conn.closed
     assert any("E_FIN_FAILED" in r.message for r in caplog.records)
     await conn.aclose()
