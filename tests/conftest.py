@@ -1,6 +1,14 @@
-"""Suite-wide settings: hypothesis runs derandomized, so every run is the same."""
+"""Suite-wide settings: hypothesis runs derandomized, so every run is the same;
+the real NSQ binaries are found once, before pytest-xdist starts its workers."""
 
+from __future__ import annotations
+
+import os
+
+import pytest
 from hypothesis import HealthCheck, settings
+
+from . import reference
 
 pytest_plugins = ["pytester"]
 
@@ -12,3 +20,14 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile("trionsq")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller did it
+        return
+    # The first use unpacks the binaries: done here, once, rather than by every
+    # worker at the same time (one would rewrite an nsqd another is running).
+    # The workers inherit NSQ_BIN and skip the lookup.
+    folder = reference.nsq_bin()
+    if folder is not None and "NSQ_BIN" not in os.environ:
+        os.environ["NSQ_BIN"] = str(folder)

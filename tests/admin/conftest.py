@@ -50,6 +50,15 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One pytest-xdist worker runs the browser tests: one Chromium (and at most
+    # one apt-get installing it), not one per worker.
+    ui = Path(__file__).parent / "test_admin_ui.py"
+    for item in items:
+        if item.path == ui:
+            item.add_marker(pytest.mark.xdist_group("admin-ui"))
+
+
 def _install_chromium() -> str:
     """Install Debian's chromium if we can; the reason we could not, or ""."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:

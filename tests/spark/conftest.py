@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -35,6 +36,15 @@ if SKIP_REASON is not None:
 
 def pytest_report_header() -> str | None:
     return f"tests/spark skipped: {SKIP_REASON}" if SKIP_REASON else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One pytest-xdist worker runs every Spark test: one SparkSession (a driver
+    # and two executor JVMs) for them all, not one per worker.
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 #: Two executor processes of one core each: tasks, agents and NSQ connections live
