@@ -22,6 +22,17 @@ settings.register_profile(
 settings.load_profile("trionsq")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core.  The suite mostly waits (on daemons
+    starting, frames, timers, Spark), not computes: a serial run used about one
+    minute of CPU time in eight of wall time; more workers fill the waits.
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` choose otherwise."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    return 2 * (os.cpu_count() or 1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller did it
         return
