@@ -295,6 +295,28 @@ def test_the_test_machinery_never_imports_the_command_line() -> None:
     assert violations("fakensq.testing", ["fakensq.cli", "fakensq.pytest_plugin"]) == []
 
 
+@pytest.mark.parametrize(
+    "inner",
+    [
+        "fakensq.nsqd.channel",
+        "fakensq.nsqd.topic",
+        "fakensq.nsqd.client",
+        "fakensq.nsqd.message",
+        "fakensq.nsqd.diskqueue",
+    ],
+)
+def test_inner_objects_do_not_import_the_node_that_owns_them(inner: str) -> None:
+    """Not even for annotations: they are given what they need (the protocols of
+    fakensq.nsqd.owner), so they can be built and tested without a node."""
+    tree = ast.parse(module_path(inner).read_text())
+    named = [
+        f"{inner}:{node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "node"
+    ]
+    assert named == []
+
+
 def test_old_public_paths_are_thin_re_exports() -> None:
     """fakensq.simulation, .faults, .threaded: names only, no code of their own."""
     for old in ("fakensq.simulation", "fakensq.faults", "fakensq.threaded"):

@@ -7,7 +7,7 @@ REQ with a delay and DPUB put them in the deferred set until they are due.
 All timers are one Trio task per channel sleeping until the earliest deadline
 (in-flight timeout or deferred due time) is acted on, woken when an earlier one
 appears; no polling, so virtual time (``trio.testing.MockClock``) drives it
-exactly.  When a deadline is acted on is nsqd's rule (:meth:`NSQD.scan_time`):
+exactly.  When a deadline is acted on is nsqd's rule (:meth:`~fakensq.nsqd.node.NSQD.scan_time`):
 at its queue scan's next tick, and not before the scan knows the channel.
 """
 
@@ -29,7 +29,7 @@ from .stats import LatencyStream
 
 if TYPE_CHECKING:
     from .client import ClientConnection
-    from .node import NSQD
+    from .owner import ChannelOwner
     from .topic import Topic
 
 __all__ = ["Channel"]
@@ -42,7 +42,7 @@ _Entry = tuple[float, int, bytes]
 class Channel:
     """A channel of a topic; created by SUB or ``/channel/create``."""
 
-    def __init__(self, topic: Topic, name: str, nsqd: NSQD) -> None:
+    def __init__(self, topic: Topic, name: str, nsqd: ChannelOwner) -> None:
         self.topic = topic
         self.name = name
         self.nsqd = nsqd

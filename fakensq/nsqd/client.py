@@ -61,7 +61,7 @@ from .options import TLS_NOT_REQUIRED, VERSION
 if TYPE_CHECKING:
     from .channel import Channel
     from .message import Message
-    from .node import NSQD
+    from .owner import ClientOwner
     from .topic import Topic
 
 __all__ = ["ClientConnection", "STATE_NUMBERS"]
@@ -89,7 +89,7 @@ class ClientConnection:
     """A client connected over TCP (or any stream) speaking protocol V2."""
 
     def __init__(
-        self, nsqd: NSQD, stream: trio.abc.Stream, client_id: int, remote: str | None = None
+        self, nsqd: ClientOwner, stream: trio.abc.Stream, client_id: int, remote: str | None = None
     ) -> None:
         opts = nsqd.options
         self.nsqd = nsqd

@@ -18,7 +18,7 @@ from .message import Message, MessageQueue
 from .stats import LatencyStream
 
 if TYPE_CHECKING:
-    from .node import NSQD
+    from .owner import TopicOwner
 
 __all__ = ["Topic"]
 
@@ -26,7 +26,7 @@ __all__ = ["Topic"]
 class Topic:
     """A topic; created by PUB, SUB or ``/topic/create``."""
 
-    def __init__(self, name: str, nsqd: NSQD) -> None:
+    def __init__(self, name: str, nsqd: TopicOwner) -> None:
         self.name = name
         self.nsqd = nsqd
         self.ephemeral = is_ephemeral(name)
