@@ -26,6 +26,7 @@ import errno
 import importlib
 import json
 import logging
+import math
 import os
 import pickle
 import secrets
@@ -83,6 +84,10 @@ class QueryRun:
         self._error: str | None = None
         self._nursery: trio.Nursery | None = None
         self._status_due = trio.Event()
+        #: when sets were last resolved or their FINs/REQs last went out, and how many
+        #: resolves are still answering nsqd (see :meth:`settled`)
+        self._activity = -math.inf
+        self._answering = 0
         #: this agent's name at the coordinator: a new link (after one was lost) is a
         #: new name, so that the coordinator never confuses the two
         self.name = f"{agent.id}#{secrets.token_hex(4)}"
@@ -239,17 +244,39 @@ class QueryRun:
                     slot, held = entry
                     slot.in_sets -= len(held)
                     into.extend(held)
+        self._activity = trio.current_time()
         if fin or req:
             assert self._nursery is not None
+            self._answering += 1
             self._nursery.start_soon(self._answer, fin, req)
         return {"finished": len(fin), "requeued": len(req)}
 
-    @staticmethod
-    async def _answer(fin: list[Held], req: list[Held]) -> None:
-        for item in fin:
-            await item.message.finish()
-        for item in req:
-            await item.message.requeue(0, backoff=False)
+    async def _answer(self, fin: list[Held], req: list[Held]) -> None:
+        try:
+            for item in fin:
+                await item.message.finish()
+            for item in req:
+                await item.message.requeue(0, backoff=False)
+        finally:
+            self._answering -= 1
+            self._activity = trio.current_time()
+            self.status_changed()
+
+    def settled(self) -> bool:
+        """Nothing held here, and nothing received for ``max_batch_wait`` since the
+        last FINs went out (nsqd refills the connections their FINs freed): the
+        coordinator ends a ``Trigger.AvailableNow`` query only once every agent is.
+        A quiet spell right after a commit proves nothing on a loaded machine."""
+        if self.buffered() or self._answering or any(slot.busy for slot in self.slots):
+            return False
+        last = max(
+            [
+                self._activity,
+                *(s.last_arrival for s in self.slots),
+                *(s.last_used for s in self.slots),
+            ]
+        )
+        return trio.current_time() - last >= self.options.max_batch_wait
 
     def buffered(self) -> int:
         return sum(len(slot.buffer) for slot in self.slots)
@@ -258,12 +285,28 @@ class QueryRun:
         self._status_due.set()
 
     async def _status_loop(self, link: Link) -> None:
-        """Tell the coordinator how many messages wait here (it plans batches from it)."""
+        """Tell the coordinator how many messages wait here and whether this agent
+        has settled (it plans batches from that): on a change, and every TICK."""
+        poll = max(0.02, min(TICK, self.options.max_batch_wait / 4))
+        sent_settled: bool | None = None
+        last_sent = -math.inf
         while True:
-            with trio.move_on_after(TICK):
+            with trio.move_on_after(poll):
                 await self._status_due.wait()
+            due = self._status_due.is_set()
             self._status_due = trio.Event()
-            await link.send({"op": "status", "buffered": self.buffered(), "slots": len(self.slots)})
+            settled = self.settled()
+            now = trio.current_time()
+            if due or settled != sent_settled or now - last_sent >= TICK:
+                await link.send(
+                    {
+                        "op": "status",
+                        "buffered": self.buffered(),
+                        "slots": len(self.slots),
+                        "settled": settled,
+                    }
+                )
+                sent_settled, last_sent = settled, now
 
     async def _touch_loop(self) -> None:
         """TOUCH what has been held for a third of msg_timeout, so that nsqd keeps it

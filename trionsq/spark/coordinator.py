@@ -40,6 +40,8 @@ log = logging.getLogger("trionsq.spark")
 #: Agents hear from the coordinator at least this often (their link times out
 #: after agent.LINK_TIMEOUT of silence).
 TICK = 1.0
+#: How long planning waits at most for the agents to settle (see Agent.settled).
+SETTLE_LIMIT = 30.0
 LINK_TIMEOUT = 15.0
 #: How long committing or stopping waits for the agents' acknowledgements.
 ACK_TIMEOUT = 10.0
@@ -81,6 +83,9 @@ class AgentInfo:
     reads: int = 0
     finished: int = 0
     requeued: int = 0
+    #: the agent's last word: nothing held, quiet since its last FINs (fresh only
+    #: after the answer to the latest resolve)
+    settled: bool = False
 
 
 @dataclass(slots=True)
@@ -111,6 +116,7 @@ class Coordinator:
         self.plans: dict[int, BatchPlan] = {}
         self.stats = CoordinatorStats()
         self._data = trio.Event()
+        self._status_seen = trio.Event()
         self._changes: dict[int, trio.Event] = {}
         self._stopped = False
 
@@ -213,8 +219,10 @@ class Coordinator:
         if op == "status":
             agent.buffered = int(header.get("buffered", 0))
             agent.slots = int(header.get("slots", 0))
+            agent.settled = bool(header.get("settled", False))
             if agent.buffered > 0:
                 self._data.set()
+            self._status_seen.set()
         elif op == "read":
             agent.reads += 1
             nursery.start_soon(self._decide, agent, header)
@@ -299,6 +307,12 @@ class Coordinator:
             self._data = trio.Event()
             with trio.move_on_after(self.options.max_batch_wait):
                 await self._data.wait()
+            # No batch (and the end of an AvailableNow query) only once every agent
+            # has seen nothing come since its last FINs: nsqd may still be refilling.
+            with trio.move_on_after(SETTLE_LIMIT):
+                while self.buffered() == 0 and not all(a.settled for a in self.agents.values()):
+                    self._status_seen = trio.Event()
+                    await self._status_seen.wait()
             if self.buffered() == 0:
                 return start
         # Messages wait on some executor, or no agent is known yet (the first batch
@@ -349,6 +363,8 @@ class Coordinator:
         except (OSError, ConnectionError, ReadError, trio.TooSlowError) as exc:
             log.warning("nsq source: agent %s did not answer %s: %r", agent.id, header["op"], exc)
             return
+        if header["op"] == "resolve":
+            agent.settled = False  # until a status sent after this answer says so
         finished = int(reply.get("finished", 0))
         requeued = int(reply.get("requeued", 0))
         agent.finished += finished

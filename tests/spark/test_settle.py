@@ -1,0 +1,84 @@
+"""When planning says "no batch": only once every agent has settled.
+
+A ``Trigger.AvailableNow`` query ends on the first "no batch", so a quiet spell
+that only means "the FINs of the last batch have not reached nsqd yet, nor its
+refill the agents" (a loaded machine) must not count.  On virtual time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import trio
+import trio.testing
+
+from trionsq.spark._executor import ExecutorIdentity
+from trionsq.spark._link import Link
+from trionsq.spark._options import parse_source_options
+from trionsq.spark.agent import Agent, QueryRun
+from trionsq.spark.coordinator import AgentInfo, Coordinator
+
+OPTIONS = parse_source_options(
+    {
+        "topic": "events",
+        "channel": "spark",
+        "nsqd_tcp_addresses": "127.0.0.1:4150",
+        "max_batch_wait": "0.5",
+    }
+)
+
+
+def linked_agent(coordinator: Coordinator) -> AgentInfo:
+    stream, _ = trio.testing.memory_stream_pair()
+    link = Link(cast(trio.SocketStream, stream))
+    agent = AgentInfo("a#1", "0", "127.0.0.1", 1, ("127.0.0.1", 1), link, slots=1)
+    coordinator.agents[agent.id] = agent
+    return agent
+
+
+async def test_no_batch_waits_for_every_agent_to_settle(autojump_clock: Any) -> None:
+    coordinator = Coordinator(OPTIONS)
+    agent = linked_agent(coordinator)
+    answers: list[tuple[float, int]] = []
+    async with trio.open_nursery() as nursery:
+
+        async def plan() -> None:
+            end = await coordinator.latest(0, None)
+            answers.append((trio.current_time(), end))
+
+        began = trio.current_time()
+        nursery.start_soon(plan)
+        await trio.sleep(5)
+        assert answers == []  # nothing held, but the agent has not settled
+        header = {"op": "status", "buffered": 0, "slots": 1, "settled": True}
+        coordinator._dispatch(agent, header, nursery)
+    assert answers == [(began + 5, 0)]  # no batch, once it has
+
+
+async def test_messages_arriving_before_the_agent_settles_make_a_batch(
+    autojump_clock: Any,
+) -> None:
+    coordinator = Coordinator(OPTIONS)
+    agent = linked_agent(coordinator)
+    async with trio.open_nursery() as nursery:
+        answers: list[int] = []
+
+        async def plan() -> None:
+            answers.append(await coordinator.latest(0, None))
+
+        nursery.start_soon(plan)
+        await trio.sleep(2)  # the FINs' refill comes late
+        coordinator._dispatch(agent, {"op": "status", "buffered": 7, "slots": 1}, nursery)
+    assert answers == [1]
+
+
+async def test_an_agent_settles_a_quiet_spell_after_its_last_fins(autojump_clock: Any) -> None:
+    identity = ExecutorIdentity("0", "127.0.0.1", 1, 1)
+    run = QueryRun(Agent(identity, "unused", None), "token", ("127.0.0.1", 1), OPTIONS)
+    assert run.settled()  # never did anything
+    await run._resolve({"op": "resolve", "fin": [], "req": []})
+    assert not run.settled()
+    await trio.sleep(0.4)
+    assert not run.settled()
+    await trio.sleep(0.2)
+    assert run.settled()
