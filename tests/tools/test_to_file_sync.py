@@ -7,8 +7,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import trio
 
+from trionsq.tools import to_file
 from trionsq.tools.progress import Progress
 from trionsq.tools.to_file import FileLogger, FileOptions, _Archiver
 
@@ -80,7 +82,10 @@ def only_file(folder: Path) -> bytes:
     return path.read_bytes()
 
 
-async def test_messages_arriving_during_a_sync_wait_for_the_next(tmp_path: Path) -> None:
+async def test_messages_arriving_during_a_sync_wait_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(to_file, "THREADED_SYNC", 1)  # every batch on a thread
     log: list[str] = []
     arch, logger = archiver(tmp_path, log, rdy=4)
     messages = [FakeMessage(f"m{i}".encode(), log) for i in range(5)]

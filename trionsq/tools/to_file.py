@@ -61,6 +61,10 @@ IDLE_SYNC = 0.1
 #: The share of a connection's RDY held at which a sync starts in the background
 #: (the consumer is starved at 85%: nsqd then sends nothing more).
 EARLY_SYNC = 0.5
+#: Batches at least this large are synced on a worker thread (and early syncs
+#: happen only when half the RDY is this many): for a small batch, the hop to a
+#: thread and back costs more than it lets the loop do meanwhile.
+THREADED_SYNC = 500
 
 
 def configure(flags: FlagSet) -> None:
@@ -447,7 +451,8 @@ class _Archiver:
     def _refresh_limits(self) -> None:
         connections = self.consumer.stats.connections.values()
         self._limits = {conn.address: max(1.0, conn.rdy * 0.85) for conn in connections}
-        self._early = max(1.0, min((conn.rdy for conn in connections), default=1) * EARLY_SYNC)
+        early = max(1.0, min((conn.rdy for conn in connections), default=1) * EARLY_SYNC)
+        self._early = early if early >= THREADED_SYNC else math.inf
 
     @property
     def syncing(self) -> bool:
@@ -517,7 +522,10 @@ class _Archiver:
         try:
             with trio.CancelScope(shield=True):
                 try:
-                    synced = await trio.to_thread.run_sync(self.logger.sync, False)
+                    if len(pending) >= THREADED_SYNC:
+                        synced = await trio.to_thread.run_sync(self.logger.sync, False)
+                    else:
+                        synced = self.logger.sync(False)
                 except OSError as exc:
                     self.pending = pending + self.pending  # requeued by the caller
                     raise ToolError(
