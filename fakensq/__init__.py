@@ -11,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .lookupd.daemon import LookupdOptions, NSQLookupd
+    from .lookupd.daemon import NSQLookupd
+    from .lookupd.options import LookupdOptions
     from .nsqd.node import NSQD, RegistryEvent
     from .nsqd.options import NSQDOptions
     from .testing.cluster import Cluster
@@ -39,7 +40,7 @@ _MODULE_OF = {
     "Cluster": ".testing.cluster",
     "Fault": ".testing.faults",
     "Faults": ".testing.faults",
-    "LookupdOptions": ".lookupd.daemon",
+    "LookupdOptions": ".lookupd.options",
     "NSQLookupd": ".lookupd.daemon",
     "NSQDOptions": ".nsqd.options",
     "SimCluster": ".testing.simulation",

@@ -21,7 +21,7 @@ from ..golang.flags import (
     parse_go_duration,
 )
 from ..golang.lg import _LEVELS, GoLogFormatter, _parse_log_level, version_string
-from ..lookupd.daemon import LookupdOptions
+from ..lookupd.options import LookupdOptions
 from ..nsqd.flags import _parse_tls_min_version, _parse_tls_required
 from ..nsqd.listeners import listen_error
 from ..nsqd.options import NSQDOptions

@@ -11,8 +11,9 @@ from typing import Any
 import trio
 
 from ..golang.lg import version_string
-from ..lookupd.daemon import LookupdOptions, NSQLookupd
+from ..lookupd.daemon import NSQLookupd
 from ..lookupd.flags import nsqlookupd_command_defaults, nsqlookupd_flagset
+from ..lookupd.options import LookupdOptions
 from .common import (
     _check_listeners,
     _config_values,

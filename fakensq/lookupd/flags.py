@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..golang.flags import FlagSet
 from ..golang.lg import _daemon_flagset
-from .daemon import LookupdOptions
+from .options import LookupdOptions
 
 __all__ = ["nsqlookupd_command_defaults", "nsqlookupd_flagset"]
 
