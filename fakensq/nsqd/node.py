@@ -19,6 +19,7 @@ import socket
 import ssl
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -193,6 +194,8 @@ class NSQD(ServingNode):
         #: Disk-queue positions being restored, by (topic, channel or None);
         #: filled by :func:`fakensq.persist.load_state` while it recreates topics.
         self.restored_backends: dict[tuple[str, str | None], dict[str, Any]] = {}
+        self._disk_queues: weakref.WeakSet[DiskBackedQueue] = weakref.WeakSet()
+        self._disk_queue_added = trio.Event()
 
     # --- lifecycle ---
 
@@ -217,6 +220,7 @@ class NSQD(ServingNode):
                     write_metadata(self, opts.data_path)
                     keep_metadata = metadata_writer(self, opts.data_path)
                     self.add_registry_listener(keep_metadata)
+                    nursery.start_soon(self._sync_disk_queues)
                 # host:port is TCP, anything else a Unix socket path, as nsqd.
                 if opts.tcp_address:
                     tcp, self.tcp_address = await open_listeners(opts.tcp_address)
@@ -415,14 +419,34 @@ class NSQD(ServingNode):
         opts = self.options
         if not opts.data_path or is_ephemeral(topic) or (channel and is_ephemeral(channel)):
             return MemoryQueue()
-        return DiskBackedQueue(
+        queue = DiskBackedQueue(
             opts.data_path,
             topic if channel is None else f"{topic}:{channel}",
             mem_size=opts.mem_queue_size,
             max_bytes_per_file=opts.max_bytes_per_file,
             sync_every=opts.sync_every,
+            sync_timeout=opts.sync_timeout,
             meta=self.restored_backends.get((topic, channel)),
         )
+        # Each go-diskqueue has its own sync ticker, from its creation on.
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # made outside a trio run: ticks from the node's start
+            now = 0.0
+        queue.next_sync = now + opts.sync_timeout if opts.sync_timeout > 0 else math.inf
+        self._disk_queues.add(queue)
+        self._disk_queue_added.set()
+        return queue
+
+    async def _sync_disk_queues(self) -> None:
+        """Drive every disk queue's ``sync_timeout`` ticker (what a killed node
+        keeps on disk is what the last sync recorded: :mod:`.diskqueue`)."""
+        while True:
+            now = trio.current_time()
+            due = min((q.tick(now) for q in list(self._disk_queues)), default=math.inf)
+            with trio.move_on_at(due):
+                await self._disk_queue_added.wait()
+            self._disk_queue_added = trio.Event()
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)

@@ -24,6 +24,7 @@ derandomized (the suite's hypothesis profile).
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,14 +233,25 @@ class _TopicIds:
         return key
 
 
+#: An id in an error text (``E_FIN_FAILED FIN <id> failed ...``).
+_FAILED_ID = re.compile(r"^(E_\w+ (?:FIN|REQ|TOUCH) )(.{16})( failed)")
+
+
 def _alias_ids(
-    entries: list[Entry], base: Normalizer, pending: dict[str, tuple[str, bytes]]
+    entries: list[Entry],
+    base: Normalizer,
+    pending: dict[str, tuple[str, bytes]],
+    topics: dict[str, str],
 ) -> list[Entry]:
     out = []
     for entry in entries:
         if entry[1] == "msg" and entry[2] in pending:
             topic, raw = pending.pop(entry[2])
             entry = (*entry[:2], base.message_id(raw, topic.encode()), *entry[3:])
+        elif isinstance(entry[1], str) and (found := _FAILED_ID.match(entry[1])):
+            # The id of the session's own topic (another topic's may be equal).
+            alias = base.message_id(found[2].encode("latin-1"), topics[entry[0]].encode())
+            entry = (entry[0], found[1] + alias + entry[1][found.end(2) :], *entry[2:])
         out.append(entry)
     return out
 
@@ -316,7 +328,12 @@ async def run_steps(t: Target, plan: Plan, sequence: list[Step]) -> Any:
                 plan.counts[key] = len(c.messages) - before.get(i, 0)
             else:
                 await c.read_messages(plan.counts.get(key, 0) - len(c.messages) + before.get(i, 0))
-        t.transcript[mark:] = _alias_ids(_canonical(t.transcript[mark:]), t.normalizer, pending)
+        topics = {c.name: ids[i].topic for i, c in sessions.items()}
+        for c in t.sessions:
+            topics.setdefault(c.name, "")
+        t.transcript[mark:] = _alias_ids(
+            _canonical(t.transcript[mark:]), t.normalizer, pending, topics
+        )
     if t.kind == "real":
         delivered = sum(1 for e in t.transcript if e[1] == "msg")
         errors = sum(1 for e in t.transcript if e[1].startswith("E_"))
