@@ -21,7 +21,8 @@ nsqd v1.3.0, SIGKILL):
 - a sync comes every ``sync_every`` reads and writes (``--sync-every``), when
   the reader or writer moves to another file, at a clean close, and on the
   queue's own ``sync_timeout`` ticker (``--sync-timeout``, 2 s) when anything
-  was read or written since the last one (the node drives it: :meth:`tick`);
+  was read or written since the last one (:meth:`tick`: the ticks due run
+  at the next read or write, and when the node is killed);
 - killed before its first sync, a queue comes back empty (no meta file: the
   segments are dropped);
 - killed after it, the queue comes back at the recorded positions: messages
@@ -42,7 +43,7 @@ import math
 import os
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -91,6 +92,8 @@ class DiskBackedQueue:
         self.sync_timeout = sync_timeout
         #: When :meth:`tick` syncs next (the node sets it from its clock).
         self.next_sync = math.inf
+        #: The clock of the ticks (None: ticks only when :meth:`tick` is called).
+        self.clock: Callable[[], float] | None = None
         self._mem: deque[Message] = deque()
         self._writer: BinaryIO | None = None
         self._reader: BinaryIO | None = None
@@ -195,7 +198,13 @@ class DiskBackedQueue:
         if self._ops_since_sync >= self.sync_every:
             self.sync()
 
+    def _catch_up(self) -> None:
+        # The ticks due before this read or write (see the module doc).
+        if self.clock is not None:
+            self.tick(self.clock())
+
     def _write(self, msgs: Iterable[Message]) -> None:
+        self._catch_up()
         for msg in msgs:
             if self._writer is None:
                 self._writer = open(self.segment(self.write_file), "ab")
@@ -229,6 +238,7 @@ class DiskBackedQueue:
         self.sync()
 
     def _read_one(self) -> Message | None:
+        self._catch_up()
         while self._has_disk():
             if self._reader is None:
                 try:

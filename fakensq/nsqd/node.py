@@ -195,7 +195,6 @@ class NSQD(ServingNode):
         #: filled by :func:`fakensq.persist.load_state` while it recreates topics.
         self.restored_backends: dict[tuple[str, str | None], dict[str, Any]] = {}
         self._disk_queues: weakref.WeakSet[DiskBackedQueue] = weakref.WeakSet()
-        self._disk_queue_added = trio.Event()
 
     # --- lifecycle ---
 
@@ -220,7 +219,6 @@ class NSQD(ServingNode):
                     write_metadata(self, opts.data_path)
                     keep_metadata = metadata_writer(self, opts.data_path)
                     self.add_registry_listener(keep_metadata)
-                    nursery.start_soon(self._sync_disk_queues)
                 # host:port is TCP, anything else a Unix socket path, as nsqd.
                 if opts.tcp_address:
                     tcp, self.tcp_address = await open_listeners(opts.tcp_address)
@@ -256,6 +254,8 @@ class NSQD(ServingNode):
             self._nursery = None
             if keep_metadata is not None:
                 self.remove_registry_listener(keep_metadata)
+            if opts.data_path and not self.persist_on_stop:
+                self.catch_up_disk_syncs()  # killed: the ticks up to now
             if restored and self.persist_on_stop:
                 # Before the channels close (in-flight messages still listed);
                 # only when the earlier state was restored, never overwriting it
@@ -434,19 +434,21 @@ class NSQD(ServingNode):
         except RuntimeError:  # made outside a trio run: ticks from the node's start
             now = 0.0
         queue.next_sync = now + opts.sync_timeout if opts.sync_timeout > 0 else math.inf
+        queue.clock = _trio_time
         self._disk_queues.add(queue)
-        self._disk_queue_added.set()
         return queue
 
-    async def _sync_disk_queues(self) -> None:
-        """Drive every disk queue's ``sync_timeout`` ticker (what a killed node
-        keeps on disk is what the last sync recorded: :mod:`.diskqueue`)."""
-        while True:
-            now = trio.current_time()
-            due = min((q.tick(now) for q in list(self._disk_queues)), default=math.inf)
-            with trio.move_on_at(due):
-                await self._disk_queue_added.wait()
-            self._disk_queue_added = trio.Event()
+    def catch_up_disk_syncs(self) -> None:
+        """Run the disk queues' due ``sync_timeout`` ticks now.
+
+        A queue runs its ticks when it is next read or written, and the node
+        when it is killed (no task of its own: a simulation's schedule stays
+        as it was): what is on disk is then what nsqd's tickers would have
+        left.  Call it to see the meta files as they would be now.
+        """
+        now = trio.current_time()
+        for queue in list(self._disk_queues):
+            queue.tick(now)
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)
@@ -526,3 +528,7 @@ class NSQD(ServingNode):
     ) -> dict[str, Any]:
         """The same document as ``GET /stats?format=json``."""
         return build_stats(self, topic, channel, include_clients, include_mem)
+
+
+def _trio_time() -> float:
+    return trio.current_time()

@@ -104,10 +104,12 @@ def synced_depth(data: Path, queue: str) -> int | None:
         return None
 
 
-async def wait_synced(data: Path, queue: str, depth: int) -> None:
+async def wait_synced(node: KillableNSQD, queue: str, depth: int) -> None:
     with trio.fail_after(READ_TIMEOUT):
         while True:
-            if synced_depth(data, queue) == depth:
+            if node.fake is not None:
+                node.fake.catch_up_disk_syncs()  # (its tickers run when looked at)
+            if synced_depth(node.data, queue) == depth:
                 return
             await trio.sleep(0.01)  # another process's file: poll it
 
@@ -142,7 +144,7 @@ async def scenario(kind: str, data: Path, flags: list[str], plan: list[Any]) -> 
             elif step[0] == "pub":
                 await publish(node, "p", step[1])
             elif step[0] == "synced":
-                await wait_synced(data, step[1], step[2])
+                await wait_synced(node, step[1], step[2])
         stats = (await http.get(f"http://{node.http_address}/stats?format=json")).json()
         outcome.append(("before", depths(stats)))
         await node.kill()
