@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 
 import trio
@@ -101,10 +102,12 @@ class Daemon:
 
 async def run(*args: str) -> subprocess.CompletedProcess[bytes]:
     """Run ``python -m fakensq ARGS`` to completion."""
-    with trio.fail_after(START_TIMEOUT):
+    # Its own working directory: nsqd's default data path, which it locks.
+    with tempfile.TemporaryDirectory() as cwd, trio.fail_after(START_TIMEOUT):
         return await trio.run_process(
             [sys.executable, "-m", "fakensq", *args],
             capture_stdout=True,
             capture_stderr=True,
             check=False,
+            cwd=cwd,
         )

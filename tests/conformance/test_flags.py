@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,11 @@ def run(kind: str, daemon: str, *args: str) -> tuple[int, str, str]:
         logger = logging.getLogger("fakensq")
         saved = (list(logger.handlers), logger.level, logger.propagate)
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                status = main(list(args))
+            # Its own working directory: nsqd's default data path, which it
+            # locks (another test's nsqd may be starting in the checkout now).
+            with tempfile.TemporaryDirectory() as cwd, contextlib.chdir(cwd):
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    status = main(list(args))
         finally:
             logger.handlers[:], logger.level, logger.propagate = saved
         return status, out.getvalue(), err.getvalue()
@@ -63,15 +67,17 @@ def run(kind: str, daemon: str, *args: str) -> tuple[int, str, str]:
 
 def run_process(command: list[str], *args: str) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [*command, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=ROOT,
-        check=False,
-    )
+    # Its own working directory: nsqd's default data path, which it locks.
+    with tempfile.TemporaryDirectory() as cwd:
+        done = subprocess.run(
+            [*command, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=cwd,
+            check=False,
+        )
     return done.returncode, done.stdout, done.stderr
 
 
