@@ -145,6 +145,11 @@ class RealDaemon:
         self.flags = list(flags)
         self.tcp_address = f"127.0.0.1:{tcp_port or free_port()}"
         self.http_address = f"127.0.0.1:{http_port or free_port()}"
+        # Ports chosen here may be taken by another process before the daemon
+        # binds them (free_port's race; parallel test workers): the first start
+        # then tries fresh ones.
+        self._fresh_ports = (tcp_port is None, http_port is None)
+        self._started_once = False
         self._own_dir: tempfile.TemporaryDirectory[str] | None = None
         if data_path is None:
             self._own_dir = tempfile.TemporaryDirectory(prefix=f"real-{name}-")
@@ -173,6 +178,23 @@ class RealDaemon:
 
     def start(self) -> None:
         """Start (again, on the same ports and data) and wait until ``/ping`` answers."""
+        for _ in range(3):
+            try:
+                self._start()
+                self._started_once = True
+                return
+            except RuntimeError as exc:
+                taken = "address already in use" in str(exc)
+                if self._started_once or not taken or not any(self._fresh_ports):
+                    raise
+                if self._fresh_ports[0]:
+                    self.tcp_address = f"127.0.0.1:{free_port()}"
+                if self._fresh_ports[1]:
+                    self.http_address = f"127.0.0.1:{free_port()}"
+        self._start()
+        self._started_once = True
+
+    def _start(self) -> None:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
         with open(self.log_path, "ab") as log:
