@@ -292,6 +292,10 @@ class Conformance:
         parallel: bool,
     ) -> Any:
         binary = reference.binary(name)
+        if self._lookupd_kind == "real" and reference.binary("nsqlookupd") is None:
+            # Even fakensq's run needs the real nsqlookupd here: nothing to run.
+            self.skip_reason = f"needs the real nsqlookupd: {reference.skip_reason()}"
+            pytest.skip(self.skip_reason)
         need_lookupd = lookupd is not None and self._lookupd_kind != "fakensq"
         have_real = binary is not None and not (
             need_lookupd and reference.binary("nsqlookupd") is None

@@ -96,7 +96,12 @@ def test_the_worker_script_does_its_jobs(nsqd: Any) -> None:
 def test_the_worker_stops_cleanly_on_sigterm(nsqd: Any) -> None:
     worker = _worker(nsqd.tcp_address)
     assert worker.stdout is not None
-    assert worker.stdout.readline().strip() == "ready"
+    # stderr is merged in: the consumer's log lines may come before "ready".
+    for line in worker.stdout:
+        if line.strip() == "ready":
+            break
+    else:
+        pytest.fail(f"the worker ended before it was ready: {worker.wait()}")
     with blocking.Producer([nsqd.tcp_address]) as producer:
         producer.multi_publish("jobs", [b"job-%d" % i for i in range(3)])
     wait_until(lambda: stats(nsqd, "jobs", "workers").get("depth") == 0)
