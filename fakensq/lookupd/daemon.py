@@ -611,19 +611,15 @@ class NSQLookupd(ServingNode):
         return _v1({"topics": self.topics()})
 
     async def _channels(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
-        topic = request.arg("topic")
-        if topic is None:
-            return _v1_error(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(request)
+        if isinstance(topic, Response):
+            return topic
         return _v1({"channels": self.channels(topic)})
 
     async def _lookup(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
-        topic = request.arg("topic")
-        if topic is None:
-            return _v1_error(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(request)
+        if isinstance(topic, Response):
+            return topic
         if not self.db.find_registrations("topic", topic, ""):
             return _v1_error(404, "TOPIC_NOT_FOUND")
         return _v1(
@@ -662,11 +658,9 @@ class NSQLookupd(ServingNode):
         return math.floor((trio_time + self._wall_offset) * 1e9)
 
     async def _create_topic(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
-        topic = request.arg("topic")
-        if topic is None:
-            return _v1_error(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(request)
+        if isinstance(topic, Response):
+            return topic
         if not is_valid_topic_name(topic):
             return _v1_error(400, "INVALID_ARG_TOPIC")
         self._logf(logging.INFO, f"DB: adding topic({topic})")
@@ -674,11 +668,9 @@ class NSQLookupd(ServingNode):
         return _v1(None)
 
     async def _delete_topic(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
-        topic = request.arg("topic")
-        if topic is None:
-            return _v1_error(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(request)
+        if isinstance(topic, Response):
+            return topic
         for reg in self.db.find_registrations("channel", topic, "*"):
             self._logf(logging.INFO, f"DB: removing channel({reg.subkey}) from topic({topic})")
             self.db.remove_registration(reg)
@@ -688,11 +680,9 @@ class NSQLookupd(ServingNode):
         return _v1(None)
 
     async def _tombstone_topic_producer(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
-        topic = request.arg("topic")
-        if topic is None:
-            return _v1_error(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(request)
+        if isinstance(topic, Response):
+            return topic
         node = request.arg("node")
         if node is None:
             return _v1_error(400, "MISSING_ARG_NODE")
@@ -705,9 +695,9 @@ class NSQLookupd(ServingNode):
 
     @staticmethod
     def _topic_channel_args(request: Request) -> tuple[str, str] | Response:
-        topic = request.arg("topic")
-        if topic is None:
-            return _v1_error(400, "MISSING_ARG_TOPIC")
+        topic = _topic_arg(request)
+        if isinstance(topic, Response):
+            return topic
         if not is_valid_topic_name(topic):
             return _v1_error(400, "INVALID_ARG_TOPIC")
         channel = request.arg("channel")
@@ -718,8 +708,6 @@ class NSQLookupd(ServingNode):
         return topic, channel
 
     async def _create_channel(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         args = self._topic_channel_args(request)
         if isinstance(args, Response):
             return args
@@ -731,8 +719,6 @@ class NSQLookupd(ServingNode):
         return _v1(None)
 
     async def _delete_channel(self, request: Request) -> Response:
-        if request.query_error is not None:
-            return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
         args = self._topic_channel_args(request)
         if isinstance(args, Response):
             return args
@@ -747,6 +733,16 @@ class NSQLookupd(ServingNode):
 
 
 _V1_HEADER: Final = ("X-NSQ-Content-Type", "nsq; version=1.0")
+
+
+def _topic_arg(request: Request) -> str | Response:
+    """The ``topic`` argument, or nsqlookupd's error for a query without one."""
+    if request.query_error is not None:
+        return _v1_error(400, "INVALID_REQUEST")  # http_api.NewReqParams failed
+    topic = request.arg("topic")
+    if topic is None:
+        return _v1_error(400, "MISSING_ARG_TOPIC")
+    return topic
 
 
 def _v1(data: Any) -> Response:
