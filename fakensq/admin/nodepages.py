@@ -278,11 +278,15 @@ def timeline_page(
     caps: FaultCaps,
     events: Sequence[Event],
     active: Sequence[dict[str, Any]] = (),
+    proxies: dict[str, str] | None = None,
 ) -> Page:
+    """The fault controls (a Cluster's, then each proxy's ``proxies`` sections)
+    and the timeline."""
     sections: dict[str, str] = {}
-    if caps.any:
+    if caps.cluster:
         sections["faults"] = fault_controls(snap, caps)
         sections["active-faults"] = active_faults(active)
+    sections.update(proxies or {})
     sections["timeline"] = timeline(events)
     return Page("Faults and timeline" if caps.any else "Timeline", sections)
 

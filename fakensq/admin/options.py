@@ -49,6 +49,9 @@ class AdminOptions:
     statsd_interval: float = 60.0
     nsqlookupd_http_addresses: list[str] = field(default_factory=list)
     nsqd_http_addresses: list[str] = field(default_factory=list)
+    #: fakensq only (no nsqadmin flag): HTTP addresses of ``fakensq proxy``s, whose
+    #: fault buttons the Faults page shows
+    proxy_http_addresses: list[str] = field(default_factory=list)
     http_client_connect_timeout: float = 2.0
     http_client_request_timeout: float = 5.0
     http_client_tls_insecure_skip_verify: bool = False
@@ -80,6 +83,7 @@ class AdminOptions:
         for flag, addresses in (
             ("--lookupd-http-address", self.nsqlookupd_http_addresses),
             ("--nsqd-http-address", self.nsqd_http_addresses),
+            ("--proxy-http-address", self.proxy_http_addresses),
         ):
             for address in addresses:
                 reason = _address_problem(address)

@@ -10,7 +10,11 @@
 
 Everything is read and done through nsqd's and nsqlookupd's HTTP APIs, as
 nsqadmin does, so it works against real daemons too; only the fault controls
-need the in-process :class:`fakensq.Cluster`.
+need the in-process :class:`fakensq.Cluster`, or, for the faults of the wire
+in front of a real nsqd, ``fakensq proxy``'s HTTP API::
+
+    async with Admin(nsqd_http_addresses=[...], proxy_http_addresses=[proxy.http_address]):
+        ...                        # the Faults page has the proxy's buttons
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from .data import Reader, Snapshot
 from .faultcontrols import FaultControls
 from .history import CHART_WINDOW, History
 from .options import AdminOptions, OptionsError, go_file_error, normalize_base_path
+from .proxycontrols import ProxyControls
+from .proxypages import proxy_sections
 from .timeline import Event, Timeline
 from .views import FaultCaps
 
@@ -119,9 +125,10 @@ class Admin(ServingNode):
     ``http_address`` override theirs.  Without ``options`` it listens on
     ``127.0.0.1:4171`` (the command line, as nsqadmin, on every interface).
     With ``cluster`` (a running :class:`fakensq.Cluster`) its nodes are read and
-    the fault controls are on.  The cluster is read every ``watch_interval``
-    seconds for the timeline and the charts, which show the last
-    ``chart_window`` seconds.
+    the fault controls are on.  With ``proxy_http_addresses`` (``fakensq proxy``s'
+    HTTP addresses, or the options') the Faults page has their buttons.  The
+    cluster is read every ``watch_interval`` seconds for the timeline and the
+    charts, which show the last ``chart_window`` seconds.
     """
 
     def __init__(
@@ -131,6 +138,7 @@ class Admin(ServingNode):
         lookupd_http_addresses: Sequence[str] = (),
         nsqd_http_addresses: Sequence[str] = (),
         cluster: Cluster | None = None,
+        proxy_http_addresses: Sequence[str] = (),
         http_address: str | None = None,
         watch_interval: float = WATCH_INTERVAL,
         chart_window: float = CHART_WINDOW,
@@ -144,6 +152,8 @@ class Admin(ServingNode):
             opts.nsqlookupd_http_addresses = list(lookupd_http_addresses)
         if nsqd_http_addresses:
             opts.nsqd_http_addresses = list(nsqd_http_addresses)
+        if proxy_http_addresses:
+            opts.proxy_http_addresses = list(proxy_http_addresses)
         if http_address is not None:
             opts.http_address = http_address
         opts.base_path = normalize_base_path(opts.base_path)
@@ -158,6 +168,10 @@ class Admin(ServingNode):
         self.actions: PageActions | None = None
         #: The fault controls (with a cluster only).
         self.faults = FaultControls(cluster, self.timeline) if cluster is not None else None
+        #: The fault proxies' controls (with proxy HTTP addresses only).
+        self.proxies = (
+            ProxyControls(opts.proxy_http_addresses) if opts.proxy_http_addresses else None
+        )
         self._client: httpx.AsyncClient | None = None
         self._reader: Reader | None = None
         self._router: Router | None = None
@@ -209,9 +223,10 @@ class Admin(ServingNode):
 
     @property
     def caps(self) -> FaultCaps:
-        """The fault controls that work: all of them with a Cluster, none without."""
+        """The fault controls that work: all of a Cluster's with one; a proxy's
+        (on its own section) with proxies."""
         on = self.cluster is not None
-        return FaultCaps(on, on, on, on)
+        return FaultCaps(on, on, on, on, proxy=self.proxies is not None)
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started`` gets the URL."""
@@ -253,6 +268,8 @@ class Admin(ServingNode):
     async def snapshot(self) -> Snapshot:
         """The cluster as it is now (read afresh through the HTTP APIs)."""
         assert self._reader is not None
+        if self.proxies is not None and self._client is not None:
+            await self.proxies.refresh(self._client)
         cluster_nsqds = self.cluster.nsqd_http_addresses if self.cluster is not None else []
         return await self._reader.snapshot(
             self.lookupd_http_addresses,
@@ -400,7 +417,11 @@ class Admin(ServingNode):
             return nodepages.lookup_page
         if parts == ["timeline"]:
             return lambda s: nodepages.timeline_page(
-                s, caps, list(self.timeline.events), self.faults.active() if self.faults else []
+                s,
+                caps,
+                list(self.timeline.events),
+                self.faults.active() if self.faults else [],
+                proxy_sections(self.proxies.states) if self.proxies else {},
             )
         if len(parts) == 2 and parts[0] == "topics":
             return lambda s: topicpages.topic_page(s, parts[1], history)
@@ -429,9 +450,16 @@ class Admin(ServingNode):
         message = f"{action} failed"
         try:
             if fault:
-                if self.faults is None:
+                verb = action[len("fault/") :]
+                if verb.startswith("proxy-") and self.proxies is not None:
+                    assert self._client is not None
+                    ok, message = await self.proxies.do(self._client, verb, args)
+                elif verb.startswith("proxy-"):
+                    raise ActionError("proxy faults need --proxy-http-address")
+                elif self.faults is None:
                     raise ActionError("fault controls need an in-process fakensq Cluster")
-                ok, message = await self.faults.do(action[len("fault/") :], args)
+                else:
+                    ok, message = await self.faults.do(verb, args)
             else:
                 assert self.actions is not None
                 ok, message = await self.actions.act(action, args)

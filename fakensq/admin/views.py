@@ -46,10 +46,17 @@ class FaultCaps:
     partition: bool = False
     stall_heartbeats: bool = False
     timeout_in_flight: bool = False
+    #: fakensq proxies' buttons (the wire's faults, in front of a real nsqd)
+    proxy: bool = False
+
+    @property
+    def cluster(self) -> bool:
+        """Whether an in-process Cluster's controls are on."""
+        return self.kill_restart or self.partition or self.stall_heartbeats
 
     @property
     def any(self) -> bool:
-        return self.kill_restart or self.partition or self.stall_heartbeats
+        return self.cluster or self.proxy
 
 
 @dataclass

@@ -103,6 +103,13 @@ def admin_flagset(defaults: AdminOptions | None = None) -> FlagSet:
         "nsqd HTTP address (may be given multiple times)",
         "nsqd_http_addresses",
     )
+    # fakensq's own (nsqadmin has no such flag): the Faults page's proxy buttons.
+    fs.add_list(
+        "proxy-http-address",
+        "here only (not nsqadmin's): HTTP address of a 'fakensq proxy' whose fault buttons "
+        "the Faults page shows (may be given multiple times)",
+        "proxy_http_addresses",
+    )
     fs.add_duration(
         "http-client-connect-timeout",
         o.http_client_connect_timeout,
@@ -171,7 +178,12 @@ class ConfigError(Exception):
     """The ``--config`` file cannot be read (nsqadmin exits 1 with this text)."""
 
 
-_LIST_FIELDS = {"nsqlookupd_http_addresses", "nsqd_http_addresses", "admin_users"}
+_LIST_FIELDS = {
+    "nsqlookupd_http_addresses",
+    "nsqd_http_addresses",
+    "proxy_http_addresses",
+    "admin_users",
+}
 _DURATION_FIELDS = {"statsd_interval", "http_client_connect_timeout", "http_client_request_timeout"}
 _BOOL_FIELDS = {"proxy_graphite", "http_client_tls_insecure_skip_verify"}
 
