@@ -113,7 +113,8 @@ class AdminOptions:
         return True, value
 
 
-_FIELDS = {f.name for f in dataclasses.fields(AdminOptions)}
+# /config answers nsqadmin's options only (404 for fakensq's own, as nsqadmin would).
+_FIELDS = {f.name for f in dataclasses.fields(AdminOptions)} - {"proxy_http_addresses"}
 _DURATIONS = {"statsd_interval", "http_client_connect_timeout", "http_client_request_timeout"}
 
 
