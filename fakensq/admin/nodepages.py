@@ -279,6 +279,7 @@ def timeline_page(
     events: Sequence[Event],
     active: Sequence[dict[str, Any]] = (),
     proxies: dict[str, str] | None = None,
+    footer: str = "",
 ) -> Page:
     """The fault controls (a Cluster's, then each proxy's ``proxies`` sections)
     and the timeline."""
@@ -288,7 +289,7 @@ def timeline_page(
         sections["active-faults"] = active_faults(active)
     sections.update(proxies or {})
     sections["timeline"] = timeline(events)
-    return Page("Faults and timeline" if caps.any else "Timeline", sections)
+    return Page("Faults and timeline" if caps.any else "Timeline", sections, footer=footer)
 
 
 def fault_controls(snap: Snapshot, caps: FaultCaps) -> str:

@@ -10,7 +10,7 @@ from ..testing.proxy import WIRE_KINDS
 from .proxycontrols import INSIDE_NSQD, INSIDE_REASON, ProxyState
 from .views import Col, button, e, table
 
-__all__ = ["proxy_sections"]
+__all__ = ["proxy_forms", "proxy_sections"]
 
 #: The proxy-wide buttons: label, kind, confirmation, parameters.
 _BUTTONS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
@@ -63,14 +63,22 @@ def _proxy(i: int, state: ProxyState) -> str:
     return (
         head
         + f'<div class="controls" data-proxy="{i}">{buttons}</div>'
-        + _form(i)
         + _connections(i, state)
         + _active(i, state)
     )
 
 
+def proxy_forms(addresses: Sequence[str]) -> str:
+    """A form per proxy for any wire fault with its parameters (a client, a role,
+    a direction...): the page's footer, which is not re-rendered every second, so
+    what is typed stays while the proxy's connections and faults change."""
+    return "".join(
+        f"<h2>Inject a fault through proxy {e(address)}</h2>{_form(i)}"
+        for i, address in enumerate(addresses)
+    )
+
+
 def _form(i: int) -> str:
-    """Any wire fault, with its parameters (a client, a role, a direction...)."""
     # The form's own data-action is replaced by the chosen kind (the script
     # sends the form's fields over its data-* attributes).
     kinds = "".join(f'<option value="fault/proxy-{k}">{e(k)}</option>' for k in WIRE_KINDS)

@@ -44,7 +44,7 @@ from .faultcontrols import FaultControls
 from .history import CHART_WINDOW, History
 from .options import AdminOptions, OptionsError, go_file_error, normalize_base_path
 from .proxycontrols import ProxyControls
-from .proxypages import proxy_sections
+from .proxypages import proxy_forms, proxy_sections
 from .timeline import Event, Timeline
 from .views import FaultCaps
 
@@ -422,6 +422,7 @@ class Admin(ServingNode):
                 list(self.timeline.events),
                 self.faults.active() if self.faults else [],
                 proxy_sections(self.proxies.states) if self.proxies else {},
+                proxy_forms(self.proxies.addresses) if self.proxies else "",
             )
         if len(parts) == 2 and parts[0] == "topics":
             return lambda s: topicpages.topic_page(s, parts[1], history)

@@ -151,6 +151,9 @@ async def test_the_admins_form_sends_any_wire_fault_and_refusals_come_back() -> 
         page = await _faults_page(http)
         form = re.search(r'<form [^>]*data-action="fault/proxy"[^>]*>.*?</form>', page)
         assert form is not None
+        # not in a live section: what is typed stays while the page refreshes
+        live = (await http.get("/api/live/timeline")).json()["sections"]
+        assert not any("<form" in html for html in live.values())
         for name in ("action", "client", "role", "direction", "seconds"):
             assert f'name="{name}"' in form.group(0), name
         # What the form sends: its data-* attributes, then its filled fields.
