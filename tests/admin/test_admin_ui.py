@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
+
+from fakensq.admin import Admin
+from fakensq.testing.proxy import FaultProxy
+from fakensq.testing.threaded import BackgroundNode
+from tests import reference
 
 from .conftest import AdminEnv, RawConsumer, screenshot, screenshots_wanted
 
@@ -438,3 +444,57 @@ def test_base_path_and_admin_users(page: Any, loaded: AdminEnv) -> None:
     page.goto(env.url)
     expect(page.locator(f'#topics tr[data-topic="{TOPIC}"]')).to_be_visible()
     expect(page.locator("#live")).to_contain_text("live ·")
+
+
+@asynccontextmanager
+async def _real_nsqd_behind_a_proxy() -> AsyncIterator[tuple[FaultProxy, Admin]]:
+    async with (
+        reference.open_nsqd() as nsqd,
+        FaultProxy(nsqd.tcp_address) as proxy,
+        Admin(
+            nsqd_http_addresses=[nsqd.http_address],
+            proxy_http_addresses=[str(proxy.http_address)],
+            http_address="127.0.0.1:0",
+            watch_interval=0.2,
+        ) as admin,
+    ):
+        yield proxy, admin
+
+
+def test_proxy_fault_buttons_on_a_real_nsqd(page: Any) -> None:
+    """Clicked in the browser: the proxy's *Drop consumers* cuts a consumer of the
+    real nsqd off; the form injects a stall that *Heal all* heals."""
+    reference.require("nsqd")
+    node: BackgroundNode[tuple[FaultProxy, Admin]] = BackgroundNode(
+        _real_nsqd_behind_a_proxy, "admin-proxy"
+    )
+    proxy, admin = node.start()
+    consumer: RawConsumer | None = None
+    try:
+        consumer = RawConsumer(proxy.tcp_address, TOPIC, "billing", rdy=1)
+        page.goto(f"{admin.url}/timeline")
+        section = page.locator("#proxy-0")
+        expect(section.locator("tr[data-client] [data-k=role]")).to_have_text("consumer")
+        expect(page.locator("#proxy-cannot button[disabled]")).to_have_count(5)
+        section.get_by_role("button", name="Drop consumers").click()
+        expect(page.locator("#flash")).to_contain_text("dropped 1 connection(s) (consumers')")
+        consumer.sock.settimeout(10)
+        while consumer.sock.recv(4096):  # what nsqd sent before the drop, then EOF
+            pass
+        expect(section.locator("tr[data-client]")).to_have_count(0)
+
+        form = page.locator('form[data-action="fault/proxy"]')
+        form.locator('select[name="action"]').select_option("fault/proxy-stall")
+        form.locator('select[name="direction"]').select_option("out")
+        form.get_by_role("button", name="Inject").click()
+        expect(page.locator("#flash")).to_contain_text("stall #")
+        expect(section.locator("tr[data-fault]")).to_have_count(1)
+        assert [(f.kind, f.direction) for f in proxy.faults.active] == [("stall", "out")]
+        section.get_by_role("button", name="Heal all").click()
+        expect(section.locator("tr[data-fault]")).to_have_count(0)
+        assert proxy.faults.active == []
+        expect(page.locator("#timeline")).to_contain_text("healed 1 fault(s)")
+    finally:
+        if consumer is not None:
+            consumer.close()
+        node.stop()
