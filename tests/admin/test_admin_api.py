@@ -165,6 +165,13 @@ async def _real_cluster(stack: AsyncExitStack, *nsqd_flags: str) -> Layout:
         )
         for _ in range(2)
     ]
+
+    async def know_lookupd() -> bool:
+        # A topic created before nsqd has nsqlookupd's answer to its IDENTIFY
+        # (the log's "peer info") is not given the channels nsqlookupd knows.
+        return all("peer info" in n.log() for n in nsqds)
+
+    await until(know_lookupd)
     return Layout(
         lookupd.http_address, [n.http_address for n in nsqds], [n.tcp_address for n in nsqds]
     )
