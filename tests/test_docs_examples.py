@@ -7,6 +7,7 @@ project would run it.  Any other block runs as a script.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +37,11 @@ def test_docs_example_runs(where: str, code: str, is_test: bool, tmp_path: Path)
         cwd = tmp_path
     else:
         # A fresh interpreter each: examples call trio.run and must not share state.
-        command, cwd = [sys.executable, "-c", code], ROOT
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+        # In a folder of its own: nsqds keep their metadata (nsqd.dat, fakensq.dat)
+        # in the working directory, which must not be the repository.
+        command, cwd = [sys.executable, "-c", code], tmp_path
+    # This tree's packages, wherever the example runs.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{where} failed:\n{result.stdout}\n{result.stderr}"
