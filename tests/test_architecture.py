@@ -240,6 +240,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "fakensq.version": (),
     "fakensq.golang": ("fakensq.version",),
     "fakensq.serving": (),
+    "fakensq.proxyapi": (),
     "fakensq.http": ("fakensq.golang", "fakensq.version"),
     "fakensq.lookupd": ("fakensq.http", "fakensq.golang", "fakensq.version", "fakensq.serving"),
     "fakensq.nsqd": (
@@ -250,6 +251,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "fakensq.serving",
     ),
     "fakensq.admin": (
+        "fakensq.proxyapi",
         "fakensq.http",
         "fakensq.golang",
         "fakensq.version",

@@ -6,7 +6,7 @@ API (``POST /faults/KIND``, ``DELETE /faults/ID``, ``GET /faults``); the admin,
 given the proxies' HTTP addresses (``fakensq admin --proxy-http-address``),
 reads each one's faults and connections for the Faults page and sends the
 pressed button's fault to it.  Only what a proxy can do is offered (the kinds
-of :data:`~fakensq.testing.proxy.WIRE_KINDS`); what happens inside nsqd is
+of :data:`~fakensq.proxyapi.WIRE_KINDS`); what happens inside nsqd is
 shown greyed, with the reason.
 """
 
@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ..testing.proxy import WIRE_KINDS
+from ..proxyapi import WIRE_KINDS
 from .actions import ActionError
 
 __all__ = ["INSIDE_NSQD", "ProxyControls", "ProxyState"]

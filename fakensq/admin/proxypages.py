@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..testing.proxy import WIRE_KINDS
+from ..proxyapi import WIRE_KINDS
 from .proxycontrols import INSIDE_NSQD, INSIDE_REASON, ProxyState
 from .views import Col, button, e, table
 

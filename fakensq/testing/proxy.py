@@ -43,6 +43,7 @@ import trio
 from ..golang.net import join_host_port, split_host_port
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
+from ..proxyapi import WIRE_KINDS
 from .faultplayer import MetFault
 from .faults import Direction, Fault, Faults, FaultyStream, Role, Tracer, _socket_peer
 
@@ -58,16 +59,6 @@ __all__ = [
 
 log = logging.getLogger("fakensq.proxy")
 
-#: The faults a proxy can inject (``POST /faults/KIND``).
-WIRE_KINDS: Final = (
-    "drop",
-    "delay",
-    "stall",
-    "swallow_heartbeats",
-    "corrupt",
-    "truncate",
-    "partition",
-)
 #: The kinds of :mod:`fakensq.testing.schedule` a proxy can play.
 SCHEDULE_KINDS: Final = ("drop", "delay", "stall", "swallow_heartbeats")
 #: Those that act on whole frames (not on TLS or compressed connections).
