@@ -299,11 +299,12 @@ class ClientConnection:
             self._rdy(command.count())
         elif isinstance(command, cmds.Pub):
             await self._check_auth("PUB", command.topic, "")
+            await self.nsqd.open_topic(command.topic)
             self._publish(command.topic, [command.body])
         elif isinstance(command, cmds.MPubHead):
             # nsqd authorizes an MPUB and creates its topic before reading the body.
             await self._check_auth("MPUB", command.topic, "")
-            self.nsqd.get_topic(command.topic)
+            await self.nsqd.open_topic(command.topic)
         elif isinstance(command, cmds.MPub):
             self._publish(command.topic, command.bodies)
         elif isinstance(command, cmds.Req):
@@ -315,6 +316,7 @@ class ClientConnection:
             self._subscribed_channel().touch(self, command.id)
         elif isinstance(command, cmds.DPub):
             await self._check_auth("DPUB", command.topic, "")
+            await self.nsqd.open_topic(command.topic)
             self._publish(command.topic, [command.body], command.delay_ms / 1000)
         elif isinstance(command, cmds.Nop):
             pass
@@ -359,7 +361,7 @@ class ClientConnection:
 
     async def _sub(self, command: cmds.Sub) -> None:
         await self._check_auth("SUB", command.topic, command.channel)
-        topic = self.nsqd.get_topic(command.topic)
+        topic = await self.nsqd.open_topic(command.topic)
         channel = topic.get_channel(command.channel)
         limit = self.nsqd.options.max_channel_consumers
         if limit and len(channel.clients) >= limit:

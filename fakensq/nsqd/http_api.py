@@ -195,15 +195,16 @@ class NSQDHTTP:
 
     # --- helpers ---
 
-    def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], Topic]:
-        """getTopicFromQuery: the params and the topic, created when new."""
+    async def _topic_from_query(self, request: Request) -> tuple[dict[str, list[str]], Topic]:
+        """getTopicFromQuery: the params and the topic, created when new (with
+        the channels nsqlookupd knows of, before the answer)."""
         params = _query_params(request)
         name = _get(params, "topic")
         if name is None:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
         if not is_valid_topic_name(name):
             raise HTTPError(400, "INVALID_TOPIC")
-        return params, self.nsqd.get_topic(name)
+        return params, await self.nsqd.open_topic(name)
 
     def _existing_topic_from_query(self, request: Request) -> tuple[Topic, str]:
         """getExistingTopicFromQuery: GetTopicChannelArgs, then the topic must exist."""
@@ -281,7 +282,7 @@ class NSQDHTTP:
             raise HTTPError(413, "MSG_TOO_BIG")
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
-        params, topic = self._topic_from_query(request)
+        params, topic = await self._topic_from_query(request)
         defer = 0
         raw = _get(params, "defer")
         if raw is not None:
@@ -299,7 +300,7 @@ class NSQDHTTP:
         opts = self.nsqd.options
         if self._content_length(request) > opts.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
-        params, topic = self._topic_from_query(request)
+        params, topic = await self._topic_from_query(request)
         binary = False
         raw = _get(params, "binary")
         if raw is not None:
@@ -328,7 +329,7 @@ class NSQDHTTP:
         return format_text_stats(doc).encode()
 
     async def topic_create(self, request: Request) -> None:
-        self._topic_from_query(request)
+        await self._topic_from_query(request)
 
     async def topic_delete(self, request: Request) -> None:
         name = _get(_query_params(request), "topic")

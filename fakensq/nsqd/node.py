@@ -372,6 +372,21 @@ class NSQD(ServingNode):
                 self._nursery.start_soon(self._precreate_channels, topic, addresses)
         return topic
 
+    async def open_topic(self, name: str) -> Topic:
+        """:meth:`get_topic` as nsqd's commands call it (PUB, MPUB, DPUB, SUB,
+        ``/pub``, ``/mpub``, ``/topic/create``): when the call creates the topic,
+        it returns only once the channels nsqlookupd knows of exist (nsqd's
+        GetTopic blocks on that query), so the answer comes after them and what
+        is published next reaches them.  Other callers of a topic still being
+        set up get it at once, as in nsqd (their messages wait in the topic)."""
+        created = name not in self.topics
+        topic = self.get_topic(name)
+        if created and not topic.started:
+            # The query runs in the node's nursery: a caller that goes away
+            # (a closed connection) does not leave the topic unstarted.
+            await topic.wait_started()
+        return topic
+
     def lookupd_http_addresses(self) -> list[str]:
         """The nsqlookupds' HTTP addresses, as their IDENTIFY answers gave them."""
         from .lookup_peer import lookup_peers_of

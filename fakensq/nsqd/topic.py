@@ -11,6 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import trio
+
 from trionsq.protocol.names import is_ephemeral
 
 from .channel import Channel
@@ -37,6 +39,7 @@ class Topic:
         # Not started while nsqd asks nsqlookupd which channels to pre-create:
         # messages wait in the topic until then, as before nsqd's topic.Start().
         self.started = True
+        self._started_event: trio.Event | None = None
         self.message_count = 0
         self.message_bytes = 0
         self.e2e = LatencyStream(nsqd.options)
@@ -138,7 +141,17 @@ class Topic:
     def start(self) -> None:
         """Start fanning out (after channels were pre-created from nsqlookupd)."""
         self.started = True
+        if self._started_event is not None:
+            self._started_event.set()
         self._drain()
+
+    async def wait_started(self) -> None:
+        """Until :meth:`start` (at once if started, or deleted meanwhile)."""
+        if self.started or self.exiting:
+            return
+        if self._started_event is None:
+            self._started_event = trio.Event()
+        await self._started_event.wait()
 
     # --- admin ---
 
@@ -155,6 +168,8 @@ class Topic:
     def close(self) -> None:
         """The topic is deleted: every channel goes (and its clients are closed)."""
         self.exiting = True
+        if self._started_event is not None:  # no creator waits for a deleted topic
+            self._started_event.set()
         for name in list(self.channels):
             self.delete_channel(name)
         self.queue.clear()

@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from trionsq.protocol import commands as cmds
+
 from .conftest import Conformance, Target
 from .lookupd import debug_times, lookupd_state
 from .normalize import Normalizer
@@ -227,3 +229,46 @@ async def test_broadcast_flags_reach_lookupd(conformance: Conformance, kind: str
         lookupd_kind=kind,
         normalize=_normalize,
     )
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("how", ["PUB", "MPUB", "DPUB", "/pub", "/mpub", "/topic/create", "SUB"])
+async def test_channels_pre_created_before_the_answer(
+    conformance: Conformance, kind: str | None, how: str
+) -> None:
+    """nsqd's GetTopic asks nsqlookupd for a new topic's channels and creates
+    them before it returns: when the OK of the command (or request) that made
+    the topic arrives, /stats already shows the channel another nsqd
+    registered, with the message in it.  No waiting: read at once."""
+
+    async def scenario(t: Target) -> Any:
+        assert t.lookupd is not None
+        await _until(t, "/nodes", _producers(1))
+        async with t.lookupd.http() as http:
+            # What another nsqd's channel registration leaves in nsqlookupd.
+            await http.post("/channel/create?topic=t&channel=elsewhere")
+        answers: list[Any] = []
+        async with t.http() as http:
+            if how.startswith("/"):
+                body = b"x\ny" if how == "/mpub" else b"x"
+                r = await http.post(f"{how}?topic=t", content=b"" if "create" in how else body)
+                answers.append((r.status_code, r.text))
+            else:
+                c = await t.connect()
+                if how == "PUB":
+                    answers.append(await c.call(cmds.pub("t", b"x")))
+                elif how == "MPUB":
+                    answers.append(await c.call(cmds.mpub("t", [b"x", b"y"])))
+                elif how == "DPUB":
+                    answers.append(await c.call(cmds.dpub("t", 60_000, b"x")))
+                else:
+                    await c.identify()
+                    answers.append(await c.sub("t", "mine"))
+            stats = (await http.get("/stats?format=json&topic=t")).json()
+        topic = stats["topics"][0]
+        channels = [
+            (ch["channel_name"], ch["depth"], ch["deferred_count"]) for ch in topic["channels"]
+        ]
+        return answers, channels, topic["depth"]
+
+    await conformance.nsqd(scenario, lookupd=[], lookupd_kind=kind, normalize=_normalize)
