@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .golang.net import ListenError
     from .lookupd.daemon import NSQLookupd
     from .lookupd.options import LookupdOptions
     from .nsqd.node import NSQD, RegistryEvent
@@ -24,6 +25,7 @@ __all__ = [
     "Cluster",
     "Fault",
     "Faults",
+    "ListenError",
     "LookupdOptions",
     "NSQDOptions",
     "NSQLookupd",
@@ -40,6 +42,7 @@ _MODULE_OF = {
     "Cluster": ".testing.cluster",
     "Fault": ".testing.faults",
     "Faults": ".testing.faults",
+    "ListenError": ".golang.net",
     "LookupdOptions": ".lookupd.options",
     "NSQLookupd": ".lookupd.daemon",
     "NSQDOptions": ".nsqd.options",

@@ -40,7 +40,7 @@ import trio
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ..golang.flags import format_go_duration
-from ..golang.net import join_host_port, split_host_port
+from ..golang.net import check_listen, join_host_port, split_host_port
 from ..http import pprof
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
@@ -258,6 +258,9 @@ class NSQLookupd(ServingNode):
         ``task_status.started(self)`` once both listeners are bound.
         """
         self._wall_offset = time.time() - trio.current_time()
+        # nsqlookupd.New listens first: an address it cannot have ends the
+        # start with nsqlookupd's text (ListenError), not a socket traceback.
+        check_listen(self.options.tcp_address, self.options.http_address, unix=False)
         listeners: list[trio.SocketListener] = []
         try:
             # An empty address means no listener: streams are then served through

@@ -14,6 +14,9 @@ import socket
 
 import trio
 
+from ..golang.net import go_split_host_port as _split_host_port
+from ..golang.net import listen_error
+
 __all__ = [
     "UNIX_REMOTE_ADDRESS",
     "address_network",
@@ -24,22 +27,6 @@ __all__ = [
 
 #: What Go reports as the remote address of a Unix socket's client.
 UNIX_REMOTE_ADDRESS = "@"
-
-
-def _split_host_port(address: str) -> tuple[str, str] | None:
-    """Go's ``net.SplitHostPort``, None where it fails."""
-    if address.startswith("["):
-        end = address.find("]")
-        if end < 0 or address[end + 1 : end + 2] != ":":
-            return None
-        host, port = address[1:end], address[end + 2 :]
-        if ":" in port or "[" in port or "]" in port:
-            return None
-        return host, port
-    host, sep, port = address.rpartition(":")
-    if not sep or ":" in host or "[" in address or "]" in address:
-        return None
-    return host, port
 
 
 def address_network(address: str) -> str:
@@ -101,54 +88,3 @@ def is_unix_stream(stream: trio.abc.Stream) -> bool:
     """True for a stream accepted on a Unix socket."""
     sock = getattr(stream, "socket", None)
     return sock is not None and sock.family == socket.AF_UNIX
-
-
-def _go_reason(exc: OSError) -> str:
-    reason = exc.strerror or str(exc)
-    return reason[:1].lower() + reason[1:]
-
-
-def listen_error(address: str, *, unix: bool = True) -> str | None:
-    """What Go's ``net.Listen`` would fail with on ``address`` now (its text), or
-    None.  The daemons check their addresses so before serving, to report a
-    refused address as nsqd does (``unix`` False: TCP only, as nsqlookupd)."""
-    split = _split_host_port(address)
-    if split is None:
-        if not unix:
-            return f"listen tcp: address {address}: missing port in address"
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            return f"listen unix {address}: bind: {_go_reason(exc)}"
-        finally:
-            probe.close()
-        try:
-            os.unlink(address)
-        except OSError:
-            pass
-        return None
-    host, port_text = split
-    if port_text.isdigit():
-        port = int(port_text)
-        if port > 65535:
-            return f"listen tcp: address {port_text}: invalid port"
-    else:
-        try:  # a service name, as Go looks it up
-            port = socket.getservbyname(port_text, "tcp")
-        except OSError:
-            return f"listen tcp: lookup tcp/{port_text}: unknown port"
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return f"listen tcp: lookup {host}: no such host"
-    family, kind, proto, _, sockaddr = infos[0]
-    probe = socket.socket(family, kind, proto)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(sockaddr)
-    except OSError as exc:
-        return f"listen tcp {address}: bind: {_go_reason(exc)}"
-    finally:
-        probe.close()
-    return None

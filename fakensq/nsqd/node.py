@@ -29,7 +29,7 @@ import trio
 
 from trionsq.protocol.names import is_ephemeral
 
-from ..golang.net import split_address
+from ..golang.net import check_listen, split_address
 from ..golang.tls import prefer_go_cipher_suites
 from ..serving import ServingNode
 from .auth import AuthHandler
@@ -204,6 +204,10 @@ class NSQD(ServingNode):
         listeners: list[trio.abc.Listener[trio.SocketStream]] = []
         restored = False
         keep_metadata: Callable[[object], None] | None = None
+        # nsqd.New listens before anything else: an address it cannot have ends
+        # the start with nsqd's text (ListenError), not a socket traceback.
+        https = opts.https_address if self.tls_context is not None else ""
+        check_listen(opts.tcp_address, opts.http_address, https)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+import fakensq
 from fakensq.cli import nsqd_main, nsqlookupd_main
 
 from .. import reference
@@ -377,3 +378,51 @@ def test_data_path_in_use(tmp_path: Path) -> None:
         os.close(fd)
     assert (fake[0], _strip_log(fake[2])) == (real[0], _strip_log(real[2]))
     assert fake[0] == 1 and "possibly in use by another instance of nsqd" in fake[2]
+
+
+@pytest.mark.parametrize("daemon", DAEMONS)
+@pytest.mark.parametrize(
+    "which, address",
+    [
+        ("tcp", "<busy>"),
+        ("http", "<busy>"),
+        ("tcp", "127.0.0.1:99999"),
+        ("http", "127.0.0.1:x"),
+        ("tcp", "nohost.invalid:1"),
+    ],
+)
+async def test_in_process_listen_errors(daemon: str, which: str, address: str) -> None:
+    """``async with fakensq.NSQD(...)``/``NSQLookupd(...)`` on an address the
+    daemon cannot have raises :class:`fakensq.ListenError` (no exception group,
+    no socket traceback) whose text is the real daemon's FATAL line's own, the
+    line the real daemon exits 1 with."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        if address == "<busy>":
+            address = f"127.0.0.1:{busy.getsockname()[1]}"
+        other = "tcp" if which == "http" else "http"
+        fields = {f"{which}_address": address, f"{other}_address": "127.0.0.1:0"}
+        node = fakensq.NSQD(**fields) if daemon == "nsqd" else fakensq.NSQLookupd(**fields)
+        with pytest.raises(fakensq.ListenError) as raised:
+            async with node:
+                pytest.fail("the node started")
+        assert type(raised.value) is fakensq.ListenError
+        assert raised.value.address == address
+        if reference.binary(daemon) is None:
+            pytest.skip(f"fakensq ran it; no real {daemon}: {reference.skip_reason()}")
+        args = [f"--{which}-address={address}", f"--{other}-address=127.0.0.1:0"]
+        status, _, err = run_process([str(reference.require(daemon))], *args)
+    # Go names the DNS server it asked in a host lookup's error.
+    fatal = re.sub(r"(lookup \S+) on \S+: ", r"\1: ", _strip_log(err)).strip().splitlines()[-1]
+    prefix = (
+        "failed to instantiate nsqd - "
+        if daemon == "nsqd"
+        else "failed to instantiate nsqlookupd%!(EXTRA *errors.errorString="
+    )
+    suffix = "" if daemon == "nsqd" else ")"
+    assert status == 1
+    assert fatal == f"[{daemon}] FATAL: {prefix}{raised.value}{suffix}"
