@@ -416,8 +416,12 @@ async def test_in_process_listen_errors(daemon: str, which: str, address: str) -
             pytest.skip(f"fakensq ran it; no real {daemon}: {reference.skip_reason()}")
         args = [f"--{which}-address={address}", f"--{other}-address=127.0.0.1:0"]
         status, _, err = run_process([str(reference.require(daemon))], *args)
-    # Go names the DNS server it asked in a host lookup's error.
-    fatal = re.sub(r"(lookup \S+) on \S+: ", r"\1: ", _strip_log(err)).strip().splitlines()[-1]
+
+    # Go names the DNS server it asked in a host lookup's error (the machine's).
+    def dns(text: str) -> str:
+        return re.sub(r"(lookup \S+) on \S+: ", r"\1: ", text)
+
+    fatal = dns(_strip_log(err)).strip().splitlines()[-1]
     prefix = (
         "failed to instantiate nsqd - "
         if daemon == "nsqd"
@@ -425,4 +429,4 @@ async def test_in_process_listen_errors(daemon: str, which: str, address: str) -
     )
     suffix = "" if daemon == "nsqd" else ")"
     assert status == 1
-    assert fatal == f"[{daemon}] FATAL: {prefix}{raised.value}{suffix}"
+    assert fatal == dns(f"[{daemon}] FATAL: {prefix}{raised.value}{suffix}")
