@@ -103,8 +103,8 @@ async def build(layout: Layout, http: httpx.AsyncClient) -> AsyncRawConsumer:
     (await http.post(f"http://{n0}/topic/create?topic=orders")).raise_for_status()
     await http.post(f"http://{n0}/channel/create?topic=orders&channel=billing")
     await until(lambda: _equals(lookupd_channels(), ["billing"]))
-    # A new topic takes the channels nsqlookupd knows: wait until nsqd 1 has
-    # (fakensq looks them up after answering, real nsqd before).
+    # A new topic takes the channels nsqlookupd knows (both daemons look them
+    # up before answering; tests/conformance/test_registration.py checks that).
     await http.post(f"http://{n1}/topic/create?topic=orders")
     await until(lambda: _equals(channels(n1), ["billing"]))
     await http.post(f"http://{n0}/channel/create?topic=orders&channel=audit")
