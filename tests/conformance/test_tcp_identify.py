@@ -21,7 +21,7 @@ import trustme
 from trionsq.protocol import commands as cmds
 
 from .conftest import Conformance, Target
-from .session import Session
+from .session import READ_TIMEOUT, Session
 from .tcp import body, settled_stats
 
 
@@ -49,6 +49,15 @@ async def identify_and_use(t: Target, fields: dict[str, Any], **kwargs: Any) -> 
             await p.identify(feature_negotiation=True, tls_v1=True, **kwargs)
         await p.call(cmds.pub("t", b"through the negotiated stream"))
         await c.read_messages(1)
+    else:
+        # RDY has no answer: give nsqd time to apply it (on a loaded machine
+        # /stats can come first), then compare whatever it shows.
+        with trio.move_on_after(READ_TIMEOUT):
+            while not c.closed:
+                view = client_view(await t.stats(), c)
+                if view is None or view["ready_count"] == 1:
+                    break
+                await trio.sleep(0.005)  # another process's state: poll it
     if c.closed:
         return None
     view = client_view(await settled_stats(t), c)
