@@ -96,8 +96,11 @@ def consume(
     received: list[bytes] = []
 
     async def main() -> None:
+        # A message the source read and requeued several times (at least once
+        # allows it; a loaded machine makes it likely) must still be counted
+        # here: never give up on one.
         async with trionsq.Consumer(
-            topic, channel, nsqd_tcp_addresses=[address], max_in_flight=500
+            topic, channel, nsqd_tcp_addresses=[address], max_in_flight=500, max_attempts=0
         ) as consumer:
             with trio.fail_after(timeout):
                 async for message in consumer:
