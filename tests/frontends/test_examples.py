@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -73,20 +75,28 @@ def test_a_fastapi_app_consumes_in_its_lifespan(nsqd: Any) -> None:
     assert stats(nsqd, "events", "dashboard")["in_flight_count"] == 0
 
 
-def _worker(address: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+@contextmanager
+def _worker(address: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """The example worker, killed at the end if a failing test left it running."""
+    process = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "blocking_worker.py"), "--nsqd", address, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
 
 
 def test_the_worker_script_does_its_jobs(nsqd: Any) -> None:
     with blocking.Producer([nsqd.tcp_address]) as producer:
         producer.multi_publish("jobs", [b"job-%d" % i for i in range(8)])
-    worker = _worker(nsqd.tcp_address, "--count", "8", "--concurrency", "3")
-    out, _ = worker.communicate(timeout=60)
+    with _worker(nsqd.tcp_address, "--count", "8", "--concurrency", "3") as worker:
+        out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, out
     assert "stopped after 8 job(s)" in out
     assert {f"job job-{i} " in out for i in range(8)} == {True}
@@ -94,24 +104,24 @@ def test_the_worker_script_does_its_jobs(nsqd: Any) -> None:
 
 
 def test_the_worker_stops_cleanly_on_sigterm(nsqd: Any) -> None:
-    worker = _worker(nsqd.tcp_address)
-    assert worker.stdout is not None
-    # stderr is merged in: the consumer's log lines may come before "ready".
-    for line in worker.stdout:
-        if line.strip() == "ready":
-            break
-    else:
-        pytest.fail(f"the worker ended before it was ready: {worker.wait()}")
-    with blocking.Producer([nsqd.tcp_address]) as producer:
-        producer.multi_publish("jobs", [b"job-%d" % i for i in range(3)])
-    wait_until(lambda: stats(nsqd, "jobs", "workers").get("depth") == 0)
-    began = time.monotonic()
-    worker.send_signal(signal.SIGTERM)
-    out, _ = worker.communicate(timeout=30)
-    assert worker.returncode == 0, out
-    assert time.monotonic() - began < 10
-    done = int(out.split("stopped after ")[1].split()[0])
-    channel = stats(nsqd, "jobs", "workers")
-    # Every job is done, or back in the channel for another worker.
-    assert channel["in_flight_count"] == 0
-    assert channel["depth"] == 3 - done
+    with _worker(nsqd.tcp_address) as worker:
+        assert worker.stdout is not None
+        # stderr is merged in: the consumer's log lines may come before "ready".
+        for line in worker.stdout:
+            if line.strip() == "ready":
+                break
+        else:
+            pytest.fail(f"the worker ended before it was ready: {worker.wait()}")
+        with blocking.Producer([nsqd.tcp_address]) as producer:
+            producer.multi_publish("jobs", [b"job-%d" % i for i in range(3)])
+        wait_until(lambda: stats(nsqd, "jobs", "workers").get("depth") == 0)
+        began = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+        assert worker.returncode == 0, out
+        assert time.monotonic() - began < 10
+        done = int(out.split("stopped after ")[1].split()[0])
+        channel = stats(nsqd, "jobs", "workers")
+        # Every job is done, or back in the channel for another worker.
+        assert channel["in_flight_count"] == 0
+        assert channel["depth"] == 3 - done
