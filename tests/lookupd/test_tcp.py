@@ -10,7 +10,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakensq.lookupd import daemon as lookupd_module
+from fakensq.lookupd import tcp as lookupd_tcp
 from fakensq.lookupd.daemon import NSQLookupd, Registration
 
 from .conftest import V1Client, registered_client
@@ -155,7 +155,7 @@ async def test_bad_magic(lookupd: NSQLookupd) -> None:
 
 
 async def test_garbage_never_crashes_the_server(lookupd: NSQLookupd) -> None:
-    overlong = b"  V1" + b"x" * (lookupd_module._MAX_LINE + 1)
+    overlong = b"  V1" + b"x" * (lookupd_tcp._MAX_LINE + 1)
     for junk in (b"\xff\xfe\x00garbage\n", overlong, b"  V1\x00\x00\n"):
         client = await V1Client.connect(lookupd.tcp_address, magic=b"")
         await client.send(junk)
