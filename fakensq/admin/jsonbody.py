@@ -99,9 +99,7 @@ class _Scan:
             raise self.fail(context)
 
     def obj(self) -> None:
-        self.skip_space()
-        if self.peek() == ord("}"):
-            self.pos += 1
+        if self._closes_at_once(ord("}")):
             return
         while True:
             self.skip_space()
@@ -114,32 +112,36 @@ class _Scan:
                 raise self.fail("after object key")
             self.pos += 1
             self.value()
-            self.skip_space()
-            c = self.peek()
-            if c == ord(","):
-                self.pos += 1
-                continue
-            if c == ord("}"):
-                self.pos += 1
+            if not self._another_follows(ord("}"), "after object key:value pair"):
                 return
-            raise self.fail("after object key:value pair")
 
     def array(self) -> None:
-        self.skip_space()
-        if self.peek() == ord("]"):
-            self.pos += 1
+        if self._closes_at_once(ord("]")):
             return
         while True:
             self.value()
-            self.skip_space()
-            c = self.peek()
-            if c == ord(","):
-                self.pos += 1
-                continue
-            if c == ord("]"):
-                self.pos += 1
+            if not self._another_follows(ord("]"), "after array element"):
                 return
-            raise self.fail("after array element")
+
+    def _closes_at_once(self, close: int) -> bool:
+        """An empty object or array: its closing byte is taken."""
+        self.skip_space()
+        if self.peek() == close:
+            self.pos += 1
+            return True
+        return False
+
+    def _another_follows(self, close: int, context: str) -> bool:
+        """After an element: True past a ``,``, False past ``close``, else Go's error."""
+        self.skip_space()
+        c = self.peek()
+        if c == ord(","):
+            self.pos += 1
+            return True
+        if c == close:
+            self.pos += 1
+            return False
+        raise self.fail(context)
 
     def string(self) -> None:
         while True:
