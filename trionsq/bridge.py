@@ -8,6 +8,8 @@ built from:
   is going to look at the inbox anyway, so a stream of puts costs one wake-up
   per batch, not one per item.
 - :class:`Waiter`: the outcome of one piece of work, waited for by one thread.
+- :class:`LightFuture`: a :class:`concurrent.futures.Future` that costs no lock
+  until somebody waits on it (most are only looked at once done).
 - :class:`LoopPost`: items from the Trio loop's thread into an asyncio loop, a
   batch per ``call_soon_threadsafe`` rather than one call per item.
 
@@ -19,15 +21,17 @@ closed by the order of the steps, described at :meth:`Inbox.put`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from concurrent.futures._base import FINISHED, RUNNING
+from typing import Any, Generic, TypeVar
 
 import trio
 import trio.lowlevel
 
-__all__ = ["Inbox", "LoopPost", "Waiter"]
+__all__ = ["Inbox", "LightFuture", "LoopPost", "Waiter"]
 
 T = TypeVar("T")
 
@@ -121,6 +125,91 @@ class Waiter(Generic[T]):
         if self.error is not None:
             raise self.error
         return self.value  # type: ignore[return-value]
+
+
+#: guards the creation of a LightFuture's condition (rare: only a waiter creates it)
+_CONDITION_MADE = threading.Lock()
+
+
+class LightFuture(concurrent.futures.Future[T]):
+    """A :class:`concurrent.futures.Future`, running from the start, completed
+    once by the client's loop, without a lock until somebody waits.
+
+    The standard future builds a ``threading.Condition`` (an RLock and more)
+    when created and takes it on every call: several microseconds a publish,
+    most of a ``publish_async``'s cost.  Here the condition is made by the
+    first caller that needs it (``result()`` or ``exception()`` on a future not
+    done yet, ``add_done_callback``, ``concurrent.futures.wait`` and
+    ``as_completed``, which all reach it through :attr:`_condition`).
+
+    Why no completion is missed without the lock: the completer stores the
+    state, then looks for a condition; a waiter stores the condition, then
+    looks at the state (under it).  Under the GIL these steps are sequentially
+    consistent, so at least one sees the other's store: either the waiter
+    sees the future done, or the completer sees the condition and notifies
+    under it (as the standard future does).  Only the loop completes it;
+    a second completion is ignored rather than raised (it would be raised in
+    the loop).
+    """
+
+    def __init__(self) -> None:  # the base __init__ would build the condition
+        self._state = RUNNING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+        self._lazy_condition: threading.Condition | None = None
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        condition = self._lazy_condition
+        if condition is None:
+            with _CONDITION_MADE:
+                condition = self._lazy_condition
+                if condition is None:
+                    condition = self._lazy_condition = threading.Condition()
+        return condition
+
+    def done(self) -> bool:
+        return self._state == FINISHED or super().done()
+
+    def result(self, timeout: float | None = None) -> T:
+        if self._state == FINISHED:  # the common case: no condition needed
+            if self._exception is not None:
+                raise self._exception
+            return self._result  # type: ignore[no-any-return]
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def set_result(self, result: T) -> None:
+        if self._state == FINISHED:
+            return
+        self._result = result
+        self._complete()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if self._state == FINISHED:
+            return
+        self._exception = exception
+        self._complete()
+
+    def _complete(self) -> None:
+        self._state = FINISHED  # before looking for a condition: see the class doc
+        condition = self._lazy_condition
+        if condition is not None:
+            with condition:
+                for waiter in self._waiters:
+                    if self._exception is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+                condition.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()  # type: ignore[attr-defined]
 
 
 class LoopPost(Generic[T]):

@@ -57,23 +57,29 @@ Job = tuple[str, tuple[Any, ...], Completion]
 _HIGH_WATER = 1024 * 1024
 
 
-def encode(method: str, args: tuple[Any, ...]) -> tuple[bytes, int]:
+def encode(
+    method: str, args: tuple[Any, ...], check_topic: Callable[[str, str], None] = _check_topic
+) -> tuple[bytes, int]:
     """The command for a job, and how many messages it carries; raises what
-    :class:`trionsq.Producer`'s method raises for the same arguments."""
+    :class:`trionsq.Producer`'s method raises for the same arguments
+    (``check_topic(verb, topic)`` checks the topic: a Producer's remembers the
+    valid ones)."""
     if method == "publish":
         topic, body = args
-        _check_topic("PUB", topic)
-        return commands.pub(topic, _check_body("PUB", body)), 1
+        check_topic("PUB", topic)
+        if type(body) is not bytes or not body:
+            body = _check_body("PUB", body)
+        return commands.pub(topic, body), 1
     if method == "multi_publish":
         topic, bodies = args
-        _check_topic("MPUB", topic)
+        check_topic("MPUB", topic)
         data = [_check_body("MPUB", body) for body in bodies]
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
         return commands.mpub(topic, data), len(data)
     if method == "deferred_publish":
         topic, body, delay = args
-        _check_topic("DPUB", topic)
+        check_topic("DPUB", topic)
         if isinstance(delay, bool) or not isinstance(delay, int | float):
             raise TypeError("delay must be a number of seconds")
         if not math.isfinite(delay) or delay < 0:
@@ -111,7 +117,9 @@ class HostedProducer:
     :class:`ClientClosedError`.
 
     ``end_of_batch`` (optional) is called in the loop after each run of outcomes
-    (the asyncio front end wakes its loop once for all of them).
+    (the asyncio front end wakes its loop once for all of them; the blocking one
+    frees their places in its window at once); :attr:`completed` counts the
+    jobs given their outcome so far.
     """
 
     def __init__(
@@ -133,6 +141,8 @@ class HostedProducer:
         self._published = 0
         self._batches = 0
         self._errors = 0
+        #: jobs given their outcome so far (read by ``end_of_batch``)
+        self.completed = 0
         self._close_requested: trio.Event | None = None
         self._served: trio.Event | None = None
 
@@ -224,10 +234,12 @@ class HostedProducer:
         error = ClientClosedError("the Producer closed before nsqd answered")
         while self._waiting:
             _, done, _ = self._waiting.popleft()
+            self.completed += 1
             done.set_exception(error)
         items = self.inbox.items
         while items:
             _, _, done = items.popleft()
+            self.completed += 1
             done.set_exception(ClientClosedError("the Producer is closed"))
         if self._end_of_batch is not None:
             self._end_of_batch()
@@ -266,6 +278,7 @@ class HostedProducer:
     async def _pump(self, pumped: trio.Event) -> None:
         """Encode the jobs and queue them on the connection, window permitting."""
         inbox, items, waiting = self.inbox, self.inbox.items, self._waiting
+        check_topic = self.producer._check_topic  # remembers the valid topics
         conn: Connection | None = None
         try:
             while True:
@@ -279,8 +292,9 @@ class HostedProducer:
                         continue
                     method, args, done = items.popleft()
                     try:
-                        data, messages = encode(method, args)
+                        data, messages = encode(method, args, check_topic)
                     except Exception as exc:  # refused before reaching nsqd (not an error)
+                        self.completed += 1
                         done.set_exception(exc)
                         self._batch_done()
                         continue
@@ -290,6 +304,7 @@ class HostedProducer:
                         pending = conn.request_nowait(data)
                     except (NSQError, OSError) as exc:
                         self._errors += 1
+                        self.completed += 1
                         done.set_exception(exc)
                         self._batch_done()
                         continue
@@ -314,9 +329,18 @@ class HostedProducer:
             if not head.done:
                 await head.event.wait()
             # Every answer that has come, in one go (one read brings many).
+            answered = 0
             while waiting and waiting[0][0].done:
                 pending, done, batch = waiting.popleft()
-                self._answer(pending, done, batch)
+                answered += 1
+                if pending.error is None and pending.value == OK:  # inlined _answer
+                    self._published += batch or 1
+                    if batch:
+                        self._batches += 1
+                    done.set_result(None)
+                else:
+                    self._answer(pending, done, batch)
+            self.completed += answered
             if self._room:
                 self._room.unpark()
             self._batch_done()

@@ -11,53 +11,14 @@ from types import TracebackType
 from typing import Any, Literal
 
 from .. import producer as _core
-from ..bridge import Waiter
+from ..bridge import LightFuture, Waiter
 from ..config import Config
-from ..hosted import ClientClosedError, HostedProducer, Job
+from ..hosted import ClientClosedError, Completion, HostedProducer, Job
 from ..trio_thread import ForkedError, check_not_in_trio
 
 __all__ = ["Producer"]
 
 AfterFork = Literal["reconnect", "error"]
-
-
-class _Reply(Waiter[None]):
-    """A blocking publish's answer; frees its place in the window when set."""
-
-    __slots__ = ("_free",)
-
-    def __init__(self, free: Any) -> None:
-        super().__init__()
-        self._free = free
-
-    def set_result(self, value: None) -> None:
-        self._free()
-        self._done.release()
-
-    def set_exception(self, error: BaseException) -> None:
-        self._free()
-        self.error = error
-        self._done.release()
-
-
-class _FutureReply:
-    """A ``*_async`` publish's answer, into a :class:`concurrent.futures.Future`."""
-
-    __slots__ = ("_free", "future")
-
-    def __init__(self, free: Any) -> None:
-        self._free = free
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        # Running from the start: a publish handed over cannot be taken back.
-        self.future.set_running_or_notify_cancel()
-
-    def set_result(self, value: None) -> None:
-        self._free()
-        self.future.set_result(value)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._free()
-        self.future.set_exception(error)
 
 
 class Producer:
@@ -113,6 +74,7 @@ class Producer:
         # under the lock that also orders submissions against close().
         self._lock = threading.Lock()
         self._free = self.config.publish_window
+        self._released = 0  # jobs whose places went back (HostedProducer.completed)
         self._waiters: deque[threading.Lock] = deque()
         self._flushers: list[threading.Lock] = []
         self._start_lock = threading.Lock()
@@ -131,7 +93,9 @@ class Producer:
                 raise ClientClosedError("the Producer is closed")
             if self._state == "open":
                 return self
-            hosted = HostedProducer(self.config, name="trionsq-blocking-producer")
+            hosted = HostedProducer(
+                self.config, name="trionsq-blocking-producer", end_of_batch=self._answered
+            )
             hosted.start()
             hosted.runner.on_fork(self._after_fork_in_child)
             self._pid = os.getpid()
@@ -194,19 +158,30 @@ class Producer:
 
     # --- publishing ---
 
-    def _free_place(self) -> None:
-        # In the loop's thread, as each publish gets its answer.
-        with self._lock:
-            if self._waiters:
-                self._waiters.popleft().release()  # the place goes to the next caller
-            else:
-                self._free += 1
-                if self._flushers and self._free >= self.config.publish_window:
-                    for idle in self._flushers:
-                        idle.release()
-                    self._flushers.clear()
+    def _answered(self) -> None:
+        # In the loop's thread, after each run of answers: their places go back
+        # to the window all at once (one lock, not one a message).
+        hosted = self._hosted
+        if hosted is None:
+            return
+        count = hosted.completed - self._released
+        if count > 0:
+            self._released += count
+            self._free_places(count)
 
-    def _submit(self, method: str, args: tuple[Any, ...], reply: _Reply | _FutureReply) -> None:
+    def _free_places(self, count: int) -> None:
+        with self._lock:
+            waiters = self._waiters
+            while count and waiters:
+                waiters.popleft().release()  # the place goes to the next caller
+                count -= 1
+            self._free += count
+            if self._flushers and self._free >= self.config.publish_window:
+                for idle in self._flushers:
+                    idle.release()
+                self._flushers.clear()
+
+    def _submit(self, method: str, args: tuple[Any, ...], reply: Completion) -> None:
         check_not_in_trio(f"blocking.Producer.{method}()")
         lock = self._lock
         while True:
@@ -242,7 +217,7 @@ class Producer:
                     except ValueError:
                         handed = True
                 if handed:  # handed over as the wait was interrupted: give it back
-                    self._free_place()
+                    self._free_places(1)
                 raise
             with lock:
                 hosted = self._hosted
@@ -257,7 +232,7 @@ class Producer:
             return
 
     def _call(self, method: str, args: tuple[Any, ...], timeout: float | None) -> None:
-        reply = _Reply(self._free_place)
+        reply: Waiter[None] = Waiter()
         self._submit(method, args, reply)
         if not reply.wait(timeout):
             raise TimeoutError(f"nsqd did not answer within {timeout} s (it may still publish)")
@@ -280,9 +255,10 @@ class Producer:
         self._call("deferred_publish", (topic, body, delay), timeout)
 
     def _call_async(self, method: str, args: tuple[Any, ...]) -> concurrent.futures.Future[None]:
-        reply = _FutureReply(self._free_place)
-        self._submit(method, args, reply)
-        return reply.future
+        # Running from the start: a publish handed over cannot be taken back.
+        future: LightFuture[None] = LightFuture()
+        self._submit(method, args, future)
+        return future
 
     def publish_async(self, topic: str, body: bytes) -> concurrent.futures.Future[None]:
         """PUB without waiting for the answer: the future completes when nsqd
