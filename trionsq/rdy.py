@@ -13,8 +13,11 @@ client guide's rules, as implemented here:
   the old RDY before reading the lowering can still arrive: the messages in
   flight may then exceed ``max_in_flight`` for a moment, by what was in
   transit; the consumer never runs more handlers than ``max_in_flight``);
-- a connection's RDY is re-sent when what remains of it reaches 0 or falls
-  below 25% of the last RDY sent;
+- a RDY is sent only when a connection's decision changes: nsqd (v1 and
+  later) takes RDY as a cap on the messages in flight, not as a count it uses
+  up, so an unchanged RDY is never re-sent (go-nsq's rule too; the guide's
+  older advice, re-sending when 25% of it remains, is for servers that
+  counted RDY down, and costs a RDY per read over many connections);
 - with fewer ``max_in_flight`` than connections, RDY 1 rotates: a connection
   that has held RDY for ``low_rdy_idle_timeout`` while others wait gives it up,
   and the longest-waiting connection gets it, so every nsqd is drained;
@@ -26,10 +29,10 @@ returns the connections whose RDY was decided anew (lowered ones first, so the
 budget is freed on the wire before it is spent elsewhere).
 
 Rebalancing looks at every connection, so the per-message events say whether
-one is due: :meth:`~RdyController.on_message` and :meth:`~RdyController.on_settled`
+one is due: :meth:`~RdyController.on_messages` and :meth:`~RdyController.on_settled`
 return False exactly when :meth:`~RdyController.rebalance` would decide nothing,
-which in the steady state is almost always (O(1) per message instead of
-O(connections)).
+which in the steady state is always (O(1) per read and per message instead of
+O(connections), however many connections there are).
 """
 
 from __future__ import annotations
@@ -69,8 +72,6 @@ class ConnRdy:
     max_rdy_count: int
     #: the last RDY decided for this connection (nsqd's cap on its in-flight)
     rdy: int = 0
-    #: ``rdy`` minus the messages received since it was sent
-    remaining: int = 0
     in_flight: int = 0
     #: bumped on every decision, so the sender re-sends an unchanged value too
     generation: int = 0
@@ -94,8 +95,8 @@ class RdyController(Generic[K]):
         self.low_rdy_idle_timeout = low_rdy_idle_timeout
         self.mode = BackoffState.NORMAL
         self.conns: dict[K, ConnRdy] = {}
-        # Whether a rebalance could decide more than the refresh of a connection
-        # that just received a message (set by events, recomputed by rebalance).
+        # Whether a rebalance could decide anything (set by events, recomputed
+        # by rebalance).
         self._due = True
 
     # --- events ---
@@ -115,18 +116,17 @@ class RdyController(Generic[K]):
         return self.on_messages(key, 1, now)
 
     def on_messages(self, key: K, count: int, now: float) -> bool:
-        """``count`` messages arrived on ``key`` (one read's worth: the refresh
-        rule is looked at once for them all); returns whether a rebalance is due."""
+        """``count`` messages arrived on ``key`` (one read's worth); returns
+        whether a rebalance is due."""
         conn = self.conns.get(key)
         if conn is None:
             return self._due
         conn.in_flight += count
-        conn.remaining -= count
         conn.last_message_at = now
         if conn.bootstrapping:
             conn.bootstrapping = False  # its target grows from 1 to its share
             self._due = True
-        return self._due or (conn.rdy > 0 and conn.remaining < max(1, conn.rdy * 0.25))
+        return self._due
 
     def on_settled(self, key: K) -> bool:
         """A message from ``key`` was finished or requeued (or given up); returns
@@ -148,8 +148,7 @@ class RdyController(Generic[K]):
 
     @property
     def due(self) -> bool:
-        """Whether a rebalance could decide something (besides a refresh that
-        :meth:`on_message` reports)."""
+        """Whether a rebalance could decide something."""
         return self._due
 
     # --- queries ---
@@ -171,7 +170,6 @@ class RdyController(Generic[K]):
         elif count > 0 and conn.rdy == 0:
             conn.granted_at = now
         conn.rdy = count
-        conn.remaining = count
         conn.generation += 1
         if key not in changed:
             changed.append(key)
@@ -235,14 +233,11 @@ class RdyController(Generic[K]):
                 if allowed > conn.rdy:
                     self._set(key, allowed, now, changed)
                     committed = others + conn.committed
-            if key not in changed and conn.rdy > 0 and conn.remaining < max(1, conn.rdy * 0.25):
-                # The guide's refresh rule; nsqd takes it as a fresh cap.
-                self._set(key, conn.rdy, now, changed)
             short = short or conn.rdy < target
-        # With every connection at its target and the targets fixed, only a
-        # connection's own messages (its refresh) or an event that moves the
-        # targets can change anything.  Rotation and backoff depend on the
-        # clock or on which connection holds RDY: always due there.
+        # With every connection at its target and the targets fixed, only an
+        # event that moves the targets can change anything.  Rotation and
+        # backoff depend on the clock or on which connection holds RDY: always
+        # due there.
         self._due = (
             short or self.mode is not BackoffState.NORMAL or self.max_in_flight < len(self.conns)
         )

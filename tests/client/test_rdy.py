@@ -64,16 +64,18 @@ def test_new_connection_waits_for_budget_freed_by_settling() -> None:
     assert values(rdy) == {"a": 2, "b": 2}
 
 
-def test_refresh_when_remaining_falls_below_a_quarter() -> None:
-    rdy = bootstrapped(8, ["a"])
-    for _ in range(6):
-        rdy.on_message("a", 1.0)
-        rdy.on_settled("a")
-        assert rdy.rebalance(1.0) == []  # 7..2 remaining: 2 is not below 25% of 8
-    rdy.on_message("a", 1.0)  # 1 left: below 25%
-    rdy.on_settled("a")
-    assert rdy.rebalance(1.0) == ["a"]
-    assert rdy.conns["a"].remaining == 8
+def test_an_unchanged_rdy_is_not_sent_again() -> None:
+    """nsqd v1 takes RDY as a cap on messages in flight (it never counts it
+    down), so however many messages come, an unchanged RDY is not re-sent
+    (go-nsq's rule): nothing is due, in the steady state, on any read."""
+    rdy = bootstrapped(8, ["a", "b"])
+    for _ in range(3):
+        assert not rdy.on_messages("a", 4, 1.0)
+        assert not rdy.due
+        assert rdy.rebalance(1.0) == []
+        for _ in range(4):
+            assert not rdy.on_settled("a")
+    assert values(rdy) == {"a": 4, "b": 4}
 
 
 def test_rotation_when_max_in_flight_below_connection_count() -> None:
