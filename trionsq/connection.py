@@ -38,7 +38,16 @@ import trio
 from .config import Config
 from .protocol import codecs, commands, states
 from .protocol.errors import NSQError, ProtocolError
-from .protocol.frames import OK, Error, FrameParser, MessageFactory, Response
+from .protocol.frames import (
+    FRAME_TYPE_RESPONSE,
+    HEARTBEAT,
+    OK,
+    Error,
+    FrameParser,
+    MessageFactory,
+    Response,
+    encode_frame,
+)
 from .rdy import DEFAULT_MAX_RDY_COUNT
 from .transport import parse_address
 
@@ -57,6 +66,9 @@ log = logging.getLogger("trionsq.connection")
 _RECEIVE_SIZE = 64 * 1024
 #: queued bytes above which senders wait for the writer (backpressure)
 _HIGH_WATER = 1024 * 1024
+#: an ``OK`` response frame, as nsqd sends it
+_OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, OK)
+_OK_FRAME_SIZE = len(_OK_FRAME)
 
 
 class NSQConnectionError(NSQError, ConnectionError):
@@ -113,35 +125,71 @@ class CodecStream(trio.abc.Stream):
 
 
 class PendingResponse:
-    """A request's response to come (see :meth:`Connection.request_nowait`)."""
+    """A request's response to come (see :meth:`Connection.request_nowait`).
 
-    __slots__ = ("error", "event", "value")
+    No :class:`trio.Event` per request: the first task awaiting :meth:`result`
+    parks itself and the reader reschedules it directly (one pipelined publish
+    costs one wake-up, nothing more).  A waiter that is cancelled leaves the
+    pending in the connection's queue: its response is still taken off in
+    order when it comes, and dropped, so later responses meet their requests.
+    """
+
+    __slots__ = ("_event", "_task", "done", "error", "value")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
         self.value = b""
         self.error: BaseException | None = None
+        #: whether the response (or the connection's end) has arrived
+        self.done = False
+        self._task: trio.lowlevel.Task | None = None  # the parked waiter
+        self._event: trio.Event | None = None  # for further waiters (rare)
+
+    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._task = None  # cancelled: the response, when it comes, is dropped
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def wait(self) -> None:
+        """Wait until :attr:`done` (a checkpoint, like :meth:`trio.Event.wait`)."""
+        if self.done:
+            await trio.lowlevel.checkpoint()
+        elif self._task is None:
+            self._task = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
+        else:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
 
     @property
-    def done(self) -> bool:
-        """Whether the response (or the connection's end) has arrived."""
-        return self.event.is_set()
+    def event(self) -> trio.Event:
+        """A :class:`trio.Event` set when :attr:`done` (made on first use)."""
+        if self._event is None:
+            self._event = trio.Event()
+            if self.done:
+                self._event.set()
+        return self._event
 
     async def result(self) -> bytes:
         """Wait for the response; an error frame raises its typed error, the
         connection's end :class:`ConnectionClosedError`."""
-        await self.event.wait()
+        await self.wait()
         if self.error is not None:
             raise self.error
         return self.value
 
     def set(self, value: bytes) -> None:
         self.value = value
-        self.event.set()
+        self.done = True
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+        if self._event is not None:
+            self._event.set()
 
     def fail(self, error: BaseException) -> None:
         self.error = error
-        self.event.set()
+        self.set(b"")
 
 
 def _ssl_context(config: Config) -> ssl.SSLContext:
@@ -400,7 +448,12 @@ class Connection:
         if self._writer_idle:
             self._writer_idle = False
             self._wake_writer.set()
-        return await pending.result()
+        # pending.result(), inline: park until the reader hands the response over.
+        pending._task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(pending._abort)
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
 
     def request_nowait(self, data: bytes) -> PendingResponse:
         """Queue a command that gets a response, without waiting (for room or
@@ -532,12 +585,18 @@ class Connection:
                 if not self._closing:
                     raise NSQConnectionError(f"{self.address}: closed by nsqd")
                 return
-            frames = parser.feed(data)
+            if self._pending and not parser.buffered:
+                # A producer's read: a run of OKs, answered without the parser.
+                answered = self._answer_oks(data)
+                if answered:
+                    data = data[answered:]
+            frames = parser.feed(data) if data else []
 
     async def _dispatch(self, frames: list[Any], on_messages: MessagesCallback[Any] | None) -> None:
         """Frames of a read that are not all messages: each run of messages to
         the callback, the others handled, all in order."""
         run: list[Any] = []
+        handle = self._handle
         for frame in frames:
             kind = type(frame)
             if kind is not Response and kind is not Error:
@@ -550,21 +609,24 @@ class Connection:
                 run = []
                 if waiting is not None:
                     await waiting
-            await self._handle(frame)
+            handle(frame)
         if run and on_messages is not None:
             waiting = on_messages(run)
             if waiting is not None:
                 await waiting
 
-    async def _handle(self, frame: Response | Error) -> None:
-        """A frame that is not a message."""
+    def _handle(self, frame: Response | Error) -> None:
+        """A frame that is not a message: a response goes to the request it
+        answers (its waiter is rescheduled, no coroutine per frame)."""
         if isinstance(frame, Response):
-            if frame.is_heartbeat:
-                await self.send(commands.nop())
+            data = frame.data
+            if data == HEARTBEAT:
+                # One every heartbeat interval: no room to wait for.
+                self.send_nowait(commands.nop())
             elif self._pending:
-                self._pending.popleft().set(frame.data)
+                self._pending.popleft().set(data)
             else:
-                raise ProtocolError(f"{self.address}: unexpected response {frame.data[:100]!r}")
+                raise ProtocolError(f"{self.address}: unexpected response {data[:100]!r}")
         else:
             error = frame.error
             if not error.fatal:
@@ -573,6 +635,26 @@ class Connection:
             if self._pending:
                 self._pending.popleft().fail(error)
             raise error
+
+    def _answer_oks(self, data: bytes | bytearray) -> int:
+        """The fast path for a producer's reads: how many bytes at the start
+        of ``data`` are whole ``OK`` responses, each handed to its request
+        (0 when ``data`` does not start with a run of them, or when more came
+        than were asked for: the parser then deals with it, error included)."""
+        count = len(data) // _OK_FRAME_SIZE
+        end = count * _OK_FRAME_SIZE
+        if (
+            count
+            and data.startswith(_OK_FRAME)
+            and count <= len(self._pending)
+            # count non-overlapping matches in count * 10 bytes tile them exactly
+            and data.count(_OK_FRAME, 0, end) == count
+        ):
+            popleft = self._pending.popleft
+            for _ in range(count):
+                popleft().set(OK)
+            return end
+        return 0
 
     def _finish(self, reason: BaseException | None) -> None:
         if self._closed.is_set():

@@ -1,0 +1,217 @@
+"""How responses reach their requests: in order, however the bytes are cut
+into reads, whichever waiters gave up, with runs of OKs on their fast path."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trionsq
+from trionsq.config import Config
+from trionsq.connection import Connection, PendingResponse
+from trionsq.protocol import commands
+from trionsq.protocol.frames import encode_error, encode_response
+
+OK_FRAME = encode_response(b"OK")
+HEARTBEAT = encode_response(b"_heartbeat_")
+FIN_FAILED = encode_error(b"E_FIN_FAILED FIN 0123456789abcdef failed")
+
+
+class Wire:
+    """A Connection (no handshake) on an in-memory stream whose server side
+    this test writes, one read at a time."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        client, self.server = trio.testing.memory_stream_pair()
+        self.conn = Connection(client, "nsqd:4150", Config(heartbeat_interval=None))
+        nursery.start_soon(self.conn.run)
+
+    async def read(self, data: bytes) -> None:
+        """``data`` is what the connection's next read gets, whole."""
+        await trio.testing.wait_all_tasks_blocked()
+        await self.server.send_all(data)
+        await trio.testing.wait_all_tasks_blocked()
+
+    async def written(self) -> bytes:
+        await trio.testing.wait_all_tasks_blocked()
+        return bytes(await self.server.receive_some())
+
+
+def pub(i: int) -> bytes:
+    return commands.pub("t", b"%d" % i)
+
+
+async def test_a_read_of_oks_answers_each_request_in_order(nursery: trio.Nursery) -> None:
+    wire = Wire(nursery)
+    pendings = [wire.conn.request_nowait(pub(i)) for i in range(5)]
+    # Three OKs and half of the fourth, then the rest of it, a JSON answer.
+    await wire.read(OK_FRAME * 3 + OK_FRAME[:4])
+    assert [p.done for p in pendings] == [True, True, True, False, False]
+    await wire.read(OK_FRAME[4:] + encode_response(b'{"x":1}'))
+    assert [await p.result() for p in pendings] == [b"OK"] * 4 + [b'{"x":1}']
+
+
+async def test_oks_then_other_frames_in_one_read(nursery: trio.Nursery) -> None:
+    wire = Wire(nursery)
+    pendings = [wire.conn.request_nowait(pub(i)) for i in range(4)]
+    await wire.read(
+        OK_FRAME * 2 + HEARTBEAT + FIN_FAILED + encode_response(b"CLOSE_WAIT") + OK_FRAME
+    )
+    assert [await p.result() for p in pendings] == [b"OK", b"OK", b"CLOSE_WAIT", b"OK"]
+    assert b"NOP\n" in await wire.written()  # the heartbeat was answered
+    assert not wire.conn.closed
+
+
+async def test_more_oks_than_requests_is_a_protocol_error(nursery: trio.Nursery) -> None:
+    wire = Wire(nursery)
+    pendings = [wire.conn.request_nowait(pub(i)) for i in range(2)]
+    await wire.read(OK_FRAME * 3)
+    await wire.conn.wait_closed()
+    assert isinstance(wire.conn.close_reason, trionsq.ProtocolError)
+    # The two that were asked for got theirs before the surplus was found.
+    assert [await p.result() for p in pendings] == [b"OK", b"OK"]
+
+
+async def test_an_error_fails_its_own_request_and_the_rest(nursery: trio.Nursery) -> None:
+    wire = Wire(nursery)
+    pendings = [wire.conn.request_nowait(pub(i)) for i in range(3)]
+    await wire.read(OK_FRAME + encode_error(b"E_PUB_FAILED nope"))
+    await wire.conn.wait_closed()
+    assert await pendings[0].result() == b"OK"
+    with pytest.raises(trionsq.PubFailedError):
+        await pendings[1].result()
+    with pytest.raises(trionsq.ConnectionClosedError):
+        await pendings[2].result()
+
+
+async def test_a_cancelled_request_leaves_its_response_to_be_dropped(
+    nursery: trio.Nursery,
+) -> None:
+    wire = Wire(nursery)
+    got: dict[int, bytes] = {}
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def request(i: int) -> None:
+        with trio.CancelScope() as scopes[i]:
+            got[i] = await wire.conn.request(pub(i))
+
+    for i in range(4):
+        nursery.start_soon(request, i)
+        await trio.testing.wait_all_tasks_blocked()  # queued in this order
+    scopes[1].cancel()
+    scopes[2].cancel()
+    await wire.read(OK_FRAME + encode_response(b"one") + encode_response(b"two") + OK_FRAME)
+    assert got == {0: b"OK", 3: b"OK"}
+    assert not wire.conn.closed
+    # A request cancelled before it is queued sends nothing.
+    before = await wire.written()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await wire.conn.request(pub(9))
+    assert b"9" not in before
+    with trio.move_on_after(0.05):
+        assert b"9" not in await wire.written()
+
+
+async def test_pending_response_with_several_waiters() -> None:
+    pending = PendingResponse()
+    results: list[bytes] = []
+
+    async def wait() -> None:
+        results.append(await pending.result())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(pending.event.wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not pending.done and not pending.event.is_set()
+        pending.set(b"OK")
+    assert results == [b"OK"] * 3
+    assert pending.event.is_set()
+    with trio.testing.assert_checkpoints():
+        assert await pending.result() == b"OK"
+    failed = PendingResponse()
+    failed.fail(trionsq.ConnectionClosedError("gone"))
+    assert failed.done and failed.event.is_set()
+    with pytest.raises(trionsq.ConnectionClosedError):
+        await failed.result()
+
+
+async def test_a_cancelled_waiter_can_wait_again() -> None:
+    pending = PendingResponse()
+    with trio.move_on_after(0.01):
+        await pending.result()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pending.wait)
+        await trio.testing.wait_all_tasks_blocked()
+        pending.set(b"late")
+    assert await pending.result() == b"late"
+
+
+answers = st.lists(
+    st.tuples(
+        st.sampled_from(["OK", "OK", "OK", "json", "heartbeat", "fin_failed"]),
+        st.booleans(),  # whether the request's waiter gives up first
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(answers, st.lists(st.integers(1, 64), max_size=12))
+def test_responses_match_requests_however_the_reads_are_cut(
+    script: list[tuple[str, bool]], cuts: list[int]
+) -> None:
+    """Each request gets its own response, in order, whatever the reads and
+    whichever waiters were cancelled; heartbeats and non-fatal errors in
+    between change nothing."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            wire = Wire(nursery)
+            expected: dict[int, bytes] = {}
+            got: dict[int, bytes] = {}
+            scopes: dict[int, trio.CancelScope] = {}
+            stream = b""
+
+            async def request(i: int) -> None:
+                with trio.CancelScope() as scopes[i]:
+                    got[i] = await wire.conn.request(pub(i))
+
+            index = 0
+            for kind, gives_up in script:
+                if kind == "heartbeat":
+                    stream += HEARTBEAT
+                    continue
+                if kind == "fin_failed":
+                    stream += FIN_FAILED
+                    continue
+                answer = b"OK" if kind == "OK" else b'{"n":%d}' % index
+                stream += encode_response(answer)
+                nursery.start_soon(request, index)
+                await trio.testing.wait_all_tasks_blocked()  # queued in this order
+                if not gives_up:
+                    expected[index] = answer
+                index += 1
+            for i, (_, gives_up) in enumerate(s for s in script if s[0] in ("OK", "json")):
+                if gives_up:
+                    scopes[i].cancel()
+            position = 0
+            for cut in cuts:
+                if position >= len(stream):
+                    break
+                await wire.read(stream[position : position + cut])
+                position += cut
+            if position < len(stream):
+                await wire.read(stream[position:])
+            assert got == expected
+            assert not wire.conn.closed
+            await wire.conn.aclose()
+
+    trio.run(main)
