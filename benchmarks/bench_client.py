@@ -472,10 +472,6 @@ def nsqd_daemon(
 ) -> Iterator[Nsqd]:
     """A started nsqd; ``fake`` runs fakensq's nsqd command instead (its shim)."""
     flags = [*NSQD_FLAGS, f"--mem-queue-size={mem_queue}", *flags]
-    if any(flag.startswith("--tls-cert") for flag in flags):
-        # With a certificate nsqd also listens for HTTPS, by default on
-        # 0.0.0.0:4152: two benchmarks (or a test) at once would collide there.
-        flags.append(f"--https-address=127.0.0.1:{reference.free_port()}")
     daemon = reference.RealDaemon("nsqd", flags)
     if fake:
         assert shims is not None
