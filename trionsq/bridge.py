@@ -12,6 +12,8 @@ built from:
   until somebody waits on it (most are only looked at once done).
 - :class:`LoopPost`: items from the Trio loop's thread into an asyncio loop, a
   batch per ``call_soon_threadsafe`` rather than one call per item.
+- :class:`Handout`: items from the Trio loop's thread to the threads that take
+  them, the sleeping ones woken once per batch rather than once per item.
 
 Both rely on the GIL making single deque operations and attribute stores
 atomic; the one check-then-act race (a put racing a taker going to sleep) is
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures._base import FINISHED, RUNNING
@@ -31,7 +35,7 @@ from typing import Any, Generic, TypeVar
 import trio
 import trio.lowlevel
 
-__all__ = ["Inbox", "LightFuture", "LoopPost", "Waiter"]
+__all__ = ["Handout", "Inbox", "LightFuture", "LoopPost", "Waiter"]
 
 T = TypeVar("T")
 
@@ -73,8 +77,13 @@ class Inbox(Generic[T]):
         """
         self.items.append(item)
         if not self.awake:
-            self.awake = True
-            self._wake_loop(self._on_wake)
+            self.wake()
+
+    def wake(self) -> None:
+        """The second half of :meth:`put`, for callers that inline the first
+        (append, then call this if :attr:`awake` is false)."""
+        self.awake = True
+        self._wake_loop(self._on_wake)
 
     def _unpark(self) -> None:
         self._lot.unpark_all()
@@ -262,3 +271,86 @@ class LoopPost(Generic[T]):
         while items:
             taken.append(items.popleft())
         return taken
+
+
+class Handout(Generic[T]):
+    """Items handed from the client's loop to the threads that take them.
+
+    The loop appends a batch to :attr:`items` (no wake-up per item) and then
+    calls :meth:`wake` once; takers pop from the left and sleep, each on a lock
+    of its own, only when there is nothing to take.  A taker registers its lock
+    before its last look at the items, and :meth:`wake` reads the items after
+    they were appended: so either the taker sees an item, or the waker sees the
+    taker asleep and wakes it (as many sleepers as there are items).
+    """
+
+    def __init__(self) -> None:
+        self.items: deque[T] = deque()
+        self._sleepers: deque[threading.Lock] = deque()
+
+    def put(self, item: T) -> None:
+        """Add one item and wake a taker (any thread, even a signal handler)."""
+        self.items.append(item)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake as many sleeping takers as there are items (any thread)."""
+        sleepers = self._sleepers
+        count = len(self.items)
+        while count and sleepers:
+            try:
+                sleepers.popleft().release()
+            except IndexError:  # another waker took the last one
+                return
+            count -= 1
+
+    def get(self, timeout: float | None = None) -> T:
+        """Take the oldest item, waiting for one up to ``timeout`` seconds
+        (``None``: for ever); raises :class:`queue.Empty` after the timeout."""
+        items = self.items
+        try:
+            return items.popleft()
+        except IndexError:
+            pass
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sleep = threading.Lock()
+            sleep.acquire()
+            self._sleepers.append(sleep)
+            try:
+                return items.popleft()  # appended before we were there to be woken
+            except IndexError:
+                pass
+            try:
+                woken = sleep.acquire(
+                    timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())
+                )
+            except BaseException:  # KeyboardInterrupt: a wake-up must not go to us
+                self._forget(sleep)
+                raise
+            if not woken:
+                self._forget(sleep)
+                try:
+                    return items.popleft()
+                except IndexError:
+                    raise queue.Empty from None
+            try:
+                return items.popleft()
+            except IndexError:  # taken by a taker that was awake: sleep again
+                continue
+
+    def _forget(self, sleep: threading.Lock) -> None:
+        try:
+            self._sleepers.remove(sleep)
+        except ValueError:  # a waker chose us as we gave up: pass the wake-up on
+            self.wake()
+
+    def take_all(self) -> list[T]:
+        """Every item not taken yet (they will not be)."""
+        taken: list[T] = []
+        items = self.items
+        while True:
+            try:
+                taken.append(items.popleft())
+            except IndexError:
+                return taken

@@ -5,7 +5,7 @@ message it yields, wrapped in the front end's message class (a subclass of
 :class:`HandedMessage`), to ``deliver`` (a quick, non-blocking callable run in
 the loop's thread: a put into a thread queue, or into the asyncio loop).
 Settling a message from any thread claims it (the first of finish and requeue
-wins, under a lock, so every thread agrees on the outcome) and puts it in an
+wins, in one atomic step, so every thread agrees on the outcome) and puts it in an
 :class:`~trionsq.bridge.Inbox`, where a settler task applies it to the core
 message in order.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import trio
 
@@ -36,6 +36,10 @@ from .trio_thread import LoopStoppedError, TrioThread
 __all__ = ["HandedMessage", "HostedConsumer"]
 
 log = logging.getLogger("trionsq.hosted")
+
+
+#: what ``_out.pop`` returns for a message claimed already
+_UNCLAIMED: Any = object()
 
 
 class _Touch:
@@ -56,20 +60,28 @@ class HandedMessage:
     calling thread, and carried out by the client's loop.
     """
 
-    __slots__ = ("_backoff", "_core", "_delay", "_hosted", "attempts", "body", "id", "responded")
+    __slots__ = ("_backoff", "_core", "_delay", "_hosted", "responded")
 
     def __init__(self, core: Message, hosted: HostedConsumer) -> None:
+        # As few stores as can be: one of these is made for every message.
         self._core = core
         self._hosted = hosted
-        #: the 16-byte message id
-        self.id = core.id
-        self.body = core.body
-        #: deliveries so far, this one included (1 the first time)
-        self.attempts = core.attempts
         #: ``"finished"``, ``"requeued"`` or ``None`` while unanswered
         self.responded: str | None = None
-        self._delay: float | None = None
-        self._backoff = True
+
+    @property
+    def id(self) -> bytes:
+        """The 16-byte message id."""
+        return self._core.id
+
+    @property
+    def body(self) -> bytes:
+        return self._core.body
+
+    @property
+    def attempts(self) -> int:
+        """Deliveries so far, this one included (1 the first time)."""
+        return self._core.attempts
 
     @property
     def timestamp(self) -> int:
@@ -92,14 +104,16 @@ class HandedMessage:
     def has_responded(self) -> bool:
         return self.responded is not None
 
-    def _claim(self, responded: str, delay: float | None = None, backoff: bool = True) -> bool:
-        """Take the decision (any thread); False if one was taken already."""
-        with self._hosted.lock:
-            if self.responded is not None:
-                return False
-            self.responded = responded
-            self._delay = delay
-            self._backoff = backoff
+    def _claim(self, responded: str) -> bool:
+        """Take the decision (any thread); False if one was taken already.
+
+        The claim is the removal of the message from the client's unclaimed
+        set: ``dict.pop`` is one step under the GIL, so exactly one claim wins
+        without a lock (a lock a message cost more than the rest of a FIN).
+        """
+        if self._hosted._out.pop(self, _UNCLAIMED) is _UNCLAIMED:
+            return False
+        self.responded = responded
         return True
 
     def _send(self, item: HandedMessage | _Touch) -> None:
@@ -112,21 +126,27 @@ class HandedMessage:
     def _finish(self) -> None:
         # (_claim and _send, inlined: every message is finished through here)
         hosted = self._hosted
-        with hosted.lock:
-            if self.responded is not None:
-                return
-            self.responded = "finished"
-        try:
-            hosted.inbox.put(self)  # the message itself says what to do
-        except LoopStoppedError as exc:
-            log.info("could not answer %r: %s", self, exc)
+        if hosted._out.pop(self, _UNCLAIMED) is _UNCLAIMED:
+            return
+        self.responded = "finished"
+        inbox = hosted.inbox
+        inbox.items.append(self)  # the message itself says what to do (put, inlined)
+        if not inbox.awake:
+            try:
+                inbox.wake()
+            except LoopStoppedError as exc:
+                # The client is gone: nsqd will time the message out and redeliver it.
+                log.info("could not answer %r: %s", self, exc)
 
     def _requeue(self, delay: float | None, backoff: bool) -> None:
         if delay is not None and (
             isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
         ):
             raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
-        if self._claim("requeued", delay, backoff):
+        if self._claim("requeued"):
+            # Read by the loop once the message reaches it, after these stores.
+            self._delay = delay
+            self._backoff = backoff
             self._send(self)
 
     def _touch(self) -> None:
@@ -179,9 +199,8 @@ class HostedConsumer:
         self._end_of_batch = end_of_batch
         self._on_end = on_end
         self.inbox: Inbox[HandedMessage | _Touch] = Inbox(self.runner.run_sync_soon)
-        #: orders the claims of finish/requeue across threads
-        self.lock = threading.Lock()
-        # Handed out and not settled yet (dict as an ordered set; loop only).
+        # Handed out and not claimed yet (dict as an ordered set): the pump adds,
+        # a claim (finish or requeue, any thread) pops; see HandedMessage._claim.
         self._out: dict[HandedMessage, None] = {}
         self._pump_scope = trio.CancelScope()
         self._in_batch = False
@@ -264,8 +283,9 @@ class HostedConsumer:
         await self.aclose()
 
     async def _requeue_now(self, message: HandedMessage) -> None:
-        if message._claim("requeued", 0, False):
-            self._out.pop(message, None)
+        if message._claim("requeued"):
+            message._delay = 0
+            message._backoff = False
             await message._apply()
 
     async def aclose(self) -> None:
@@ -356,7 +376,6 @@ class HostedConsumer:
                         await core.touch()
                     continue
                 core = message._core
-                out.pop(message, None)
                 if core.responded is not None:
                     continue
                 if message.responded == "finished":
@@ -371,7 +390,11 @@ class HostedConsumer:
     async def _give_up_core(self, core: Message) -> None:
         assert self._give_up is not None
         message = self._wrap(core, self)
-        await self._give_up(message)
+        self._out[message] = None  # claimable by the callback
+        try:
+            await self._give_up(message)
+        finally:
+            self._out.pop(message, None)  # later calls do nothing
         # A decision taken in the callback goes first (the core FINs otherwise).
         if message.responded is not None:
             await message._apply()

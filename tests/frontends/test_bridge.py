@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import random
 import threading
+import time
 
 import pytest
 
-from trionsq.bridge import LightFuture
+from trionsq.bridge import Handout, LightFuture
 
 
 def test_a_light_future_is_a_running_concurrent_future() -> None:
@@ -98,3 +100,52 @@ def test_no_completion_is_missed_when_waiting_races_completing() -> None:
             future.add_done_callback(lambda f, called=called: called.set())
             assert called.wait(10)
         thread.join()
+
+
+def test_a_handout_gives_each_item_to_exactly_one_taker() -> None:
+    # Batches appended without a wake-up each, then one wake() a batch, as the
+    # consumer's loop does; takers of every kind (waiting for ever, in slices)
+    # race for them.  Every item must arrive once; none may be stranded while a
+    # taker sleeps (a missed wake-up would hang a taker that waits for ever).
+    handout: Handout[int] = Handout()
+    total, takers = 20_000, 4
+    got: list[list[int]] = [[] for _ in range(takers)]
+    end = -1
+
+    def take(index: int) -> None:
+        while True:
+            try:
+                item = handout.get(None if index % 2 else 0.01)
+            except queue.Empty:
+                continue
+            if item == end:
+                handout.put(end)  # for the other takers
+                return
+            got[index].append(item)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(takers)]
+    for thread in threads:
+        thread.start()
+    rng = random.Random(7)
+    sent = 0
+    while sent < total:
+        size = min(total - sent, rng.choice([1, 2, 5, 50, 300]))
+        handout.items.extend(range(sent, sent + size))
+        handout.wake()
+        sent += size
+        if rng.random() < 0.3:
+            time.sleep(0)  # let the takers drain and go to sleep
+    handout.put(end)
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+    assert sorted(item for items in got for item in items) == list(range(total))
+
+
+def test_a_handout_times_out_and_gives_back_what_is_left() -> None:
+    handout: Handout[str] = Handout()
+    with pytest.raises(queue.Empty):
+        handout.get(0.01)
+    handout.items.extend(["a", "b"])
+    assert handout.get(0) == "a"
+    assert handout.take_all() == ["b"] and handout.take_all() == []

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from sniffio import thread_local as _sniffio
+
+from ..bridge import Handout
 from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
-from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
 from ..trio_thread import ForkedError, LoopStoppedError, check_not_in_trio
 
 __all__ = ["Consumer", "Message"]
@@ -39,7 +42,19 @@ class Message(HandedMessage):
 
     def finish(self) -> None:
         """FIN: nsqd forgets the message."""
-        self._finish()
+        # HandedMessage._finish, inlined: every message is finished through here.
+        hosted = self._hosted
+        if hosted._out.pop(self, _UNCLAIMED) is _UNCLAIMED:
+            return
+        self.responded = "finished"
+        inbox = hosted.inbox
+        inbox.items.append(self)  # Inbox.put, inlined
+        if not inbox.awake:
+            try:
+                inbox.wake()
+            except LoopStoppedError as exc:
+                # The client is gone: nsqd will time the message out and redeliver it.
+                log.info("could not answer %r: %s", self, exc)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: nsqd redelivers the message after ``delay`` seconds
@@ -132,14 +147,18 @@ class Consumer:
         self._handler = handler
         self._concurrency = concurrency if handler is not None else 0
         self._user_give_up = give_up
-        self._queue: queue.SimpleQueue[Message | _End] = queue.SimpleQueue()
+        # Messages from the loop (a batch per read, one wake-up for it), and
+        # the _End that stops the takers.
+        self._queue: Handout[Message | _End] = Handout()
         self._stop_signal: queue.SimpleQueue[_End] = queue.SimpleQueue()
         self._hosted = HostedConsumer(
             topic,
             channel,
             config,
             wrap=Message,
-            deliver=self._deliver,
+            # No wake-up per message: _end_of_batch wakes the takers once a batch.
+            deliver=self._queue.items.append,  # type: ignore[arg-type]  # wrap=Message
+            end_of_batch=self._end_of_batch,
             on_end=self._on_end,
             give_up=self._give_up if give_up is not None else None,
             rng=rng,
@@ -233,15 +252,7 @@ class Consumer:
                 self._end_threads(started)
 
     def _drain_queue(self) -> list[Message]:
-        undelivered: list[Message] = []
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, Message):
-                undelivered.append(item)
-        return undelivered
+        return [item for item in self._queue.take_all() if isinstance(item, Message)]
 
     def _end_threads(self, started: float) -> None:
         end = _End(None)
@@ -273,14 +284,13 @@ class Consumer:
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
-        self._queue = queue.SimpleQueue()
+        self._queue = Handout()
         self._stop_signal = queue.SimpleQueue()
         if self._state in ("open", "closing"):
             self._state = "forked"
 
-    def _deliver(self, message: HandedMessage) -> None:
-        # In the loop's thread: the queue's put is quick and never blocks.
-        self._queue.put(message)  # type: ignore[arg-type]  # Message: wrap=Message
+    def _end_of_batch(self) -> None:
+        self._queue.wake()
 
     def _on_end(self, error: BaseException | None) -> None:
         # In the loop's thread, as the consumer's service ends (closed, or crashed).
@@ -311,6 +321,18 @@ class Consumer:
         return self
 
     def __next__(self) -> Message:
+        if self._state != "open" or self._stopping or _sniffio.name == "trio":
+            return self._next_slowly()
+        try:
+            item = self._queue.items.popleft()  # the common case: one is ready
+        except IndexError:
+            return self._next_slowly()
+        if type(item) is _End:
+            self._queue.items.appendleft(item)
+            return self._next_slowly()
+        return item  # type: ignore[return-value]
+
+    def _next_slowly(self) -> Message:
         if self._state != "open" and self._state != "closing":
             self._check_open()  # raises: not started, closed, forked
         if self._stopping:
