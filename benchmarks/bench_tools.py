@@ -507,22 +507,108 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _by_round(low: list[Outcome], high: list[Outcome], cpu: bool = False) -> list[float]:
+    """Per round: the rate at the higher setting over the rate at the lower one
+    (messages per CPU second with ``cpu``); rounds where either run failed are left out."""
+    ratios = []
+    for a, b in zip(low, high, strict=True):
+        if a.error is None and b.error is None:
+            x, y = (a.cpu_rate, b.cpu_rate) if cpu else (a.rate, b.rate)
+            if x > 0 and y > 0:
+                ratios.append(y / x)
+    return ratios
+
+
+@dataclass
+class Growth:
+    """One tool's rate at the highest in-flight setting over its rate at the lowest."""
+
+    tool: str
+    low: int
+    high: int
+    ours: list[float]
+    ours_cpu: list[float]
+    go: list[float]
+
+    @staticmethod
+    def of(rows: list[Row]) -> list[Growth]:
+        by_tool: dict[str, list[Row]] = {}
+        for row in rows:
+            if row.in_flight is not None:
+                by_tool.setdefault(row.case.name, []).append(row)
+        growths = []
+        for tool, tool_rows in by_tool.items():
+            if len(tool_rows) < 2:
+                continue
+            low = min(tool_rows, key=lambda r: r.in_flight or 0)
+            high = max(tool_rows, key=lambda r: r.in_flight or 0)
+            assert low.in_flight is not None and high.in_flight is not None
+            growths.append(
+                Growth(
+                    tool,
+                    low.in_flight,
+                    high.in_flight,
+                    _by_round(low.py, high.py),
+                    _by_round(low.py, high.py, cpu=True),
+                    _by_round(low.go, high.go),
+                )
+            )
+        return growths
+
+    def as_dict(self) -> dict[str, Any]:
+        def median(values: list[float]) -> float | None:
+            return statistics.median(values) if values else None
+
+        return {
+            "tool": self.tool,
+            "low": self.low,
+            "high": self.high,
+            "ratio": median(self.ours),
+            "ratios": self.ours,
+            "cpu_ratio": median(self.ours_cpu),
+            "cpu_ratios": self.ours_cpu,
+            "go_ratio": median(self.go),
+            "go_ratios": self.go,
+        }
+
+
 def print_table(rows: list[Row]) -> None:
+    growth = {g.tool: g.as_dict() for g in Growth.of(rows)}
+    highs = {g["high"] for g in growth.values()}
+    lows = {g["low"] for g in growth.values()}
+    setting = (
+        f"at {max(highs):,} / at {min(lows):,}" if len(highs) == 1 == len(lows) else "high / low"
+    )
     print()
     print(
         "| tool | in flight | trionsq msg/s | Go msg/s | ratio (median) | ratios by round "
-        "| CPU ratio (median) |"
+        f"| CPU ratio (median) | trionsq {setting} (median; by round) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         d = row.as_dict()
         in_flight = _fmt(d["in_flight"], ",") if d["in_flight"] else "-"
+        g = growth.get(row.case.name)
+        more = "-"
+        if g is not None and row.in_flight == g["high"]:
+            more = f"{_fmt(g['ratio'], '.2f')} ({' '.join(f'{r:.2f}' for r in g['ratios'])})"
         print(
             f"| `{d['tool']}` vs `{d['go']}` | {in_flight} "
             f"| {_fmt(d['py_rate'], ',.0f')} | {_fmt(d['go_rate'], ',.0f')} "
             f"| {_fmt(d['ratio'], '.2f')} | {' '.join(f'{r:.2f}' for r in d['ratios'])} "
-            f"| {_fmt(d['cpu_ratio'], '.2f')} |"
+            f"| {_fmt(d['cpu_ratio'], '.2f')} | {more} |"
         )
+    if growth:
+        print()
+        print(f"More in flight ({setting}), rate ratios, median and by round:")
+        for g in growth.values():
+            print(
+                f"  {g['tool']:<15} trionsq {_fmt(g['ratio'], '.2f')} "
+                f"({' '.join(f'{r:.2f}' for r in g['ratios'])}), "
+                f"per CPU second {_fmt(g['cpu_ratio'], '.2f')} "
+                f"({' '.join(f'{r:.2f}' for r in g['cpu_ratios'])}); "
+                f"Go {_fmt(g['go_ratio'], '.2f')} ({' '.join(f'{r:.2f}' for r in g['go_ratios'])})"
+            )
     print()
     for row in rows:
         for error in row.as_dict()["errors"]:
@@ -588,7 +674,11 @@ def main() -> int:
         sink_process.wait()
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps([row.as_dict() for row in rows], indent=2))
+        results = {
+            "rows": [row.as_dict() for row in rows],
+            "more_in_flight": [g.as_dict() for g in Growth.of(rows)],
+        }
+        Path(args.json).write_text(json.dumps(results, indent=2))
     return 1 if any(row.as_dict()["errors"] for row in rows) else 0
 
 
