@@ -228,16 +228,22 @@ class LoopPost(Generic[T]):
     pending: the flush clears the flag before it takes the items, and a put
     appends before it reads the flag, so no item is left behind.  ``on_items``
     receives the shared deque and must pop items from its left until it is
-    empty (a put may add more meanwhile: it takes those too).  Puts after the
-    asyncio loop closed are dropped (nobody is left to receive them).
+    empty (a put may add more meanwhile: it takes those too), unless its owner
+    passed the deque (``items``) and takes them from it as it goes, the flush
+    being only its cue.  Puts after the asyncio loop closed are dropped (nobody
+    is left to receive them).
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, on_items: Callable[[deque[T]], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_items: Callable[[deque[T]], None],
+        items: deque[T] | None = None,
     ) -> None:
         self._loop = loop
         self._on_items = on_items
-        self._items: deque[T] = deque()
+        #: the items not flushed yet (``items.append`` is :meth:`add`, without a call)
+        self._items: deque[T] = deque() if items is None else items
         self._scheduled = False
 
     def put(self, item: T) -> None:

@@ -176,7 +176,7 @@ class HostedConsumer:
         channel: str,
         config: Config,
         *,
-        wrap: Callable[[Message, HostedConsumer], HandedMessage],
+        wrap: type[HandedMessage],
         deliver: Deliver,
         on_end: Callable[[BaseException | None], None],
         give_up: AsyncGiveUp | None = None,
@@ -331,12 +331,17 @@ class HostedConsumer:
 
     async def _pump(self) -> None:
         assert self._pump_done is not None
-        deliver, wrap, out = self._deliver, self._wrap, self._out
+        deliver, out = self._deliver, self._out
+        # HandedMessage.__init__ inlined, without the call (once a message).
+        new, cls = object.__new__, self._wrap
         batched = self._end_of_batch is not None
         try:
             with self._pump_scope:
                 async for core in self.consumer:
-                    message = wrap(core, self)
+                    message = new(cls)
+                    message._core = core
+                    message._hosted = self
+                    message.responded = None
                     out[message] = None
                     deliver(message)
                     if batched and not self._in_batch:

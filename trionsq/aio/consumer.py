@@ -122,6 +122,10 @@ class Consumer:
         if give_up is not None and not callable(give_up):
             raise TypeError("give_up must be callable")
         config = Config(**options) if config is None else config.replace(**options)
+        # The messages ready to hand out: appended to straight from the Trio
+        # loop's thread, taken from the left in asyncio's (deque operations are
+        # atomic); _end_of_batch then wakes the asyncio loop once for a batch.
+        self._ready: deque[Message] = deque()
         self._handler = handler
         self._user_give_up = give_up
         self._hosted = HostedConsumer(
@@ -129,7 +133,7 @@ class Consumer:
             channel,
             config,
             wrap=Message,
-            deliver=self._deliver,
+            deliver=self._ready.append,  # type: ignore[arg-type]  # wrap=Message
             on_end=self._on_end,
             give_up=self._give_up if give_up is not None else None,
             end_of_batch=self._end_of_batch,
@@ -146,7 +150,6 @@ class Consumer:
         self._calls: LoopCalls | None = None
         self._arrivals: LoopPost[Message] | None = None
         self._exited: asyncio.Future[None] | None = None
-        self._ready: deque[Message] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: set[asyncio.Task[None]] = set()
         self._idle: deque[asyncio.Future[None]] = deque()  # handler workers with nothing to do
@@ -166,7 +169,7 @@ class Consumer:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._calls = LoopCalls(loop)
-        self._arrivals = LoopPost(loop, self._arrive)
+        self._arrivals = LoopPost(loop, self._arrive, self._ready)
         try:
             self._exited = await enter(self._hosted, self._calls)
         except BaseException:
@@ -200,8 +203,7 @@ class Consumer:
         try:
             try:
                 await self._call(hosted.stop_delivery)
-                undelivered = list(self._ready) + self._arrivals.take_all()
-                self._ready.clear()
+                undelivered = self._arrivals.take_all()  # the ready ones
                 await self._end_workers(0.0 if interrupted else self.config.close_timeout)
                 await self._call(hosted.finish, undelivered, 0.0)
             except LoopStoppedError:
@@ -261,23 +263,15 @@ class Consumer:
 
     # --- delivery ---
 
-    def _deliver(self, message: HandedMessage) -> None:
-        # In the Trio loop's thread.
-        assert self._arrivals is not None
-        self._arrivals.add(message)  # type: ignore[arg-type]
-
     def _end_of_batch(self) -> None:
         # In the Trio loop's thread: one wake-up of the asyncio loop per batch.
         assert self._arrivals is not None
         self._arrivals.schedule()
 
-    def _arrive(self, arrived: deque[Message]) -> None:
-        # In the asyncio loop: a batch from the Trio thread.
-        ready = self._ready
-        count = 0
-        while arrived:
-            ready.append(arrived.popleft())
-            count += 1
+    def _arrive(self, ready: deque[Message]) -> None:
+        # In the asyncio loop: a batch from the Trio thread is in ready (the
+        # deque the LoopPost shares with us): wake who will take them.
+        count = len(ready)
         if self._handler is not None:
             if not self._waking and not self._stopping:
                 self._wake_workers(1)

@@ -358,10 +358,13 @@ class Consumer:
     def _handler_loop(self) -> None:
         handler = self._handler
         assert handler is not None
-        get = self._queue.get
+        get, items = self._queue.get, self._queue.items
         busy, me = self._busy, threading.current_thread()
         while True:
-            item = get()
+            try:
+                item = items.popleft()  # the common case: one is ready
+            except IndexError:
+                item = get()
             if isinstance(item, _End):
                 self._queue.put(item)
                 return
