@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ __all__ = ["Producer", "ProducerStats"]
 
 log = logging.getLogger("trionsq.producer")
 
+
+_BYTES = {bytes}
 
 #: how many valid topic names a Producer remembers (a bound, not a tuning knob)
 _VALID_TOPICS_KEPT = 1000
@@ -115,7 +118,8 @@ class Producer:
         # trio.Semaphore, taking a free place does not yield: a publish waits
         # for its response anyway, and a yield more each costs scheduler passes.
         self._in_flight = 0
-        self._window_waiters = trio.lowlevel.ParkingLot()
+        self._window = config.publish_window
+        self._window_waiters: deque[trio.lowlevel.Task] = deque()
         # Topic names already found valid (a few, in practice): checked once.
         self._valid_topics: set[str] = set()
         self._published = 0
@@ -214,11 +218,31 @@ class Producer:
                 raise refusals[0]
             raise NSQConnectionError("no nsqd reachable (" + "; ".join(failures) + ")")
 
+    async def _wait_for_place(self) -> None:
+        """Queue for a place in the window (FIFO); a freed place is handed to
+        the first in line, which wakes up holding it."""
+        task = trio.lowlevel.current_task()
+        waiters = self._window_waiters
+        waiters.append(task)
+
+        def abort(raise_cancel: Any) -> trio.lowlevel.Abort:
+            waiters.remove(task)  # gave up waiting: it holds no place
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _release_place(self) -> None:
+        if self._window_waiters:
+            # The place goes to the next in line.
+            trio.lowlevel.reschedule(self._window_waiters.popleft())
+        else:
+            self._in_flight -= 1
+
     async def _publish(self, data: bytes, messages: int = 1, batch: bool = False) -> None:
-        if self._in_flight < self.config.publish_window and not self._window_waiters:
+        if self._in_flight < self._window and not self._window_waiters:
             self._in_flight += 1
         else:
-            await self._window_waiters.park()  # woken with a place handed over
+            await self._wait_for_place()
         try:
             conn = self._conn
             if conn is None or conn.closed or self._closed:
@@ -228,10 +252,7 @@ class Producer:
             self._errors += 1
             raise
         finally:
-            if self._window_waiters:
-                self._window_waiters.unpark()  # the place goes to the next in line
-            else:
-                self._in_flight -= 1
+            self._release_place()
         if response != OK:
             self._errors += 1
             raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
@@ -249,15 +270,42 @@ class Producer:
 
     async def publish(self, topic: str, body: bytes) -> None:
         """PUB one message."""
-        self._check_topic("PUB", topic)
-        await self._publish(commands.pub(topic, _check_body("PUB", body)))
+        if type(topic) is not str or topic not in self._valid_topics:
+            self._check_topic("PUB", topic)
+        if type(body) is not bytes or not body:
+            body = _check_body("PUB", body)
+        data = commands.pub(topic, body)
+        # _publish, written out: the path every PUB takes, one coroutine less.
+        if self._in_flight < self._window and not self._window_waiters:
+            self._in_flight += 1
+        else:
+            await self._wait_for_place()
+        try:
+            conn = self._conn
+            if conn is None or conn.closed or self._closed:
+                conn = await self._connection()
+            response = await conn.request(data)
+        except (NSQError, OSError):
+            self._errors += 1
+            raise
+        finally:
+            if self._window_waiters:
+                trio.lowlevel.reschedule(self._window_waiters.popleft())
+            else:
+                self._in_flight -= 1
+        if response != OK:
+            self._errors += 1
+            raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
+        self._published += 1
 
     async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
         """MPUB several messages atomically."""
         self._check_topic("MPUB", topic)
-        data = [_check_body("MPUB", body) for body in bodies]
+        data = bodies if type(bodies) is list else list(bodies)
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
+        if set(map(type, data)) != _BYTES or 0 in map(len, data):
+            data = [_check_body("MPUB", body) for body in data]  # the rare case
         await self._publish(commands.mpub(topic, data), len(data), batch=True)
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:

@@ -84,6 +84,23 @@ async def test_bad_topic_raises_typed_error_locally() -> None:
             await p.multi_publish("ok", [])
         with pytest.raises(ValueError):
             await p.deferred_publish("ok", b"x", -1)
+        with pytest.raises(trionsq.BadMessageError, match="MPUB invalid message body size 0"):
+            await p.multi_publish("ok", [b"a", b"", b"c"])
+        with pytest.raises(TypeError, match="not str"):
+            await p.multi_publish("ok", [b"a", "b"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="not str"):
+            await p.publish("ok", "b")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="topic must be a str"):
+            await p.publish(["ok"], b"x")  # type: ignore[arg-type]
+
+
+async def test_bodies_of_any_bytes_like_kind(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    async with producer(node) as p:
+        await p.publish("t", bytearray(b"one"))
+        await p.multi_publish("t", (b for b in [b"two", memoryview(b"three"), bytearray(b"4")]))
+        await p.multi_publish("t", (b"five", b"six"))
+    assert [b for _, b in node.published] == [b"one", b"two", b"three", b"4", b"five", b"six"]
 
 
 async def test_server_error_is_raised_and_connection_replaced(nursery: trio.Nursery) -> None:

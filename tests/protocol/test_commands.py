@@ -207,3 +207,14 @@ def test_take_buffer_hands_over_unparsed_bytes() -> None:
     assert isinstance(parser.next_command(), c.Identify)
     assert parser.take_buffer() == b"\x00compressed"
     assert parser.buffered == 0
+
+
+@given(names, st.lists(message_bodies, min_size=1, max_size=8))
+def test_mpub_takes_any_iterable_of_bodies(topic: str, bodies: list[bytes]) -> None:
+    expected = c.mpub(topic, bodies)
+    assert c.mpub(topic, tuple(bodies)) == expected
+    assert c.mpub(topic, (body for body in bodies)) == expected
+    size = 4 + sum(4 + len(body) for body in bodies)
+    assert expected.startswith(
+        b"MPUB %s\n%s" % (topic.encode(), struct.pack(">LL", size, len(bodies)))
+    )
