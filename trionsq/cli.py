@@ -32,7 +32,7 @@ import trio
 
 from . import __version__
 from .tools import GO_NAMES, TOOLS
-from .tools.common import ToolError
+from .tools.common import ToolError, tune_gc
 from .tools.flags import FlagSet
 
 __all__ = ["main", "tool_flags"]
@@ -82,15 +82,23 @@ def _top_usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``trionsq COMMAND [flags]``; returns the exit status."""
+    """Run ``trionsq COMMAND [flags]``; returns the exit status.
+
+    Without ``argv`` (the command line is the process's own) the process is
+    the command's: its garbage collection is tuned for it
+    (:func:`trionsq.tools.common.tune_gc`); called with ``argv`` from a program,
+    the program's collector is left as it is.
+    """
     # From the start: a SIGTERM while the command is still starting makes it
     # stop as soon as it runs (exit 0), rather than kill it half-started.
     signals = _Signals()
     with signals.installed():
-        return _main(list(sys.argv[1:] if argv is None else argv), signals)
+        if argv is None:
+            return _main(sys.argv[1:], signals, own_process=True)
+        return _main(list(argv), signals)
 
 
-def _main(args: list[str], signals: _Signals) -> int:
+def _main(args: list[str], signals: _Signals, own_process: bool = False) -> int:
     level = "warn"
     while args and args[0].startswith("-"):
         option, _, value = args.pop(0).lstrip("-").partition("=")
@@ -136,6 +144,8 @@ def _main(args: list[str], signals: _Signals) -> int:
     )
     try:
         prepared = module.prepare(parsed)
+        if own_process:
+            tune_gc()
         status: int = trio.run(_run, module.run, parsed, prepared, signals)
     except (ToolError, BaseExceptionGroup) as exc:
         error = _tool_error(exc)
