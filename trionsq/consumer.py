@@ -61,6 +61,8 @@ _YIELD_EVERY = 256
 
 _new = object.__new__
 _NORMAL = BackoffState.NORMAL
+_FIN_BYTE = ord("F")
+_current_task = trio.lowlevel.current_task
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +170,7 @@ class _Session:
             state is None
             or consumer._closing
             or consumer._backoff.state is not _NORMAL
-            or consumer._rdy.due
+            or consumer._rdy._due
         ):
             consumer._settle(self, message, commands.fin(message.id), True, True)
             return
@@ -178,8 +180,18 @@ class _Session:
         self.out.pop(message, None)
         if state.in_flight > 0:
             state.in_flight -= 1
+        conn = self.conn
+        if conn._open and _FIN_BYTE not in conn._watched:
+            # Connection.send_nowait, inline (a call less per message): open,
+            # and FIN needs no look at the state table in this state.
+            conn._out += b"FIN " + message.id + b"\n"
+            if conn._writer_idle:
+                conn._writer_idle = False
+                conn._wake_writer.set()
+            consumer._finished += 1
+            return
         try:
-            self.conn.send_nowait(b"FIN " + message.id + b"\n")
+            conn.send_nowait(b"FIN " + message.id + b"\n")
         except NSQError as exc:
             log.info("%s: could not answer a message: %s", self.address, exc)
         else:
@@ -382,12 +394,34 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
-        if self._stack is None:
-            raise RuntimeError("iterate the Consumer inside 'async with'")
         # Always a cancellation point; a scheduling point only every
         # _YIELD_EVERY messages while some are queued (the queue holds at most
-        # what RDY allowed, so the run without a yield is bounded).
+        # what RDY allowed, so the run without a yield is bounded), and
+        # whenever the queue runs dry (the task then waits for the reader).
+        queue = self._queue
         since = self._since_yield + 1
+        if queue and since < _YIELD_EVERY and not self._queue_closed:
+            # The fast path, on almost every message: a message is there and
+            # no yield is due.  The cancellation check is
+            # trio.lowlevel.checkpoint_if_cancelled()'s own test, read
+            # directly (a coroutine and a lookup chain less: 0.07 instead of
+            # 0.2 us); a Trio without that attribute takes the public call.
+            self._since_yield = since
+            try:
+                cancelled = _current_task()._cancel_status.effectively_cancelled
+            except AttributeError:
+                cancelled = True
+            if cancelled:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            message = queue.popleft()
+            message._responder.out[message] = None
+            return message
+        return await self._next_slowly(since)
+
+    async def _next_slowly(self, since: int) -> Message:
+        """__anext__ when a yield is due, the queue is empty or closed."""
+        if self._stack is None:
+            raise RuntimeError("iterate the Consumer inside 'async with'")
         if since >= _YIELD_EVERY:
             self._since_yield = 0
             await trio.lowlevel.checkpoint()
