@@ -18,7 +18,7 @@ from ..bridge import LoopPost
 from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
-from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
 from ..trio_thread import ForkedError, LoopStoppedError
 from .lifecycle import LoopCalls, enter, leave
 
@@ -40,10 +40,12 @@ class _Done:
     __slots__ = ()
 
     def __await__(self) -> Generator[Any, Any, None]:
-        # Any iterator will do for ``await``; an empty one ends it at once.
-        return cast("Generator[Any, Any, None]", iter(()))
+        # Any iterator will do for ``await``; an empty one ends it at once,
+        # and an exhausted one stays so: one serves every await.
+        return _EXHAUSTED
 
 
+_EXHAUSTED = cast("Generator[Any, Any, None]", iter(()))
 _DONE = _Done()
 
 
@@ -61,7 +63,18 @@ class Message(HandedMessage):
 
     def finish(self) -> Awaitable[None]:
         """FIN: nsqd forgets the message."""
-        self._finish()
+        # HandedMessage._finish, inlined: every message is finished through here.
+        hosted = self._hosted
+        if hosted._out.pop(self, _UNCLAIMED) is not _UNCLAIMED:
+            self.responded = "finished"
+            inbox = hosted.inbox
+            inbox.items.append(self)  # Inbox.put, inlined
+            if not inbox.awake:
+                try:
+                    inbox.wake()
+                except LoopStoppedError as exc:
+                    # The client is gone: nsqd will time the message out and redeliver it.
+                    log.info("could not answer %r: %s", self, exc)
         return _DONE
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> Awaitable[None]:
