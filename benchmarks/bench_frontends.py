@@ -20,7 +20,11 @@ message is a round trip each: shown for reference, against the async Producer
 publishing one at a time); from 8 threads, each thread does the same; 8 threads
 calling the blocking ``publish`` (8 in flight) are shown too, against the async
 Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks.
-A reference case publishes nothing: 8 threads handing requests one at a time
+Two reference cases run the async clients unchanged in Trio's guest mode on an
+asyncio loop (what an asyncio front end built on guest mode would cost at best,
+before any hand-over of its own; docs/frontends.md says why the asyncio front
+end runs Trio on a thread instead).  A reference case publishes nothing: 8
+threads handing requests one at a time
 to one thread through a lock each, without nsqd or Trio (the thread switches
 of a blocking call per message, alone: their ceiling on this machine).
 
@@ -43,12 +47,14 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import httpx
+import outcome
 import trio
+import trio.lowlevel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -65,6 +71,9 @@ PIPELINE = 256
 THREADS = 8
 #: the reference case that publishes nothing (see handoff_only)
 HANDOFF = "8 threads, lock hand-offs only, no I/O"
+#: the reference cases of Trio's guest mode (see in_guest_mode)
+GUEST_PUBLISH = "async Producer in guest mode, 256 tasks"
+GUEST_CONSUME = "async Consumer in guest mode, async for"
 UNCHECKED = {HANDOFF}
 
 
@@ -204,6 +213,43 @@ def handoff_only(address: str, topic: str, count: int) -> Took:
     return began.took()
 
 
+def in_guest_mode(main: Callable[[], Awaitable[Took]]) -> Took:
+    """``main`` run by Trio as a guest of an asyncio loop
+    (``trio.lowlevel.start_guest_run``): what an asyncio front end built on
+    guest mode would cost at best (the async client, with no hand-over)."""
+
+    async def host() -> Took:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[outcome.Outcome[Took]] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=lambda result: loop.call_soon_threadsafe(done.set_result, result),
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        return (await done).unwrap()
+
+    return asyncio.run(host())
+
+
+def guest_tasks(address: str, topic: str, count: int) -> Took:
+    async def main() -> Took:
+        async with trionsq.Producer([address]) as producer:
+            await producer.publish(topic, BODY)
+
+            async def worker(share: int) -> None:
+                for _ in range(share):
+                    await producer.publish(topic, BODY)
+
+            began = Clock()
+            async with trio.open_nursery() as nursery:
+                for share in _shares(count, PIPELINE):
+                    nursery.start_soon(worker, share)
+            return began.took()
+
+    return in_guest_mode(main)
+
+
 def aio_tasks(address: str, topic: str, count: int) -> Took:
     async def main() -> Took:
         async with aio.Producer([address]) as producer:
@@ -242,6 +288,27 @@ def async_iterate(address: str, topic: str, count: int) -> Took:
         raise AssertionError("the consumer stopped early")
 
     return trio.run(main)
+
+
+def guest_iterate(address: str, topic: str, count: int) -> Took:
+    async def main() -> Took:
+        async with trionsq.Consumer(
+            topic,
+            "c",
+            nsqd_tcp_addresses=[address],
+            max_in_flight=IN_FLIGHT,
+            output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
+        ) as consumer:
+            began = Clock()
+            seen = 0
+            async for message in consumer:
+                await message.finish()
+                seen += 1
+                if seen == count:
+                    return began.took()
+        raise AssertionError("the consumer stopped early")
+
+    return in_guest_mode(main)
 
 
 def blocking_iterate(address: str, topic: str, count: int) -> Took:
@@ -492,6 +559,7 @@ def main() -> int:
                 "blocking, 8 threads, publish": blocking_threads(False),
                 "blocking, 1 thread, publish": blocking_sequential,
                 "asyncio Producer, 256 tasks": aio_tasks,
+                GUEST_PUBLISH: guest_tasks,
                 HANDOFF: handoff_only,
             }
             rates = run_rounds(nsqd, publish, args.publishes, args.rounds, consume=False)
@@ -507,6 +575,7 @@ def main() -> int:
                     Row("blocking, 8 threads, publish", "async Producer, 256 tasks", None),
                     Row("blocking, 8 threads, publish", "async Producer, 8 tasks", None),
                     Row("blocking, 1 thread, publish", "async Producer, 1 task", None),
+                    Row(GUEST_PUBLISH, "async Producer, 256 tasks", None),
                     Row(HANDOFF, "async Producer, 256 tasks", None),
                 ],
             )
@@ -517,6 +586,7 @@ def main() -> int:
                 "blocking Consumer, handler x4 threads": blocking_handler,
                 "asyncio Consumer, async for": aio_iterate,
                 "asyncio Consumer, handler": aio_handler,
+                GUEST_CONSUME: guest_iterate,
             }
             rates = run_rounds(nsqd, consume, args.messages, args.rounds, consume=True)
             base = "async Consumer, async for"
@@ -530,6 +600,7 @@ def main() -> int:
                     Row("blocking Consumer, handler x4 threads", base, 0.7),
                     Row("asyncio Consumer, async for", base, 0.7),
                     Row("asyncio Consumer, handler", base, 0.7),
+                    Row(GUEST_CONSUME, base, None),
                 ],
             )
     if failures:

@@ -324,9 +324,17 @@ class Handout(Generic[T]):
             sleep.acquire()
             self._sleepers.append(sleep)
             try:
-                return items.popleft()  # appended before we were there to be woken
+                item = items.popleft()  # appended before we were there to be woken
             except IndexError:
                 pass
+            else:
+                # Not asleep after all: a wake-up must not be spent on our lock
+                # (the sleeper it passed over would sleep on with items waiting).
+                try:
+                    self._sleepers.remove(sleep)
+                except ValueError:  # a waker chose us already: we took an item
+                    pass
+                return item
             try:
                 woken = sleep.acquire(
                     timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())

@@ -8,6 +8,7 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 
 import pytest
 
@@ -149,3 +150,25 @@ def test_a_handout_times_out_and_gives_back_what_is_left() -> None:
     handout.items.extend(["a", "b"])
     assert handout.get(0) == "a"
     assert handout.take_all() == ["b"] and handout.take_all() == []
+
+
+def test_a_taker_that_finds_an_item_after_all_leaves_no_lock_to_wake() -> None:
+    # The item lands between the taker's first look and its registration as a
+    # sleeper: it takes the item on its second look, and must take its lock
+    # out of the sleepers, or the next wake-up (one per item) is spent on it
+    # while a real sleeper sleeps on beside an item (a consumer stalled until
+    # its next slice, a handler thread for ever).
+    class Racing(deque[str]):
+        looks = 0
+
+        def popleft(self) -> str:
+            self.looks += 1
+            if self.looks == 1:
+                self.append("raced")  # put by the loop just after this look
+                raise IndexError
+            return super().popleft()
+
+    handout: Handout[str] = Handout()
+    handout.items = Racing()
+    assert handout.get(None) == "raced"
+    assert not handout._sleepers
