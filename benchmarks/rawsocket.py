@@ -144,6 +144,53 @@ def consume(
     conn.close()
 
 
+def consume_many(addresses: list[str], topic: str, channel: str, count: int, rdy: int) -> None:
+    """:func:`consume` over several nsqds at once, ``rdy`` each, with one
+    ``select`` loop (the least a Python client spreading its RDY over many
+    connections can do): each readable connection's messages are FINed with
+    one write.  Returns once ``count`` messages in all are done."""
+    import selectors
+
+    links = [Link(address) for address in addresses]
+    selector = selectors.DefaultSelector()
+    buffers: dict[Link, bytes] = {}
+    for link in links:
+        link.send(b"SUB " + topic.encode() + b" " + channel.encode() + b"\n")
+        link.expect_ok()
+        link.send(b"RDY %d\n" % rdy)
+        buffers[link] = link.pending
+        selector.register(link.sock, selectors.EVENT_READ, link)
+    unpack = _SIZE_TYPE.unpack_from
+    received = 0
+    while received < count:
+        for key, _ in selector.select():
+            link = key.data
+            data = link.receive()
+            buf = buffers[link]
+            buf = buf + data if buf else data
+            pos = 0
+            end = len(buf)
+            out = []
+            while end - pos >= 8:
+                size, frame_type = unpack(buf, pos)
+                if end - pos - 4 < size:
+                    break
+                if frame_type == _FRAME_MESSAGE:
+                    out.append(b"FIN " + buf[pos + 18 : pos + 34] + b"\n")
+                    received += 1
+                elif buf[pos + 8 : pos + 4 + size] == _HEARTBEAT:
+                    out.append(b"NOP\n")
+                else:
+                    raise RuntimeError(f"unexpected frame {buf[pos : pos + 4 + size][:100]!r}")
+                pos += 4 + size
+            buffers[link] = buf[pos:]
+            if out:
+                link.send(b"".join(out))
+    selector.close()
+    for link in links:
+        link.close()
+
+
 def read_oks(conn: Link, buf: bytes) -> tuple[int, bytes]:
     """Read until at least one whole frame is there; returns the OKs read and
     what is left of the buffer (heartbeats are answered)."""
