@@ -38,6 +38,11 @@ else runs; the CPU ratio beside it (messages per CPU second of the tool's
 process, every thread counted, ours over Go's) is the steadier measure of what
 each tool itself costs.
 
+"Not slower with more in flight" is read off the last column: each of our
+tools' rate at the highest setting over its rate at the lowest, within each
+round (median, then by round); the lines after the table add the same per CPU
+second, and Go's.  The table is printed in the form ``docs/tools.md`` uses.
+
     python benchmarks/bench_tools.py [--rounds 3] [--only to-file,to-http]
         [--in-flight 2500,10000] [--json results.json]
 
