@@ -34,9 +34,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Channel"]
 
-# Heap entries hold the message id, not the message: a tuple of atomic values
-# is untracked by Python's cyclic GC, which matters with many in flight.
-_Entry = tuple[float, int, bytes]
+# A heap entry is a deadline, the ``seq`` of the messages it was made for, and
+# their ids: one entry for the whole batch a delivery puts in flight (they share
+# their deadline), so a message costs no heap operation of its own.  Ids, not
+# messages, keep the entries out of reach of reference cycles.  An id whose
+# message is no longer there with that ``seq`` (finished, requeued, touched
+# since) is skipped when the entry comes due: FIN costs no heap work at all.
+_Entry = tuple[float, int, list[bytes]]
 
 
 class Channel:
@@ -52,6 +56,7 @@ class Channel:
         self.in_flight: dict[bytes, Message] = {}
         self.deferred: dict[bytes, Message] = {}
         self._in_flight_heap: list[_Entry] = []
+        self._in_flight_heap_ids = 0  # ids in the entries, live and stale
         self._deferred_heap: list[_Entry] = []
         self._seq = itertools.count(1)
         self.paused = False
@@ -156,23 +161,30 @@ class Channel:
             client.send_messages(batch)
 
     def _start_in_flight(self, batch: list[Message], client: ClientConnection, now: float) -> None:
-        heap = self._in_flight_heap
+        if not batch:
+            return
         in_flight = self.in_flight
-        seq = self._seq
-        push = heapq.heappush
         deadline = now + client.msg_timeout
+        n = next(self._seq)
+        ids: list[bytes] = []
+        add = ids.append
         for msg in batch:
             msg.attempts += 1
             msg.client = client
             msg.delivery_ts = now
             msg.deadline = deadline
-            msg.seq = n = next(seq)
-            in_flight[msg.id] = msg
-            push(heap, (deadline, n, msg.id))
-        if len(heap) > 1024 and len(heap) > 4 * len(in_flight):
-            self._compact(heap, in_flight)
-        if batch:
-            self._schedule(deadline)
+            msg.seq = n
+            msg_id = msg.id
+            in_flight[msg_id] = msg
+            add(msg_id)
+        self._push_in_flight(deadline, n, ids)
+
+    def _push_in_flight(self, deadline: float, seq: int, ids: list[bytes]) -> None:
+        heapq.heappush(self._in_flight_heap, (deadline, seq, ids))
+        self._in_flight_heap_ids += len(ids)
+        if self._in_flight_heap_ids > 1024 and self._in_flight_heap_ids > 4 * len(self.in_flight):
+            self._compact_in_flight()
+        self._schedule(deadline)
 
     def _pop_in_flight(self, client: ClientConnection, msg_id: bytes, verb: str) -> Message:
         msg = self.in_flight.get(msg_id)
@@ -184,6 +196,32 @@ class Channel:
             raise error(f"{verb} {text_id} failed client does not own message")
         del self.in_flight[msg_id]
         return msg
+
+    def finish_many(self, client: ClientConnection, ids: list[bytes], start: int = 0) -> int:
+        """FIN ``ids[start:]`` in order, handing out no new messages (the caller
+        will).  Stops at the first that fails: returns its index (the caller
+        gets its error from :meth:`finish`), or -1 when all were finished."""
+        in_flight = self.in_flight
+        get = in_flight.get
+        e2e = self.e2e.enabled
+        failed = -1
+        index = start
+        for msg_id in ids[start:] if start else ids:
+            msg = get(msg_id)
+            if msg is None or msg.client is not client:
+                failed = index
+                break
+            del in_flight[msg_id]
+            msg.client = None
+            if e2e:
+                self.e2e.add(msg.timestamp)
+                self.topic.e2e.add(msg.timestamp)
+            index += 1
+        done = index - start
+        self.finished_count += done
+        client.finish_count += done
+        client.in_flight_count -= done
+        return failed
 
     def finish(self, client: ClientConnection, msg_id: bytes, dispatch: bool = True) -> None:
         """FIN: the message is done (``dispatch=False``: hand out no new messages
@@ -246,14 +284,22 @@ class Channel:
         msg.deadline = deadline
         msg.seq = next(self._seq)
         self.in_flight[msg.id] = msg
-        heapq.heappush(self._in_flight_heap, (deadline, msg.seq, msg.id))
-        self._schedule(deadline)
+        self._push_in_flight(deadline, msg.seq, [msg.id])
+
+    def time_out(self, msgs: list[Message], now: float) -> None:
+        """Make in-flight ``msgs`` due now, and act on it: they take the normal
+        timeout path (fault injection's ``time_out_in_flight``)."""
+        for msg in msgs:
+            msg.deadline = now
+            msg.seq = next(self._seq)
+            self._push_in_flight(now, msg.seq, [msg.id])
+        self.process_timers(now)
 
     def _start_deferred(self, msg: Message, delay: float) -> None:
         msg.deadline = trio.current_time() + delay
         msg.seq = next(self._seq)
         self.deferred[msg.id] = msg
-        heapq.heappush(self._deferred_heap, (msg.deadline, msg.seq, msg.id))
+        heapq.heappush(self._deferred_heap, (msg.deadline, msg.seq, [msg.id]))
         self._schedule(msg.deadline)
 
     # --- clients ---
@@ -291,6 +337,7 @@ class Channel:
         self.in_flight.clear()
         self.deferred.clear()
         self._in_flight_heap.clear()
+        self._in_flight_heap_ids = 0
         self._deferred_heap.clear()
         for client in self.clients.values():
             client.in_flight_count = 0
@@ -310,12 +357,21 @@ class Channel:
         if deadline < self._timer_target:
             self._timer_wake.set()
 
-    @staticmethod
-    def _compact(heap: list[_Entry], live: dict[bytes, Message]) -> None:
-        # FIN leaves its heap entry behind; rebuild once stale entries dominate so
-        # memory stays proportional to what is really in flight.
-        heap[:] = [(m.deadline, m.seq, m.id) for m in live.values()]
+    def _compact_in_flight(self) -> None:
+        # FIN leaves its id in its heap entry; rebuild once stale ids dominate so
+        # memory stays proportional to what is really in flight.  Messages that
+        # share a seq were put in flight together: they share an entry again.
+        entries: dict[int, _Entry] = {}
+        for msg in self.in_flight.values():
+            entry = entries.get(msg.seq)
+            if entry is None:
+                entries[msg.seq] = (msg.deadline, msg.seq, [msg.id])
+            else:
+                entry[2].append(msg.id)
+        heap = self._in_flight_heap
+        heap[:] = entries.values()
         heapq.heapify(heap)
+        self._in_flight_heap_ids = len(self.in_flight)
 
     async def run_timers(self) -> None:
         """The channel's timer task (in the nsqd's nursery, until deletion)."""
@@ -337,25 +393,28 @@ class Channel:
         changed = False
         heap = self._in_flight_heap
         while heap and heap[0][0] <= now:
-            _, seq, msg_id = heapq.heappop(heap)
-            msg = self.in_flight.get(msg_id)
-            if msg is None or msg.seq != seq:
-                continue
-            del self.in_flight[msg.id]
-            self.timeout_count += 1
-            client = msg.client
-            if client is not None:
-                client.timed_out_message()
-            self._requeue(msg)
-            changed = True
+            _, seq, ids = heapq.heappop(heap)
+            self._in_flight_heap_ids -= len(ids)
+            for msg_id in ids:
+                msg = self.in_flight.get(msg_id)
+                if msg is None or msg.seq != seq:
+                    continue
+                del self.in_flight[msg.id]
+                self.timeout_count += 1
+                client = msg.client
+                if client is not None:
+                    client.timed_out_message()
+                self._requeue(msg)
+                changed = True
         heap = self._deferred_heap
         while heap and heap[0][0] <= now:
-            _, seq, msg_id = heapq.heappop(heap)
-            msg = self.deferred.get(msg_id)
-            if msg is None or msg.seq != seq:
-                continue
-            del self.deferred[msg.id]
-            self._requeue(msg)
-            changed = True
+            _, seq, ids = heapq.heappop(heap)
+            for msg_id in ids:
+                msg = self.deferred.get(msg_id)
+                if msg is None or msg.seq != seq:
+                    continue
+                del self.deferred[msg.id]
+                self._requeue(msg)
+                changed = True
         if changed:
             self.dispatch()

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import ssl
+import struct
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,11 +45,11 @@ from trionsq.protocol.errors import (
 )
 from trionsq.protocol.frames import (
     CLOSE_WAIT,
+    FRAME_TYPE_MESSAGE,
     HEARTBEAT,
     OK,
     encode_error,
     encode_response,
-    message_frame_header,
 )
 from trionsq.protocol.names import go_quote
 from trionsq.protocol.states import ConnState
@@ -74,6 +75,11 @@ log = logging.getLogger(__name__)
 STATE_NUMBERS: Final = {ConnState.INIT: 0, ConnState.SUBSCRIBED: 3, ConnState.CLOSING: 4}
 #: stateDisconnected: the connection has ended.
 STATE_DISCONNECTED: Final = 1
+
+# A message frame's head: size, frame type, timestamp, attempts, id (fakensq's
+# ids are always 16 bytes); the body follows.  Its size counts the 26 bytes of
+# timestamp, attempts and id, and the 4 of the frame type.
+_MESSAGE_FRAME_HEADER: Final = struct.Struct(">lLqH16s")
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
@@ -133,6 +139,7 @@ class ClientConnection:
             max_req_timeout_ms=int(opts.max_req_timeout * 1000),
             precheck=self._precheck,
             mpub_head=True,
+            fin_runs=True,
         )
         self._send_lock = trio.Lock()
         # The output, in the order frames were made: nsqd's one buffered writer,
@@ -237,13 +244,24 @@ class ClientConnection:
                 self._deliver_pending()
                 return True
             try:
-                if type(command) is cmds.Fin:
+                if type(command) is cmds.FinRun:
                     # The hot path, kept out of a coroutine call; new messages
                     # are handed out once for a run of FINs.
                     channel = self.channel
                     assert channel is not None  # prechecked: subscribed or closing
-                    channel.finish(self, command.id, dispatch=False)
-                    self._dispatch_pending = True
+                    ids = command.ids
+                    start = 0
+                    while start < len(ids):
+                        failed = channel.finish_many(self, ids, start)
+                        if failed != start:
+                            self._dispatch_pending = True
+                        if failed < 0:
+                            break
+                        start = failed + 1
+                        try:
+                            channel.finish(self, ids[failed], dispatch=False)  # raises
+                        except NSQErrorResponse as exc:
+                            await self._send_error(exc)  # (E_FIN_FAILED: not fatal)
                 else:
                     await self._exec(command)
             except NSQErrorResponse as exc:
@@ -585,14 +603,16 @@ class ClientConnection:
             return
         self.in_flight_count += n
         self.message_count += n
-        buf = self._out
-        size = 30 * n
-        for msg in batch:
-            body = msg.body
-            size += len(body)
-            buf.append(message_frame_header(msg.timestamp, msg.attempts, msg.id, len(body)))
-            buf.append(body)
-        self._out_size += size
+        # The batch's frames in one piece: one join, not two list items a message.
+        pack = _MESSAGE_FRAME_HEADER.pack
+        frames = b"".join(
+            [
+                pack(len(m.body) + 30, FRAME_TYPE_MESSAGE, m.timestamp, m.attempts, m.id) + m.body
+                for m in batch
+            ]
+        )
+        self._out.append(frames)
+        self._out_size += len(frames)
         if self._out_size >= self.output_buffer_size or not self.is_ready_for_messages():
             if not self._flush_now:
                 self._flush_now = True

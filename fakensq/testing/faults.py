@@ -485,8 +485,6 @@ class Faults:
     ) -> int:
         """Time out the matching in-flight messages now (they go back to their
         queues, as at their msg-timeout); returns how many."""
-        import heapq
-
         count = 0
         timed_out: list[list[Any]] = []
         now = trio.current_time()
@@ -501,13 +499,11 @@ class Faults:
                         continue
                     # Re-arm each message's deadline at "now" through the channel's
                     # own timer heap, so its normal timeout path requeues it.
-                    for msg in list(ch.in_flight.values()):
-                        msg.deadline = now
-                        msg.seq = next(ch._seq)
-                        heapq.heappush(ch._in_flight_heap, (now, msg.seq, msg.id))
+                    msgs = list(ch.in_flight.values())
+                    for msg in msgs:
                         timed_out.append([name, msg.id.decode("latin-1"), msg.attempts])
                         count += 1
-                    ch.process_timers(now)
+                    ch.time_out(msgs, now)
         self.injected += 1
         # Which messages (node, id, attempts): some may not have left the
         # node's output buffer yet, and a checker must know they are void.

@@ -438,6 +438,28 @@ async def test_fin_failures_between_messages(conformance: Conformance) -> None:
     await conformance.nsqd(scenario)
 
 
+async def test_a_fin_failure_inside_a_run_of_fins(conformance: Conformance) -> None:
+    # fakensq parses consecutive FINs in one pass: a failure in the middle
+    # answers E_FIN_FAILED there, and the FINs around it still count.
+    async def scenario(t: Target) -> Any:
+        c = await sub(t, rdy=3)
+        await pub(t, "t", b"a", b"b", b"c")
+        got = await c.read_messages(3)
+        await c.send(
+            cmds.fin(got[0].id),
+            cmds.fin(b"0" * 16),  # E_FIN_FAILED, not fatal
+            cmds.fin(got[1].id),
+            cmds.fin(got[1].id),  # again: E_FIN_FAILED
+            cmds.fin(got[2].id),
+        )
+        await c.sync()
+        await pub(t, "t", b"d")
+        await c.read_messages(1)
+        return await node_state(t)
+
+    await conformance.nsqd(scenario)
+
+
 async def test_cls_with_messages_in_flight(conformance: Conformance) -> None:
     async def scenario(t: Target) -> Any:
         c = await sub(t, rdy=2)

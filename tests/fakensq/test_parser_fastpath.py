@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trionsq.protocol.commands import CommandParser, Fin
+from trionsq.protocol.commands import CommandParser, Fin, FinRun, Rdy
 from trionsq.protocol.errors import InvalidError, NSQErrorResponse
 
 
@@ -66,3 +66,85 @@ def test_fin_fast_path_matches_the_protocol(
         assert got[-2] == "E_INVALID invalid message ID"
     else:
         assert got[0] == Fin(params[1])
+
+
+def _flatten(result: list[object]) -> list[object]:
+    out: list[object] = []
+    for item in result:
+        if isinstance(item, FinRun):
+            out.extend(Fin(msg_id) for msg_id in item.ids)
+        else:
+            out.append(item)
+    return out
+
+
+def _parse_both(data: bytes, chunks: list[int], state: str, fin_runs: bool) -> list[object]:
+    """Every command (FIN runs as single FINs), then the error text if any,
+    with the prechecks the parser made."""
+    seen: list[bytes] = []
+
+    def precheck(name: bytes) -> None:
+        seen.append(name)
+        if state == "init" and name == b"FIN":
+            raise InvalidError("cannot FIN in current state")
+
+    parser = CommandParser(expect_magic=False, precheck=precheck, fin_runs=fin_runs)
+    out: list[object] = []
+    pos = 0
+    for size in [*chunks, len(data)]:
+        parser.feed(data[pos : pos + size])
+        pos += size
+        while True:
+            try:
+                command = parser.next_command()
+            except NSQErrorResponse as exc:
+                return [*_flatten(out), exc.wire_text(), seen]
+            if command is None:
+                break
+            out.append(command)
+    return [*_flatten(out), seen]
+
+
+commands = st.one_of(
+    ids.map(lambda msg_id: b"FIN " + msg_id + b"\n"),
+    st.just(b"FIN 0123456789abcdef\n"),
+    st.just(b"FIN 0123456789abcdef\r\n"),
+    st.just(b"RDY 10\n"),
+    st.just(b"NOP\n"),
+    st.just(b"TOUCH 0123456789abcdef\n"),
+    st.just(b"REQ 0123456789abcdef 10\n"),
+)
+
+
+@given(
+    parts=st.lists(commands, max_size=12),
+    chunks=st.lists(st.integers(1, 30), max_size=6),
+    state=st.sampled_from(["subscribed", "init"]),
+)
+def test_fin_runs_are_the_fins_one_by_one(
+    parts: list[bytes], chunks: list[int], state: str
+) -> None:
+    """With ``fin_runs`` the parser gives the same FINs, in the same order
+    between the same other commands, with the same error, as one by one; its
+    precheck sees one FIN for a run (a FIN cannot change the state)."""
+    data = b"".join(parts)
+    runs = _parse_both(data, chunks, state, fin_runs=True)
+    single = _parse_both(data, chunks, state, fin_runs=False)
+    assert runs[:-1] == single[:-1]
+    seen_runs, seen_single = runs[-1], single[-1]
+    assert isinstance(seen_runs, list) and isinstance(seen_single, list)
+
+    # Collapsing consecutive FIN prechecks gives the same sequence.
+    def collapse(names: list[bytes]) -> list[bytes]:
+        return [n for i, n in enumerate(names) if n != b"FIN" or i == 0 or names[i - 1] != b"FIN"]
+
+    assert collapse(seen_runs) == collapse(seen_single)
+
+
+def test_a_fin_run_is_one_command() -> None:
+    parser = CommandParser(expect_magic=False, fin_runs=True)
+    parser.feed(b"FIN aaaaaaaaaaaaaaaa\nFIN bbbbbbbbbbbbbbbb\nRDY 5\nFIN cccccccccccccccc\n")
+    assert parser.next_command() == FinRun([b"aaaaaaaaaaaaaaaa", b"bbbbbbbbbbbbbbbb"])
+    assert isinstance(parser.next_command(), Rdy)
+    assert parser.next_command() == FinRun([b"cccccccccccccccc"])
+    assert parser.next_command() is None

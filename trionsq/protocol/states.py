@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from .errors import InvalidError
 
@@ -93,14 +94,31 @@ RULES: Mapping[bytes, Rule] = {
 }
 
 
+def _errors_in(state: ConnState) -> dict[bytes, str]:
+    return {name: rule.error for name, rule in RULES.items() if state not in rule.valid_in}
+
+
+# The table by state: the commands invalid in it and their errors.  ``check``
+# runs for every command a server reads, so it picks the state's row by
+# identity (an Enum member's hash is a Python-level call) and makes one lookup.
+_ERRORS_INIT: Final = _errors_in(INIT)
+_ERRORS_SUBSCRIBED: Final = _errors_in(SUBSCRIBED)
+_ERRORS_CLOSING: Final = _errors_in(CLOSING)
+
+
 def check(state: ConnState, command: bytes) -> None:
     """Raise nsqd's :class:`InvalidError` if ``command`` is not valid in ``state``.
 
     A name not in the table (not a command) passes: the parser answers those
     (``E_INVALID invalid command``)."""
-    rule = RULES.get(command)
-    if rule is not None and state not in rule.valid_in:
-        raise InvalidError(rule.error)
+    if state is SUBSCRIBED:
+        error = _ERRORS_SUBSCRIBED.get(command)
+    elif state is INIT:
+        error = _ERRORS_INIT.get(command)
+    else:
+        error = _ERRORS_CLOSING.get(command)
+    if error is not None:
+        raise InvalidError(error)
 
 
 def is_ignored(state: ConnState, command: bytes) -> bool:
