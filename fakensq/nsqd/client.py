@@ -81,6 +81,8 @@ STATE_DISCONNECTED: Final = 1
 # timestamp, attempts and id, and the 4 of the frame type.
 _MESSAGE_FRAME_HEADER: Final = struct.Struct(">lLqH16s")
 
+_OK_FRAME: Final = encode_response(OK)
+
 _READ_SIZE = 64 * 1024
 _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
 
@@ -262,6 +264,14 @@ class ClientConnection:
                             channel.finish(self, ids[failed], dispatch=False)  # raises
                         except NSQErrorResponse as exc:
                             await self._send_error(exc)  # (E_FIN_FAILED: not fatal)
+                elif type(command) is cmds.Pub and not self.nsqd.auth_enabled:
+                    # The other hot path: a PUB to a topic that exists needs
+                    # nothing awaited (no authorization, no topic to set up).
+                    topic = self.nsqd.topics.get(command.topic)
+                    if topic is None:
+                        await self._exec(command)
+                    else:
+                        self._publish_to(topic, [command.body])
                 else:
                     await self._exec(command)
             except NSQErrorResponse as exc:
@@ -282,7 +292,17 @@ class ClientConnection:
         if requeued and self.channel is not None:
             self.channel.put_back(requeued)
         in_transit, self._in_transit = self._in_transit, []
-        for topic, msgs in in_transit:
+        i, n = 0, len(in_transit)
+        while i < n:
+            topic, msgs = in_transit[i]
+            i += 1
+            if i < n and in_transit[i][0] is topic and topic.takes_batches():
+                # Consecutive publishes to one topic in one put: the same
+                # outcome (see Topic.takes_batches), at one put's cost.
+                msgs = list(msgs)
+                while i < n and in_transit[i][0] is topic:
+                    msgs += in_transit[i][1]
+                    i += 1
             if topic.exiting:  # deleted meanwhile: published to the new one
                 topic = self.nsqd.get_topic(topic.name)
             topic.put_many(msgs, admitted=True)
@@ -355,14 +375,19 @@ class ClientConnection:
 
     def _publish(self, name: str, bodies: list[bytes], defer: float = 0.0) -> None:
         """PUB, MPUB, DPUB: answered now, in the topic once the read is executed."""
-        topic = self.nsqd.get_topic(name)
+        self._publish_to(self.nsqd.get_topic(name), bodies, defer)
+
+    def _publish_to(self, topic: Topic, bodies: list[bytes], defer: float = 0.0) -> None:
         topic.admit(len(bodies))  # (a fault may refuse the publish)
         if len(bodies) == 1:
             msgs = [topic.new_message(bodies[0], defer)]
         else:
             msgs = topic.new_messages(bodies)
+        name = topic.name
         self.pub_counts[name] = self.pub_counts.get(name, 0) + len(bodies)
-        self._respond_later(OK)
+        self._deliver_pending()
+        self._out.append(_OK_FRAME)  # (as _respond_later(OK))
+        self._answered = True
         self._in_transit.append((topic, msgs))
 
     def _rdy(self, count: int) -> None:

@@ -93,4 +93,8 @@ class ClientOwner(Protocol):
 
     def get_topic(self, name: str) -> Topic: ...
 
+    @property
+    def topics(self) -> dict[str, Topic]:
+        """The topics by name (a client publishes to an existing one at once)."""
+
     async def open_topic(self, name: str) -> Topic: ...

@@ -77,7 +77,10 @@ class Topic:
         if not admitted:
             self.admit(len(msgs))  # a fault may refuse the publish
         self.message_count += len(msgs)
-        self.message_bytes += sum(len(m.body) for m in msgs)
+        if len(msgs) == 1:  # a PUB
+            self.message_bytes += len(msgs[0].body)
+        else:
+            self.message_bytes += sum([len(m.body) for m in msgs])
         if self.paused or not self.channels or not self.started:
             if self.ephemeral:
                 # no disk behind an ephemeral topic's memory queue either
@@ -86,6 +89,16 @@ class Topic:
             self.queue.put_many(msgs)
             return
         self._fan_out(msgs)
+
+    def takes_batches(self) -> bool:
+        """Whether one :meth:`put_many` of several publishes' messages ends
+        exactly as one call per publish would: with at most one client on each
+        channel, handing messages out after each publish or after all of them
+        sends each client the same messages, in flight in the same order."""
+        for channel in self.channels.values():
+            if len(channel.clients) > 1:
+                return False
+        return True
 
     def _fan_out(self, msgs: Sequence[Message]) -> None:
         channels = list(self.channels.values())

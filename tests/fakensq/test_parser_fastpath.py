@@ -148,3 +148,52 @@ def test_a_fin_run_is_one_command() -> None:
     assert isinstance(parser.next_command(), Rdy)
     assert parser.next_command() == FinRun([b"cccccccccccccccc"])
     assert parser.next_command() is None
+
+
+def _parse_pubs(data: bytes, chunks: list[int], fast: bool, tls: bool) -> list[object]:
+    seen: list[bytes] = []
+
+    def precheck(name: bytes) -> None:
+        seen.append(name)
+        if tls:
+            raise InvalidError(f"cannot {name.decode()} in current state (TLS required)")
+
+    parser = CommandParser(expect_magic=False, precheck=precheck, max_msg_size=64)
+    if not fast:
+        parser._fast_pub = lambda buf, pos: None  # type: ignore[method-assign]
+    out: list[object] = []
+    pos = 0
+    for size in [*chunks, len(data)]:
+        parser.feed(data[pos : pos + size])
+        pos += size
+        while True:
+            try:
+                command = parser.next_command()
+            except NSQErrorResponse as exc:
+                return [*out, exc.wire_text(), seen]
+            if command is None:
+                break
+            out.append(command)
+    return [*out, seen, parser.buffered]
+
+
+topics = st.one_of(
+    st.sampled_from([b"t", b"topic#ephemeral", b"t\r", b"t extra", b"", b"bad/name", b"a" * 65]),
+    st.binary(max_size=8),
+)
+sizes = st.one_of(st.integers(-2, 70), st.just(5))
+
+
+@given(
+    pubs=st.lists(st.tuples(topics, sizes, st.binary(max_size=8)), max_size=5),
+    chunks=st.lists(st.integers(1, 30), max_size=6),
+    tls=st.booleans(),
+)
+def test_the_pub_fast_path_matches_the_general_path(
+    pubs: list[tuple[bytes, int, bytes]], chunks: list[int], tls: bool
+) -> None:
+    data = b"".join(
+        b"PUB " + topic + b"\n" + size.to_bytes(4, "big", signed=True) + body
+        for topic, size, body in pubs
+    )
+    assert _parse_pubs(data, chunks, True, tls) == _parse_pubs(data, chunks, False, tls)

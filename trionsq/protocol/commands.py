@@ -350,6 +350,8 @@ class CommandParser:
         self.fin_runs = fin_runs
         # A command whose line is parsed and prechecked, waiting for its body.
         self._pending: Callable[[], Command] | None = None
+        # PUB's fast path: topic names seen valid, as on the wire (bounded).
+        self._pub_topics: dict[bytes, str] = {}
 
     def feed(self, data: bytes) -> None:
         if self._pos:
@@ -395,6 +397,10 @@ class CommandParser:
                     if self.precheck is not None:
                         self.precheck(b"FIN")
                     return Fin(msg_id)
+            if buf.startswith(b"PUB ", pos):
+                pub = self._fast_pub(buf, pos)
+                if pub is not None:
+                    return pub if type(pub) is Pub else None
             params = self._read_line()
             if params is None:
                 return None
@@ -414,6 +420,34 @@ class CommandParser:
             return None
         self._pending = None
         return command
+
+    def _fast_pub(self, buf: bytearray, pos: int) -> Pub | bool | None:
+        """PUB, exactly ``PUB <valid topic>\n``: the same checks and errors as
+        the general path in fewer steps (the commonest command of a busy
+        producer).  The command, False (its body is not all here yet: it is
+        pending), or None (not this simple form: the general path's turn)."""
+        end = buf.find(b"\n", pos + 4, pos + self.max_line_length)
+        if end < 0:
+            return None
+        raw = bytes(buf[pos + 4 : end])
+        topic = self._pub_topics.get(raw)
+        if topic is None:
+            if b" " in raw or raw.endswith(b"\r"):
+                return None
+            topic = _text(raw)
+            if not is_valid_topic_name(topic):
+                return None
+            if len(self._pub_topics) >= 1024:
+                self._pub_topics.clear()
+            self._pub_topics[raw] = topic
+        self._pos = end + 1
+        if self.precheck is not None:
+            self.precheck(b"PUB")
+        try:
+            return Pub(topic, self._message_body("PUB"))
+        except _NeedMore:
+            self._pending = lambda: Pub(topic, self._message_body("PUB"))
+            return False
 
     # --- lines and bodies ---
 
@@ -498,13 +532,19 @@ class CommandParser:
         return topic
 
     def _message_body(self, verb: str) -> bytes:
-        size = self._int32_at(0)
+        buf, pos = self._buffer, self._pos
+        if len(buf) - pos < 4:
+            raise _NeedMore
+        size: int = _LEN.unpack_from(buf, pos)[0]
         if size <= 0:
             raise BadMessageError(f"{verb} invalid message body size {size}")
         if size > self.max_msg_size:
             raise BadMessageError(f"{verb} message too big {size} > {self.max_msg_size}")
-        self._need(4, size)
-        return self._consume(4 + size)[4:]
+        end = pos + 4 + size
+        if len(buf) < end:
+            raise _NeedMore
+        self._pos = end
+        return bytes(buf[pos + 4 : end])
 
     def _pub(self, params: list[bytes]) -> Callable[[], Command]:
         topic = self._topic("PUB", params, 2)
