@@ -70,6 +70,7 @@ _TWEPOCH_MS = 1288834974657
 _NODE_BITS = 10
 _SEQ_BITS = 12
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
+_U64 = 0xFFFFFFFFFFFFFFFF
 
 
 class GUIDFactory:
@@ -116,11 +117,24 @@ class GUIDFactory:
         out = [first]
         base = self._node_bits
         shift = _NODE_BITS + _SEQ_BITS
-        for _ in range(n - 1):
-            seq = (seq + 1) & _SEQ_MASK
-            if seq == 0:
+        left = n - 1
+        while left:
+            # Until the sequence wraps, the next ids are the last one plus 1, 2...
+            step = min(left, _SEQ_MASK - seq)
+            if step:
+                value = (ms << shift) | base | seq
+                run = range(value + 1, value + step + 1)
+                if value + step <= _U64:
+                    out += [b"%016x" % v for v in run]
+                else:
+                    out += [b"%016x" % (v & _U64) for v in run]
+                seq += step
+                left -= step
+            if left:  # the sequence wraps: the next millisecond
+                seq = 0
                 ms += 1
-            out.append(b"%016x" % (((ms << shift) | base | seq) & 0xFFFFFFFFFFFFFFFF))
+                out.append(b"%016x" % (((ms << shift) | base) & 0xFFFFFFFFFFFFFFFF))
+                left -= 1
         self._last_ms, self._sequence = ms, seq
         return out
 

@@ -588,19 +588,27 @@ class CommandParser:
                 count = announced
             # nsqd reads the messages one by one from the stream, checking each
             # size as it comes; the announced body size is not cross-checked.
+            buf, pos = self._buffer, self._pos
+            have = len(buf) - pos  # (offsets are from pos)
+            unpack = _LEN.unpack_from
+            max_msg_size = self.max_msg_size
+            body_limit = self.max_body_size + 4
             while len(spans) < count:
-                i = len(spans)
-                msg_size = self._int32_at(offset)
+                if have < offset + 4:
+                    raise _NeedMore
+                msg_size: int = unpack(buf, pos + offset)[0]
                 if msg_size <= 0:
+                    i = len(spans)
                     raise BadMessageError(f"MPUB invalid message({i}) body size {msg_size}")
-                if msg_size > self.max_msg_size:
-                    raise BadMessageError(f"MPUB message too big {msg_size} > {self.max_msg_size}")
-                if offset + msg_size > self.max_body_size + 4:
+                if msg_size > max_msg_size:
+                    raise BadMessageError(f"MPUB message too big {msg_size} > {max_msg_size}")
+                if offset + msg_size > body_limit:
                     # nsqd itself would keep reading; a bound keeps memory finite.
                     raise BadBodyError(
                         f"MPUB body too big {offset + msg_size - 4} > {self.max_body_size}"
                     )
-                self._need(offset + 4, msg_size)
+                if have < offset + 4 + msg_size:
+                    raise _NeedMore
                 spans.append((offset + 4, msg_size))
                 offset += 4 + msg_size
             data = self._consume(offset)
