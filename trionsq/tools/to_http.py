@@ -134,6 +134,16 @@ def prepare(args: argparse.Namespace) -> Prepared:
     return Prepared(options, endpoints, headers)
 
 
+class _Worker:
+    """A worker's state, for stopping: its scope, and whether it is delivering."""
+
+    __slots__ = ("busy", "scope")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.busy = False
+
+
 def request_target(args: argparse.Namespace, url: str, body: bytes) -> tuple[Endpoint, str]:
     """Where a GET of ``body`` goes: the URL with its ``%s`` replaced by the
     URL-escaped body (Go's ``url.QueryEscape``), parsed."""
@@ -155,7 +165,7 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
         backlog=lambda: consumer.stats.in_flight if consumer is not None else 0,
         every=args.status_every,
     )
-    waiting: set[trio.CancelScope] = set()
+    states: list[_Worker] = []
     # New connections are opened a few at a time, each with its first request:
     # -n workers connecting at once would overflow a small server's accept
     # queue (a plain threaded server listens with a backlog of 5), and a
@@ -197,47 +207,51 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
         return None
 
     async def worker(consumer: Consumer) -> None:
+        me = _Worker()
+        states.append(me)
         conns: dict[int, HTTPConnection] = {}
         try:
-            while not stop.is_set():
-                with trio.CancelScope() as scope:
-                    waiting.add(scope)
+            # One scope for the worker's life (not one per message): a stop
+            # cancels it while the worker waits for a message (not busy).
+            with me.scope:
+                while not stop.is_set():
                     try:
                         message = await consumer.__anext__()
                     except StopAsyncIteration:
                         return
+                    me.busy = True
+                    try:
+                        if args.sample < 1.0 and rng.random() > args.sample:
+                            progress.add("skipped")
+                            await message.finish()
+                            continue
+                        error = await deliver(message, conns)
+                    except BaseException:
+                        # Cancelled mid-request (the stop grace ran out, or the
+                        # stop came as the message did): back to nsqd.
+                        with trio.CancelScope(shield=True):
+                            await message.requeue(0, backoff=False)
+                        raise
                     finally:
-                        waiting.discard(scope)
-                if scope.cancelled_caught:
-                    return
-                try:
-                    if args.sample < 1.0 and rng.random() > args.sample:
-                        progress.add("skipped")
+                        me.busy = False
+                    if error is None:
+                        progress.add("delivered")
                         await message.finish()
-                        continue
-                    error = await deliver(message, conns)
-                except BaseException:
-                    # Cancelled mid-request (the stop grace ran out): back to nsqd.
-                    with trio.CancelScope(shield=True):
-                        await message.requeue(0, backoff=False)
-                    raise
-                if error is None:
-                    progress.add("delivered")
-                    await message.finish()
-                else:
-                    progress.add("failed")
-                    progress.info["last error"] = error
-                    await message.requeue()
+                    else:
+                        progress.add("failed")
+                        progress.info["last error"] = error
+                        await message.requeue()
         finally:
             for conn in conns.values():
                 await conn.aclose()
 
-    async def on_stop(workers: trio.CancelScope) -> None:
+    async def on_stop(pool: trio.CancelScope) -> None:
         await stop.wait()
-        for scope in list(waiting):
-            scope.cancel()  # take no more
+        for w in states:
+            if not w.busy:
+                w.scope.cancel()  # take no more; a busy one stops after its message
         await trio.sleep(STOP_GRACE)
-        workers.cancel()  # what is still under way is requeued
+        pool.cancel()  # what is still under way is requeued
 
     async with trio.open_nursery() as display:
         display.start_soon(progress.run)
