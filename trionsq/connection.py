@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import ssl
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
@@ -66,6 +68,8 @@ log = logging.getLogger("trionsq.connection")
 _RECEIVE_SIZE = 64 * 1024
 #: queued bytes above which senders wait for the writer (backpressure)
 _HIGH_WATER = 1024 * 1024
+#: whether a socket's descriptor takes os.write (not so on Windows)
+_WRITE_TO_SOCKETS = sys.platform != "win32"
 #: an ``OK`` response frame, as nsqd sends it
 _OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, OK)
 _OK_FRAME_SIZE = len(_OK_FRAME)
@@ -224,6 +228,9 @@ class Connection:
         # Whether the writer waits on _wake_writer: queueing a command then
         # wakes it (once), otherwise it finds the command when it comes round.
         self._writer_idle = False
+        # The socket's descriptor while the connection runs on a plain TCP
+        # socket (see _send_at_once), else -1.
+        self._fd = -1
         self._drained = trio.Event()
         self._reason: BaseException | None = None
         self._pending: deque[PendingResponse] = deque()
@@ -442,18 +449,40 @@ class Connection:
         if data and data[0] in self._watched:
             self._follow(data)
         pending = PendingResponse()
-        # In the same step as the bytes: responses come back in this order.
-        self._pending.append(pending)
-        self._out += data
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
+        if self._writer_idle and not self._pending and not self._out and self._fd >= 0:
+            # Nothing else awaits a response and nothing is queued (one task's
+            # round trips: MPUB after MPUB): send it from here, no task switch
+            # to the writer (with others pending, the writer coalesces instead).
+            self._pending.append(pending)
+            self._send_at_once(data)
+        else:
+            # In the same step as the bytes: responses come back in this order.
+            self._pending.append(pending)
+            self._out += data
+            if self._writer_idle:
+                self._writer_idle = False
+                self._wake_writer.set()
         # pending.result(), inline: park until the reader hands the response over.
         pending._task = trio.lowlevel.current_task()
         await trio.lowlevel.wait_task_rescheduled(pending._abort)
         if pending.error is not None:
             raise pending.error
         return pending.value
+
+    def _send_at_once(self, data: bytes) -> None:
+        """Write ``data`` to the socket now, from the calling task, while the
+        writer is parked with nothing queued (so the order holds).  A plain
+        non-blocking write: no yield, so no cancellation can cut a command in
+        half; what the socket does not take (all of it, on an error) goes to
+        the writer, which sends it or meets the error and ends the connection."""
+        try:
+            sent = os.write(self._fd, data)
+        except OSError:  # BlockingIOError among them
+            sent = 0
+        if sent < len(data):
+            self._out += memoryview(data)[sent:]
+            self._writer_idle = False
+            self._wake_writer.set()
 
     def request_nowait(self, data: bytes) -> PendingResponse:
         """Queue a command that gets a response, without waiting (for room or
@@ -526,6 +555,10 @@ class Connection:
             if message_factory is None
             else FrameParser(self.config.max_frame_size, message_factory=message_factory)
         )
+        stream = self._stream
+        if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS and self._open:
+            # A plain TCP connection: _send_at_once may write to its socket.
+            self._fd = stream.socket.fileno()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
             await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
@@ -667,6 +700,7 @@ class Connection:
         while self._pending:
             self._pending.popleft().fail(failure)
         self._open = False
+        self._fd = -1
         self._closed.set()
         self._drained.set()  # nothing more will be written
 
@@ -678,5 +712,6 @@ class Connection:
         loops return and pending requests fail."""
         self._closing = True
         self._open = False
+        self._fd = -1
         self._finish(None)
         await trio.aclose_forcefully(self._stream)

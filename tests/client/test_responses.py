@@ -215,3 +215,81 @@ def test_responses_match_requests_however_the_reads_are_cut(
             await wire.conn.aclose()
 
     trio.run(main)
+
+
+class SocketWire:
+    """A Connection (no handshake) on a real socket pair: a lone request is
+    written by its own task (no switch to the writer)."""
+
+    def __init__(self, nursery: trio.Nursery, send_buffer: int | None = None) -> None:
+        import socket
+
+        ours, theirs = socket.socketpair()
+        if send_buffer is not None:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+            theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, send_buffer)
+        self.server = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        self.conn = Connection(stream, "nsqd:4150", Config(heartbeat_interval=None))
+        nursery.start_soon(self.conn.run)
+
+    async def receive_exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = await self.server.receive_some()
+            assert chunk, "closed early"
+            data += chunk
+        return data
+
+
+async def test_a_lone_request_is_written_by_its_caller(nursery: trio.Nursery) -> None:
+    wire = SocketWire(nursery)
+    await trio.testing.wait_all_tasks_blocked()
+    got: list[bytes] = []
+
+    async def request() -> None:
+        got.append(await wire.conn.request(pub(1)))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as requests:
+            requests.start_soon(request)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not wire.conn._wake_writer.is_set()  # the writer was not needed
+            assert await wire.receive_exactly(len(pub(1))) == pub(1)
+            await wire.server.send_all(OK_FRAME)
+    assert got == [b"OK"]
+
+
+async def test_what_the_socket_does_not_take_goes_to_the_writer_in_order(
+    nursery: trio.Nursery,
+) -> None:
+    wire = SocketWire(nursery, send_buffer=4096)
+    await trio.testing.wait_all_tasks_blocked()
+    big = commands.mpub("t", [bytes([65 + i % 26]) * 1000 for i in range(300)])
+    answers: dict[bytes, bytes] = {}
+
+    async def request(data: bytes) -> None:
+        answers[data] = await wire.conn.request(data)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as requests:
+            requests.start_soon(request, big)  # far more than the socket takes at once
+            await trio.testing.wait_all_tasks_blocked()
+            requests.start_soon(request, pub(2))  # queued behind the rest of it
+            await trio.testing.wait_all_tasks_blocked()
+            assert await wire.receive_exactly(len(big) + len(pub(2))) == big + pub(2)
+            await wire.server.send_all(OK_FRAME + encode_response(b"second"))
+    assert answers == {big: b"OK", pub(2): b"second"}
+
+
+async def test_a_lone_request_on_a_broken_socket_fails_with_the_connection(
+    nursery: trio.Nursery,
+) -> None:
+    wire = SocketWire(nursery)
+    await trio.testing.wait_all_tasks_blocked()
+    wire.server.socket.shutdown(trio.socket.SHUT_RD)  # the peer reads no more
+    await wire.server.aclose()
+    with trio.fail_after(10), pytest.raises(trionsq.ConnectionClosedError):
+        await wire.conn.request(pub(1))
+    await wire.conn.wait_closed()
+    assert wire.conn.close_reason is not None
