@@ -163,9 +163,12 @@ class HTTPConnection:
         endpoint: Endpoint,
         *,
         connect_timeout: float,
-        request_timeout: float,
+        request_timeout: float | None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``request_timeout`` bounds each :meth:`request` (connecting included);
+        None leaves timing requests out to the caller (``to-http`` cancels the
+        requests that outlive it from one task)."""
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
@@ -224,23 +227,14 @@ class HTTPConnection:
         """
         head = self._head(method, target, headers, len(body))
         data = head + body if body else head
-        reused = self._stream is not None
         try:
+            if self.request_timeout is None:
+                return await self._send(data)
             # A plain CancelScope with a deadline (trio.fail_after's context
             # manager costs a generator per request); reaching its end means
             # the deadline cut the request off.
             with trio.CancelScope(deadline=trio.current_time() + self.request_timeout):
-                if self._stream is None:
-                    await self._connect()
-                try:
-                    return await self._exchange(data)
-                except _StaleConnection:
-                    if not reused:
-                        raise HTTPError("server closed the connection") from None
-                    # The server dropped the idle connection before reading
-                    # the request: once more, on a new one.
-                    await self._connect()
-                    return await self._exchange(data)
+                return await self._send(data)
             await self.aclose()
             raise HTTPError(f"request to {self.endpoint.authority}: timed out")
         except _StaleConnection:
@@ -255,6 +249,20 @@ class HTTPConnection:
         except BaseException:
             await self.aclose()  # cancelled mid-request: the connection is unusable
             raise
+
+    async def _send(self, data: bytes) -> int:
+        reused = self._stream is not None
+        if not reused:
+            await self._connect()
+        try:
+            return await self._exchange(data)
+        except _StaleConnection:
+            if not reused:
+                raise HTTPError("server closed the connection") from None
+            # The server dropped the idle connection before reading the
+            # request: once more, on a new one.
+            await self._connect()
+            return await self._exchange(data)
 
     def _head(self, method: str, target: str, headers: list[tuple[str, str]], size: int) -> bytes:
         """The request's head, as h11 writes it (checking every part)."""
