@@ -45,7 +45,26 @@ async def end_to_end(messages: int) -> float:
                 rawclient.publish_mpub, nsqd.tcp_address, "bench", [BODY] * messages, BATCH
             )
             nursery.start_soon(rawclient.consume, nsqd.tcp_address, "bench", "c", messages)
-        return messages / (time.perf_counter() - start)
+        rate = messages / (time.perf_counter() - start)
+        await check_drained(nsqd, messages)
+        return rate
+
+
+async def check_drained(nsqd: fakensq.NSQD, messages: int) -> None:
+    """The run is only a result if the node's stats account for every message:
+    published once, sent once, finished, nothing left, requeued or timed out."""
+    expected = {"depth": 0, "in_flight_count": 0, "message_count": messages}
+    expected.update(requeue_count=0, timeout_count=0)
+    with trio.fail_after(30):
+        while True:
+            (topic,) = nsqd.stats(topic="bench")["topics"]
+            (channel,) = topic["channels"]
+            got = {key: channel[key] for key in expected}
+            if got == expected and topic["message_count"] == messages:
+                return
+            if got["in_flight_count"] == 0 and got["depth"] == 0:
+                raise SystemExit(f"fakensq's stats after the run: {got}, expected {expected}")
+            await trio.sleep(0.01)  # the last FINs are still on their way
 
 
 async def nsqd_channel(address: str) -> None:

