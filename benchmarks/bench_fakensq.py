@@ -7,6 +7,10 @@ of loopback sockets with a trivial server that does no NSQ work at all (it
 discards what publishers send and replays pre-encoded message frames), so the
 ratio is what fakensq's queueing costs over bare Trio socket I/O.
 
+CPU: the process's CPU time a message (clients and server alike, all in one
+process), steadier than the rates on a shared machine; its ratio is the bare
+loop's CPU a message over fakensq's.
+
 Start-to-ready: entering ``async with fakensq.NSQD(...)`` (TCP and HTTP listening,
 ready to serve) against opening and closing two bare TCP listeners.
 
@@ -20,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import trio
 
@@ -34,20 +39,28 @@ BODY = b"x" * 100
 BATCH = 1000
 
 
-async def end_to_end(messages: int) -> float:
+class Run(NamedTuple):
+    rate: float  # messages per wall-clock second
+    cpu_us: float  # the process's CPU microseconds a message (clients included)
+
+
+async def end_to_end(messages: int) -> Run:
     """Messages per second through a fakensq nsqd, MPUB in and SUB/FIN out."""
     async with fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="") as nsqd:
         # Create the channel first, so the published messages fan out at once.
         await nsqd_channel(nsqd.tcp_address)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(
                 rawclient.publish_mpub, nsqd.tcp_address, "bench", [BODY] * messages, BATCH
             )
             nursery.start_soon(rawclient.consume, nsqd.tcp_address, "bench", "c", messages)
-        rate = messages / (time.perf_counter() - start)
+        run = Run(
+            messages / (time.perf_counter() - start),
+            (time.process_time() - cpu) * 1e6 / messages,
+        )
         await check_drained(nsqd, messages)
-        return rate
+        return run
 
 
 async def check_drained(nsqd: fakensq.NSQD, messages: int) -> None:
@@ -74,7 +87,7 @@ async def nsqd_channel(address: str) -> None:
         await rawclient.expect_ok(stream, parser)
 
 
-async def bare_sockets(messages: int) -> float:
+async def bare_sockets(messages: int) -> Run:
     """The same bytes through loopback Trio sockets, with no NSQ work in between."""
     message = frames.encode_message(time.time_ns(), 1, b"0123456789abcdef", BODY)
     fin = rawclient.cmd.fin(b"0123456789abcdef")
@@ -113,7 +126,7 @@ async def bare_sockets(messages: int) -> float:
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(trio.serve_tcp, server, 0)
         port = listeners[0].socket.getsockname()[1]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
 
         async def publisher() -> None:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -138,9 +151,9 @@ async def bare_sockets(messages: int) -> float:
         async with trio.open_nursery() as clients:
             clients.start_soon(publisher)
             clients.start_soon(consumer)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         nursery.cancel_scope.cancel()
-    return messages / elapsed
+    return Run(messages / elapsed, cpu * 1e6 / messages)
 
 
 async def start_to_ready(runs: int) -> tuple[float, float]:
@@ -162,16 +175,20 @@ async def start_to_ready(runs: int) -> tuple[float, float]:
 
 
 async def main(messages: int) -> None:
-    # Warm up both paths once, then take the better of three runs each.
+    # Warm up both paths once, then take the best of three runs each: the
+    # highest rate, and (apart) the least CPU a message.
     await end_to_end(messages // 10)
     await bare_sockets(messages // 10)
-    fake = max([await end_to_end(messages) for _ in range(3)])
-    base = max([await bare_sockets(messages) for _ in range(3)])
+    fakes = [await end_to_end(messages) for _ in range(3)]
+    bares = [await bare_sockets(messages) for _ in range(3)]
+    fake, base = max(r.rate for r in fakes), max(r.rate for r in bares)
+    fake_cpu, base_cpu = min(r.cpu_us for r in fakes), min(r.cpu_us for r in bares)
     ready, bare_ready = await start_to_ready(30)
     print(f"end to end, {messages:,} messages of {len(BODY)} bytes, one core:")
-    print(f"  fakensq nsqd        {fake:>10,.0f} msg/s")
-    print(f"  bare Trio sockets   {base:>10,.0f} msg/s   (same run, no NSQ work)")
-    print(f"  ratio               {fake / base:>10.2f}")
+    print(f"  {'':20}{'msg/s':>10}  {'CPU us/msg':>10}")
+    print(f"  {'fakensq nsqd':20}{fake:>10,.0f}  {fake_cpu:>10.2f}")
+    print(f"  {'bare Trio sockets':20}{base:>10,.0f}  {base_cpu:>10.2f}   (same run, no NSQ work)")
+    print(f"  {'ratio':20}{fake / base:>10.2f}  {base_cpu / fake_cpu:>10.2f}")
     print("start to ready (median of 30):")
     print(f"  fakensq nsqd        {ready * 1000:>10.2f} ms")
     print(f"  two bare listeners  {bare_ready * 1000:>10.2f} ms   (same run)")
