@@ -231,6 +231,8 @@ class Connection:
         # The socket's descriptor while the connection runs on a plain TCP
         # socket (see _send_at_once), else -1.
         self._fd = -1
+        # When the read under way has waited too long (inf: none under way).
+        self._read_deadline = math.inf
         self._drained = trio.Event()
         self._reason: BaseException | None = None
         self._pending: deque[PendingResponse] = deque()
@@ -561,6 +563,10 @@ class Connection:
             self._fd = stream.socket.fileno()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
+            if self.config.heartbeat_interval is not None:
+                # Without heartbeats, silence is normal: only a missed
+                # heartbeat is a failure.
+                nursery.start_soon(self._guard, self._watch_reads, nursery.cancel_scope)
             await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
         self._finish(self._reason)
         with trio.CancelScope(shield=True):
@@ -588,12 +594,24 @@ class Connection:
             self._finish(self._reason)
             scope.cancel()
 
+    async def _watch_reads(self) -> None:
+        """End the connection when a read has waited ``read_timeout`` for
+        data.  A task of its own that wakes about once a timeout, rather than
+        a cancel scope around every read (which costs more than the read)."""
+        read_timeout = self.config.read_timeout
+        while True:
+            deadline = self._read_deadline
+            if deadline == math.inf:  # not reading now (handing frames on)
+                deadline = trio.current_time() + read_timeout
+            elif trio.current_time() >= deadline:
+                raise NSQConnectionError(f"{self.address}: nothing received for {read_timeout}s")
+            await trio.sleep_until(deadline)
+
     async def _read_loop(
         self, parser: FrameParser[Any], on_messages: MessagesCallback[Any] | None
     ) -> None:
-        # Without heartbeats, silence is normal: only a missed heartbeat is a failure.
-        heartbeats = self.config.heartbeat_interval is not None
-        read_timeout = self.config.read_timeout if heartbeats else math.inf
+        read_timeout = self.config.read_timeout
+        clock = trio.current_time
         frames = parser.feed(self._leftover)
         self._leftover = b""
         receive = self._stream.receive_some
@@ -608,12 +626,10 @@ class Connection:
                     waiting = on_messages(frames)
                     if waiting is not None:
                         await waiting
-            with trio.move_on_after(read_timeout) as scope:
-                data = await receive(_RECEIVE_SIZE)
-            if scope.cancelled_caught:
-                raise NSQConnectionError(
-                    f"{self.address}: nothing received for {self.config.read_timeout}s"
-                )
+            # What _watch_reads watches: how long this read may wait.
+            self._read_deadline = clock() + read_timeout
+            data = await receive(_RECEIVE_SIZE)
+            self._read_deadline = math.inf
             if not data:
                 if not self._closing:
                     raise NSQConnectionError(f"{self.address}: closed by nsqd")
