@@ -204,12 +204,15 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
             started = time.monotonic()
             progress.add("requests")
             me.index = index
-            me.deadline = trio.current_time() + timeout
             try:
+                # The deadline counts from the request's start (connecting
+                # included), not from the wait for a turn to connect.
                 if conn.connected:
+                    me.deadline = trio.current_time() + timeout
                     status = await conn.request(method, target, prepared.headers, body)
                 else:
                     async with opening:
+                        me.deadline = trio.current_time() + timeout
                         status = await conn.request(method, target, prepared.headers, body)
             except HTTPError as exc:
                 router.mark(index, False)
