@@ -76,6 +76,7 @@ class HandedMessage:
 
     @property
     def body(self) -> bytes:
+        """The message's body."""
         return self._core.body
 
     @property

@@ -386,7 +386,9 @@ def test_discovery_as_nsqds_come_and_go(clusters: Any) -> None:
 
 
 def test_touch_keeps_a_slow_message_and_rdy_bounds_what_comes(nsqds: Nsqds) -> None:
-    daemon = nsqds(msg_timeout=1.0)
+    # A timeout 7 touch intervals long: a crowded machine may stall this
+    # thread or the client's for a while without nsqd timing a message out.
+    daemon = nsqds(msg_timeout=2.0)
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.multi_publish("topic", [b"%d" % i for i in range(12)])
     with blocking.Consumer(
@@ -395,7 +397,7 @@ def test_touch_keeps_a_slow_message_and_rdy_bounds_what_comes(nsqds: Nsqds) -> N
         held = [next(iter(consumer)) for _ in range(4)]
         # RDY 4: nsqd hands out 4 and no more while they are unanswered.
         wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 4)
-        for _ in range(6):  # 1.8 s, past the 1 s msg_timeout, touched every 0.3 s
+        for _ in range(8):  # 2.4 s, past the 2 s msg_timeout, touched every 0.3 s
             time.sleep(0.3)
             for message in held:
                 message.touch()
