@@ -231,6 +231,7 @@ class Connection:
         # The socket's descriptor while the connection runs on a plain TCP
         # socket (see _send_at_once), else -1.
         self._fd = -1
+        self._lone = True  # whether the last read answered a request alone
         # When the read under way has waited too long (inf: none under way).
         self._read_deadline = math.inf
         self._drained = trio.Event()
@@ -262,7 +263,7 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._closed.is_set() or self._closing
+        return not self._open  # closing or closed
 
     # --- opening ---
 
@@ -451,10 +452,17 @@ class Connection:
         if data and data[0] in self._watched:
             self._follow(data)
         pending = PendingResponse()
-        if self._writer_idle and not self._pending and not self._out and self._fd >= 0:
-            # Nothing else awaits a response and nothing is queued (one task's
-            # round trips: MPUB after MPUB): send it from here, no task switch
-            # to the writer (with others pending, the writer coalesces instead).
+        if (
+            self._writer_idle
+            and self._lone
+            and not self._pending
+            and not self._out
+            and self._fd >= 0
+        ):
+            # Nothing else awaits a response, nothing is queued, and the last
+            # read answered one request alone (one task's round trips: MPUB
+            # after MPUB): send it from here, no task switch to the writer.
+            # Otherwise the writer coalesces what the woken tasks queue.
             self._pending.append(pending)
             self._send_at_once(data)
         else:
@@ -702,6 +710,9 @@ class Connection:
             popleft = self._pending.popleft
             for _ in range(count):
                 popleft().set(OK)
+            # One request answered alone: its task likely sends the next one
+            # alone too (see request).
+            self._lone = count == 1
             return end
         return 0
 

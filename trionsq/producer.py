@@ -245,7 +245,8 @@ class Producer:
             await self._wait_for_place()
         try:
             conn = self._conn
-            if conn is None or conn.closed or self._closed:
+            # conn._open: conn.closed without a property call (the same package)
+            if conn is None or not conn._open or self._closed:
                 conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
@@ -282,7 +283,8 @@ class Producer:
             await self._wait_for_place()
         try:
             conn = self._conn
-            if conn is None or conn.closed or self._closed:
+            # conn._open: conn.closed without a property call (the same package)
+            if conn is None or not conn._open or self._closed:
                 conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
