@@ -35,7 +35,8 @@ Sections (``--sections``, all by default):
 - ``features``: the consume drain over TLS, snappy and deflate, trionsq and
   the raw loop (TLS, deflate), against the plain drains of the same round.
 - ``connections``: trionsq's CPU per message draining N messages spread over
-  1, 10 and 50 real nsqds (``--connections``).
+  1, 10 and 50 real nsqds (``--connections``), beside the raw loop draining
+  the same nsqds (one ``select`` loop, the same RDY each: the floor).
 - ``fakensq``: the same drains and publishes with fakensq's nsqd (run as its
   command-line daemon) as the server: its end-to-end rate as a ratio to nsqd's.
 - ``memory`` (only when named, a few minutes): a trionsq consumer drains

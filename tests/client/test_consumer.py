@@ -367,3 +367,23 @@ async def test_reconnect_delays_grow_exponentially(
         await wait_for(lambda: len(attempts) == 7, limit=100, step=0.1)
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(attempts)]
     assert gaps == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+
+async def test_an_unchanged_rdy_is_sent_once_however_many_messages_come(
+    nursery: trio.Nursery,
+) -> None:
+    """nsqd v1 takes RDY as a cap on messages in flight (go-nsq's rule too):
+    after the first message raises RDY 1 to the connection's share, draining
+    many times that share sends no RDY again."""
+    node = MiniNSQD(nursery)
+    node.put(*[b"m%d" % i for i in range(40)])
+    async with consumer(node, max_in_flight=4) as c:
+        async for message in c:
+            await message.finish()
+            if c.stats.finished == 40:
+                break
+    await wait_for(lambda: len(node.fins) == 40)
+    rdys = node.conns[0].record.rdys
+    # RDY 1, then the share (4); leaving may add RDY 0 or nothing, never 4 again.
+    assert rdys[:2] == [1, 4]
+    assert 4 not in rdys[2:]
