@@ -306,7 +306,7 @@ class Producer:
         data = bodies if type(bodies) is list else list(bodies)
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
-        if set(map(type, data)) != _BYTES or 0 in map(len, data):
+        if set(map(type, data)) != _BYTES or not all(data):  # all bytes, none empty
             data = [_check_body("MPUB", body) for body in data]  # the rare case
         await self._publish(commands.mpub(topic, data), len(data), batch=True)
 
