@@ -53,7 +53,12 @@ _CLS_TIMEOUT = 5.0
 #: After CLOSE_WAIT, how long a connection that had RDY stays open for a message
 #: nsqd's sender took for us just before reading CLS (it then writes it right
 #: after CLOSE_WAIT): received, it is requeued instead of left to time out.
+#: nsqd gives no signal that none is coming, and how late one comes depends on
+#: how soon its sender goroutine runs again: the wait is at least
+#: _STRAGGLER_GRACE, and twice the wait for CLOSE_WAIT when that was longer (a
+#: busy machine delays both alike), up to _STRAGGLER_GRACE_MAX.
 _STRAGGLER_GRACE = 0.01
+_STRAGGLER_GRACE_MAX = 0.25
 #: ``async for`` hands out this many queued messages between two yields to the
 #: scheduler: fewer passes through the run loop (the writer then sends the FINs
 #: of a whole batch at once), while other tasks still get their turn.
@@ -224,6 +229,10 @@ class _Session:
         sent just after it, then until everything queued has been written (or
         the connection has ended)."""
         if self.cls is not None:
+            # How long CLOSE_WAIT is still in coming (answered already, e.g.
+            # during close_timeout, a straggler had all that time to come).
+            since = trio.current_time()
+            answered = self.cls.done
             try:
                 await self.cls.result()
             except NSQError as exc:
@@ -233,7 +242,9 @@ class _Session:
                 # CLS set our RDY to 0: it comes right after CLOSE_WAIT.  A
                 # connection without RDY cannot have one coming.
                 if self.wire_rdy > 0:
-                    with trio.move_on_after(_STRAGGLER_GRACE):
+                    round_trip = 0.0 if answered else trio.current_time() - since
+                    grace = min(max(_STRAGGLER_GRACE, 2 * round_trip), _STRAGGLER_GRACE_MAX)
+                    with trio.move_on_after(grace):
                         await self.straggler.wait()
         await self.conn.flush()
 

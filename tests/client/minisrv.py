@@ -219,9 +219,26 @@ class ServerConn:
         elif isinstance(command, commands.Cls):
             self.closing = True
             if not server.ignore_cls:
+                if server.cls_delay:
+                    await trio.sleep(server.cls_delay)
                 await self.send(encode_response(b"CLOSE_WAIT"))
+                if server.straggler_after is not None:
+                    server.nursery.start_soon(self._straggle, server.straggler_after)
         elif isinstance(command, commands.Nop):
             record.nops += 1
+
+    async def _straggle(self, delay: float) -> None:
+        """What nsqd's sender does when it took a message just before reading
+        CLS: the message goes out after CLOSE_WAIT, as late as it gets to run."""
+        await trio.sleep(delay)
+        if self.server.queue and len(self.in_flight) < self.rdy and not self.closed:
+            item = self.server.queue.popleft()
+            self.in_flight[item.id] = item
+            self.server.deliveries.append((self, item.id))
+            try:
+                await self.send(encode_message(item.timestamp, item.attempts, item.id, item.body))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
     async def _pump(self) -> None:
         try:
@@ -282,6 +299,10 @@ class MiniNSQD:
         self.refuse = False
         #: a hung nsqd: CLS is read but never answered
         self.ignore_cls = False
+        #: a busy nsqd: CLOSE_WAIT this late, and (if set) one more message
+        #: this long after it (its sender had taken one before reading CLS)
+        self.cls_delay = 0.0
+        self.straggler_after: float | None = None
         # a dict, not a set: wake-ups in a deterministic order
         self.waiters: dict[ServerConn, None] = {}
         self._next_id = 0

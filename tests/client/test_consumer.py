@@ -11,7 +11,7 @@ import trio.testing
 
 import trionsq
 
-from .minisrv import Cluster, MiniNSQD, wait_for
+from .minisrv import Cluster, MiniNSQD, Queued, wait_for
 
 
 def consumer(node: MiniNSQD | Cluster, **options: Any) -> trionsq.Consumer:
@@ -268,6 +268,42 @@ async def test_leaving_is_bounded_when_nsqd_never_answers_cls(
     # Leaving waited a bounded time for CLOSE_WAIT; the REQ was written anyway.
     assert trio.current_time() - start == pytest.approx(5, abs=0.05)
     assert message.responded == "requeued" and node.reqs == [(held, 0)]
+
+
+@pytest.mark.parametrize(
+    ("cls_delay", "straggler_after", "requeued"),
+    [
+        (0.0, 0.005, True),  # a quiet nsqd: the straggler follows at once
+        (0.05, 0.08, True),  # a busy one: CLOSE_WAIT and the straggler both late
+        # CLOSE_WAIT at once, the straggler late: not waited for (the
+        # connection is closed before it comes; nsqd would time it out)
+        (0.0, 0.05, False),
+    ],
+)
+async def test_a_message_sent_after_close_wait_is_requeued_when_nsqd_is_slow_alike(
+    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock,
+    cls_delay: float,
+    straggler_after: float,
+    requeued: bool,
+) -> None:
+    node = MiniNSQD(nursery)
+    node.cls_delay, node.straggler_after = cls_delay, straggler_after
+    (first,) = node.put(b"first")
+    async with consumer(node, max_in_flight=2) as c:
+        message = await c.__anext__()
+        assert message.id == first
+        # Queued without waking the server's sender: it goes out only as the
+        # straggler, after CLOSE_WAIT.
+        straggler = b"%016x" % 99
+        node.queue.append(Queued(straggler, b"straggler"))
+        start = trio.current_time()
+    waited = trio.current_time() - start
+    # The straggler is caught (and requeued) when nsqd's lateness shows in
+    # CLOSE_WAIT's own delay; leaving waits at most 250 ms for it.
+    assert waited < cls_delay + 0.25 + 0.01
+    assert ((straggler, 0) in node.reqs) == requeued
+    assert (first, 0) in node.reqs
 
 
 async def test_reconnects_to_configured_nsqd(
