@@ -243,7 +243,14 @@ async def test_channels_pre_created_before_the_answer(
 
     async def scenario(t: Target) -> Any:
         assert t.lookupd is not None
-        await _until(t, "/nodes", _producers(1))
+        # nsqd asks only the nsqlookupds whose IDENTIFY answer it has read (it
+        # learns their HTTP port from it), which /nodes showing this nsqd does
+        # not prove: a topic it then registers does (nsqd registers only once
+        # that answer is read).  On a loaded machine the real nsqd was seen
+        # still waiting for it.
+        async with t.http() as http:
+            await http.post("/topic/create?topic=ready")
+        await _until(t, "/lookup?topic=ready", _producers(1))
         async with t.lookupd.http() as http:
             # What another nsqd's channel registration leaves in nsqlookupd.
             await http.post("/channel/create?topic=t&channel=elsewhere")
