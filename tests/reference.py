@@ -212,13 +212,31 @@ class RealDaemon:
                     # Any answer will do: with --tls-required=true nsqd answers
                     # plain HTTP with 403 TLS_REQUIRED.
                     if client.get(f"http://{self.http_address}/ping").status_code < 500:
-                        return
+                        if self._answering_is_ours(client):
+                            return
                 except httpx.TransportError:
                     pass
                 if time.monotonic() > deadline:
                     self.kill()
                     raise TimeoutError(f"{self.name} did not answer /ping: {self.log()[-2000:]}")
                 time.sleep(0.01)  # polling another process's readiness
+
+    def _answering_is_ours(self, client: httpx.Client) -> bool:
+        """Whether the daemon answering on our HTTP port is this one.
+
+        Free ports are picked by binding and releasing them, so a daemon that
+        another test started meanwhile can hold one of ours: this one then
+        dies at once ("address already in use"), but the other answers /ping.
+        An nsqd's /info names its TCP port; for the others, this process must
+        still be running (checked again by the caller's loop).
+        """
+        if self.name != "nsqd":
+            return self.process is not None and self.process.poll() is None
+        response = client.get(f"http://{self.http_address}/info")
+        if response.status_code != 200:
+            return True  # --tls-required: /info is refused over plain HTTP
+        port = response.json().get("tcp_port")
+        return port == int(self.tcp_address.rsplit(":", 1)[1])
 
     def stop(self) -> int | None:
         """SIGTERM, as an operator stops it (nsqd saves its state), then wait."""
