@@ -18,7 +18,7 @@ from ..bridge import LoopPost
 from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
-from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
+from ..hosted_consumer import HandedMessage, HostedConsumer
 from ..trio_thread import ForkedError, LoopStoppedError
 from .lifecycle import LoopCalls, enter, leave
 
@@ -63,18 +63,7 @@ class Message(HandedMessage):
 
     def finish(self) -> Awaitable[None]:
         """FIN: nsqd forgets the message."""
-        # HandedMessage._finish, inlined: every message is finished through here.
-        hosted = self._hosted
-        if hosted._out.pop(self, _UNCLAIMED) is not _UNCLAIMED:
-            self.responded = "finished"
-            inbox = hosted.inbox
-            inbox.items.append(self)  # Inbox.put, inlined
-            if not inbox.awake:
-                try:
-                    inbox.wake()
-                except LoopStoppedError as exc:
-                    # The client is gone: nsqd will time the message out and redeliver it.
-                    log.info("could not answer %r: %s", self, exc)
+        self._finish()
         return _DONE
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> Awaitable[None]:

@@ -17,7 +17,7 @@ from ..bridge import Handout
 from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
-from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
+from ..hosted_consumer import HandedMessage, HostedConsumer
 from ..trio_thread import ForkedError, LoopStoppedError, check_not_in_trio
 
 __all__ = ["Consumer", "Message"]
@@ -42,19 +42,7 @@ class Message(HandedMessage):
 
     def finish(self) -> None:
         """FIN: nsqd forgets the message."""
-        # HandedMessage._finish, inlined: every message is finished through here.
-        hosted = self._hosted
-        if hosted._out.pop(self, _UNCLAIMED) is _UNCLAIMED:
-            return
-        self.responded = "finished"
-        inbox = hosted.inbox
-        inbox.items.append(self)  # Inbox.put, inlined
-        if not inbox.awake:
-            try:
-                inbox.wake()
-            except LoopStoppedError as exc:
-                # The client is gone: nsqd will time the message out and redeliver it.
-                log.info("could not answer %r: %s", self, exc)
+        self._finish()
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: nsqd redelivers the message after ``delay`` seconds
