@@ -380,25 +380,6 @@ class Connection:
 
     # --- writing ---
 
-    async def _write(self, data: bytes, pending: PendingResponse | None) -> None:
-        # Commands are appended to one buffer that the writer task sends: writes
-        # are serialized, several commands go out in one send, and a caller
-        # cancelled here never leaves half a command on the wire.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while len(self._out) >= _HIGH_WATER and not self.closed:
-            await self._drained.wait()
-        if not self._open:
-            raise ConnectionClosedError(f"{self.address}: connection is closed")
-        if data and data[0] in self._watched:
-            self._follow(data)
-        if pending is not None:
-            # In the same step as the bytes: responses come back in this order.
-            self._pending.append(pending)
-        self._out += data
-        if self._writer_idle:
-            self._writer_idle = False
-            self._wake_writer.set()
-
     def _follow(self, data: bytes) -> None:
         """The state table, for a command about to be queued: nsqd's error for a
         command not valid in this state (raised here; nothing is sent), else the
@@ -418,7 +399,13 @@ class Connection:
         It is written by the connection's writer task (see :meth:`flush`); if the
         connection is already closed, raises :class:`ConnectionClosedError`.
         """
-        await self._write(data, None)
+        # Commands are appended to one buffer that the writer task sends: writes
+        # are serialized, several commands go out in one send, and a caller
+        # cancelled here never leaves half a command on the wire.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while len(self._out) >= _HIGH_WATER and not self.closed:
+            await self._drained.wait()
+        self.send_nowait(data)
 
     def send_nowait(self, data: bytes) -> None:
         """Queue a command that gets no response, without waiting for room.
@@ -443,7 +430,7 @@ class Connection:
         An error frame in reply raises its typed error; a connection that ends
         first raises :class:`ConnectionClosedError`.
         """
-        # _write, inline (a coroutine less per publish).
+        # send's steps, inline, with the request's place queued with its bytes.
         await trio.lowlevel.checkpoint_if_cancelled()
         while len(self._out) >= _HIGH_WATER and not self.closed:
             await self._drained.wait()
