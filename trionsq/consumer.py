@@ -66,7 +66,6 @@ _YIELD_EVERY = 256
 
 _new = object.__new__
 _NORMAL = BackoffState.NORMAL
-_FIN_BYTE = ord("F")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,18 +183,8 @@ class _Session:
         self.out.pop(message, None)
         if state.in_flight > 0:
             state.in_flight -= 1
-        conn = self.conn
-        if conn._open and _FIN_BYTE not in conn._watched:
-            # Connection.send_nowait, inline (a call less per message): open,
-            # and FIN needs no look at the state table in this state.
-            conn._out += b"FIN " + message.id + b"\n"
-            if conn._writer_idle:
-                conn._writer_idle = False
-                conn._wake_writer.set()
-            consumer._finished += 1
-            return
         try:
-            conn.send_nowait(b"FIN " + message.id + b"\n")
+            self.conn.send_nowait(b"FIN " + message.id + b"\n")
         except NSQError as exc:
             log.info("%s: could not answer a message: %s", self.address, exc)
         else:
