@@ -29,6 +29,8 @@ __all__ = [
     "raw",
     "request",
     "state",
+    "unsettled",
+    "SETTLE_TIMEOUT",
     "mask_text_stats",
     "mask_pprof_index",
 ]
@@ -123,11 +125,31 @@ async def raw(address: str, data: bytes) -> tuple[Any, ...]:
     return (status, dict(sorted(headers.items())), bytes(body), closed)
 
 
+#: how long :func:`state` waits for nsqd's topic pumps to settle
+SETTLE_TIMEOUT = 5.0
+
+
+def unsettled(topic: dict[str, Any]) -> bool:
+    """A topic whose pump still has messages to move: not paused, with channels,
+    yet holding messages (nsqd moves them to the channels in a goroutine of the
+    topic's own, a moment after the request that put them there answered)."""
+    return bool(topic["channels"]) and not topic["paused"] and topic["depth"] > 0
+
+
 async def state(http: httpx.AsyncClient) -> list[Any]:
     """What requests change, from ``/stats``: each topic's name, pause flag,
-    depth and message count, and its channels' (name, paused, depth)."""
-    r = await http.get("/stats", params={"format": "json", "include_clients": "false"})
-    doc = r.json()
+    depth and message count, and its channels' (name, paused, depth).
+
+    Read once every topic's pump has settled (bounded by SETTLE_TIMEOUT; what is
+    read then is compared as it is), so that the real nsqd and fakensq are
+    compared at rest, not at whichever moment the read happened to fall."""
+    with trio.move_on_after(SETTLE_TIMEOUT):
+        while True:
+            r = await http.get("/stats", params={"format": "json", "include_clients": "false"})
+            doc = r.json()
+            if not any(unsettled(t) for t in doc["topics"] or []):
+                break
+            await trio.sleep(0.01)
     return [
         (
             t["topic_name"],
