@@ -36,6 +36,10 @@ steps of 250 ms), FIN each; then the blocking Consumer
 handler).
 
     python benchmarks/bench_frontends.py [--publishes N] [--messages N] [--rounds R]
+        [--only publish|consume] [--cases WORD,WORD...]
+
+``--cases`` runs only the cases whose names contain one of the words (and
+their baselines), e.g. ``--cases blocking`` for the blocking front end alone.
 """
 
 from __future__ import annotations
@@ -536,16 +540,34 @@ def report(title: str, rates: dict[str, Rates], rows: list[Row]) -> list[str]:
     return failures
 
 
+def select(
+    cases: dict[str, Case], rows: list[Row], words: list[str]
+) -> tuple[dict[str, Case], list[Row]]:
+    """The cases whose names contain one of ``words`` (all without words), their
+    baselines, and the rows reporting on them."""
+    if not words:
+        return cases, rows
+    chosen = {name for name in cases if any(word in name for word in words)}
+    kept = [row for row in rows if row.name in chosen and row.baseline]
+    baselines = {row.baseline for row in kept}
+    rows = [Row(name, "", None) for name in cases if name in baselines] + kept
+    return {name: case for name, case in cases.items() if name in chosen | baselines}, rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--publishes", type=int, default=50_000)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", choices=["publish", "consume"])
+    parser.add_argument(
+        "--cases", default="", help="comma-separated words: run only the cases naming one"
+    )
     args = parser.parse_args()
     if reference.binary("nsqd") is None:
         print(f"no real nsqd: {reference.skip_reason()}; nothing measured")
         return 0
+    words = [word.strip() for word in args.cases.split(",") if word.strip()]
     failures: list[str] = []
     with reference.running("nsqd", ["--mem-queue-size=10000000"]) as daemon:
         nsqd = Nsqd(daemon)
@@ -562,22 +584,24 @@ def main() -> int:
                 GUEST_PUBLISH: guest_tasks,
                 HANDOFF: handoff_only,
             }
+            rows = [
+                Row("async Producer, 256 tasks", "", None),
+                Row("blocking, 1 thread, publish_async", "async Producer, 256 tasks", 0.5),
+                Row("blocking, 8 threads, publish_async", "async Producer, 256 tasks", 0.9),
+                Row("asyncio Producer, 256 tasks", "async Producer, 256 tasks", 0.8),
+                Row("blocking, 8 threads, publish", "async Producer, 256 tasks", None),
+                Row("blocking, 8 threads, publish", "async Producer, 8 tasks", None),
+                Row("blocking, 1 thread, publish", "async Producer, 1 task", None),
+                Row(GUEST_PUBLISH, "async Producer, 256 tasks", None),
+                Row(HANDOFF, "async Producer, 256 tasks", None),
+            ]
+            publish, rows = select(publish, rows, words)
             rates = run_rounds(nsqd, publish, args.publishes, args.rounds, consume=False)
             failures += report(
                 f"publish: {args.publishes:,} PUBs of {len(BODY)} bytes, real nsqd, "
                 f"median of {args.rounds} per-round ratios",
                 rates,
-                [
-                    Row("async Producer, 256 tasks", "", None),
-                    Row("blocking, 1 thread, publish_async", "async Producer, 256 tasks", 0.5),
-                    Row("blocking, 8 threads, publish_async", "async Producer, 256 tasks", 0.9),
-                    Row("asyncio Producer, 256 tasks", "async Producer, 256 tasks", 0.8),
-                    Row("blocking, 8 threads, publish", "async Producer, 256 tasks", None),
-                    Row("blocking, 8 threads, publish", "async Producer, 8 tasks", None),
-                    Row("blocking, 1 thread, publish", "async Producer, 1 task", None),
-                    Row(GUEST_PUBLISH, "async Producer, 256 tasks", None),
-                    Row(HANDOFF, "async Producer, 256 tasks", None),
-                ],
+                rows,
             )
         if args.only != "publish":
             consume: dict[str, Case] = {
@@ -588,20 +612,22 @@ def main() -> int:
                 "asyncio Consumer, handler": aio_handler,
                 GUEST_CONSUME: guest_iterate,
             }
-            rates = run_rounds(nsqd, consume, args.messages, args.rounds, consume=True)
             base = "async Consumer, async for"
+            rows = [
+                Row(base, "", None),
+                Row("blocking Consumer, for", base, 0.7),
+                Row("blocking Consumer, handler x4 threads", base, 0.7),
+                Row("asyncio Consumer, async for", base, 0.7),
+                Row("asyncio Consumer, handler", base, 0.7),
+                Row(GUEST_CONSUME, base, None),
+            ]
+            consume, rows = select(consume, rows, words)
+            rates = run_rounds(nsqd, consume, args.messages, args.rounds, consume=True)
             failures += report(
                 f"consume: drain {args.messages:,} messages, FIN each, max_in_flight "
                 f"{IN_FLIGHT}, real nsqd, median of {args.rounds} per-round ratios",
                 rates,
-                [
-                    Row(base, "", None),
-                    Row("blocking Consumer, for", base, 0.7),
-                    Row("blocking Consumer, handler x4 threads", base, 0.7),
-                    Row("asyncio Consumer, async for", base, 0.7),
-                    Row("asyncio Consumer, handler", base, 0.7),
-                    Row(GUEST_CONSUME, base, None),
-                ],
+                rows,
             )
     if failures:
         print("targets missed: " + "; ".join(failures))

@@ -57,6 +57,53 @@ def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
     assert stats(daemon, "topic", "chan")["depth"] == 0
 
 
+def test_threads_share_a_small_window_and_close_wakes_those_waiting(daemon: Daemon) -> None:
+    # Window 3, 8 threads: callers sleep while it is full and are woken as
+    # answers free places; never more than 3 await nsqd's answer.
+    most = 0
+    with blocking.Producer([daemon.tcp_address], publish_window=3) as producer:
+
+        def work(thread: int) -> None:
+            nonlocal most
+            futures = []
+            for i in range(50):
+                futures.append(producer.publish_async("topic", b"w%d-%d" % (thread, i)))
+                most = max(most, producer.stats.in_flight)
+            assert [f.result(10) for f in futures] == [None] * 50
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(work, range(8)))
+        assert producer.flush(10) and producer.stats.in_flight == 0
+        assert producer.stats.published == 400 and 1 <= most <= 3
+    # Threads flooding a window of 1 (most asleep for a place at any time):
+    # close() wakes them, and each raises ClientClosedError.
+    with blocking.Producer([daemon.tcp_address], publish_window=1) as producer:
+        errors: list[BaseException] = []
+        started = threading.Barrier(5)
+
+        def flood() -> None:
+            started.wait()
+            try:
+                while True:
+                    producer.publish_async("flood", b"x")
+            except blocking.ClientClosedError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=flood) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        started.wait()
+        wait_until(lambda: producer.stats.published >= 20)
+        producer.close()
+        for thread in threads:
+            thread.join(10)
+        assert not any(thread.is_alive() for thread in threads) and len(errors) == 4
+    got = consume(daemon, 400, max_in_flight=100)
+    assert sorted(m.body for m in got) == sorted(
+        b"w%d-%d" % (t, i) for t in range(8) for i in range(50)
+    )
+
+
 def test_a_handler_on_a_pool_of_threads(daemon: Daemon) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.multi_publish("topic", [b"%d" % i for i in range(60)])
@@ -315,7 +362,7 @@ def test_closed_clients_raise_and_never_hang(daemon: Daemon) -> None:
         producer.publish("topic", b"x")
     for call in (
         lambda: producer.publish("topic", b"x"),
-        lambda: producer.publish_async("topic", b"x"),
+        lambda: producer.publish_async("flood", b"x"),
         lambda: producer.multi_publish("topic", [b"x"]),
     ):
         with pytest.raises(blocking.ClientClosedError):

@@ -70,13 +70,18 @@ class Producer:
         self._reset_locks()
 
     def _reset_locks(self) -> None:
-        # The window on this side: places free and the callers waiting for one,
-        # under the lock that also orders submissions against close().
+        # The window on this side: places taken by submissions (under the lock,
+        # which also orders them against close()) and given back by answers
+        # (written by the loop's thread alone, without the lock: it never waits
+        # for a caller that holds it).  In flight: taken - released.
         self._lock = threading.Lock()
-        self._free = self.config.publish_window
-        self._released = 0  # jobs whose places went back (HostedProducer.completed)
-        self._waiters: deque[threading.Lock] = deque()
-        self._flushers: list[threading.Lock] = []
+        self._taken = 0
+        self._released = 0  # HostedProducer.completed, as last seen
+        #: callers asleep while the window is full, woken all at once when a
+        #: run of answers frees ``_wake_at`` places (not one wake-up a place)
+        self._sleepers: deque[threading.Lock] = deque()
+        self._wake_at = max(1, self.config.publish_window // 8)
+        self._flushers: deque[threading.Lock] = deque()
         self._start_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -112,12 +117,9 @@ class Producer:
             with self._lock:
                 hosted, self._hosted = self._hosted, None
                 self._state = "closed"
-                # Callers waiting for a place: let them see the producer closed.
-                while self._waiters:
-                    self._waiters.popleft().release()
-                for idle in self._flushers:
-                    idle.release()
-                self._flushers.clear()
+                # Callers waiting for a place or a flush: let them see it closed.
+                _release_all(self._sleepers)
+                _release_all(self._flushers)
             if hosted is not None and not hosted.runner.forked:
                 hosted.close(timeout)
 
@@ -160,30 +162,26 @@ class Producer:
 
     def _answered(self) -> None:
         # In the loop's thread, after each run of answers: their places go back
-        # to the window all at once (one lock, not one a message).
+        # to the window all at once; the sleepers are woken once enough are
+        # free for all of them to publish a while (each publishes until the
+        # window is full again), and flushers once none is in flight.
+        #
+        # No item is missed without a lock: a sleeper appends its lock before
+        # it reads _released, and this stores _released before it reads the
+        # sleepers; under the GIL one of the two sees the other's store.
         hosted = self._hosted
         if hosted is None:
             return
-        count = hosted.completed - self._released
-        if count > 0:
-            self._released += count
-            self._free_places(count)
-
-    def _free_places(self, count: int) -> None:
-        with self._lock:
-            waiters = self._waiters
-            while count and waiters:
-                waiters.popleft().release()  # the place goes to the next caller
-                count -= 1
-            self._free += count
-            if self._flushers and self._free >= self.config.publish_window:
-                for idle in self._flushers:
-                    idle.release()
-                self._flushers.clear()
+        released = self._released = hosted.completed
+        in_flight = self._taken - released
+        if self._sleepers and self.config.publish_window - in_flight >= self._wake_at:
+            _release_all(self._sleepers)
+        if self._flushers and in_flight <= 0:
+            _release_all(self._flushers)
 
     def _submit(self, method: str, args: tuple[Any, ...], reply: Completion) -> None:
         check_not_in_trio(f"blocking.Producer.{method}()")
-        lock = self._lock
+        lock, window = self._lock, self.config.publish_window
         while True:
             lock.acquire()
             hosted = self._hosted
@@ -195,41 +193,27 @@ class Producer:
                 if self._state == "new":
                     raise RuntimeError("start the Producer first (with ... or .start())")
                 raise ClientClosedError("the Producer is closed")
-            if self._free > 0 and not self._waiters:
-                self._free -= 1
+            if self._taken - self._released < window:
+                self._taken += 1
                 job: Job = (method, args, reply)
                 try:
                     hosted.inbox.put(job)
                 finally:
                     lock.release()
                 return
-            place = threading.Lock()
-            place.acquire()
-            self._waiters.append(place)
+            # The window is full: sleep until answers free places (or close).
+            sleep = threading.Lock()
+            sleep.acquire()
+            self._sleepers.append(sleep)
             lock.release()
+            if self._taken - self._released < window:  # freed before we were there
+                _forget(self._sleepers, sleep)
+                continue
             try:
-                place.acquire()  # released with a place handed over, or on close
-            except BaseException:
-                with lock:
-                    try:
-                        self._waiters.remove(place)
-                        handed = False
-                    except ValueError:
-                        handed = True
-                if handed:  # handed over as the wait was interrupted: give it back
-                    self._free_places(1)
+                sleep.acquire()
+            except BaseException:  # KeyboardInterrupt: no place was taken
+                _forget(self._sleepers, sleep)
                 raise
-            with lock:
-                hosted = self._hosted
-                if hosted is None or self._state != "open":
-                    closed = True
-                else:
-                    closed = False
-                    job = (method, args, reply)
-                    hosted.inbox.put(job)
-            if closed:
-                raise ClientClosedError("the Producer is closed")
-            return
 
     def _call(self, method: str, args: tuple[Any, ...], timeout: float | None) -> None:
         reply: Waiter[None] = Waiter()
@@ -281,18 +265,18 @@ class Producer:
         """Wait until no publish is awaiting its answer (every place of the
         window is free); returns False if ``timeout`` passed first."""
         check_not_in_trio("blocking.Producer.flush()")
-        with self._lock:
-            if self._free >= self.config.publish_window or self._hosted is None:
-                return True
-            idle = threading.Lock()
-            idle.acquire()
-            self._flushers.append(idle)
+        if self._hosted is None or self._taken <= self._released:
+            return True
+        idle = threading.Lock()
+        idle.acquire()
+        self._flushers.append(idle)
+        if self._hosted is None or self._taken <= self._released:  # as in _submit
+            _forget(self._flushers, idle)
+            return True
         if idle.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
             return True
-        with self._lock:
-            if idle in self._flushers:
-                self._flushers.remove(idle)
-        return False
+        _forget(self._flushers, idle)
+        return self._taken <= self._released
 
     # --- state ---
 
@@ -309,3 +293,20 @@ class Producer:
         """The nsqd currently connected to, if any."""
         hosted = self._hosted
         return None if hosted is None else hosted.producer.address
+
+
+def _release_all(locks: deque[threading.Lock]) -> None:
+    """Wake every thread asleep on one of ``locks`` (any thread)."""
+    while True:
+        try:
+            locks.popleft().release()
+        except IndexError:
+            return
+
+
+def _forget(locks: deque[threading.Lock], lock: threading.Lock) -> None:
+    """Take ``lock`` out of ``locks`` unless a waker took it first."""
+    try:
+        locks.remove(lock)
+    except ValueError:
+        pass
