@@ -127,8 +127,11 @@ class HostedProducer:
         config: Config,
         name: str = "trionsq-producer",
         end_of_batch: Callable[[], None] | None = None,
+        runner: TrioThread | None = None,
     ) -> None:
-        self.runner = TrioThread(name)
+        # ``runner``: where the loop runs (default: a thread of its own; the
+        # asyncio front end passes a guest run of its loop's).
+        self.runner = TrioThread(name) if runner is None else runner
         self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
         self.producer = Producer(config=self.config)
         self.inbox: Inbox[Job] = Inbox(self.runner.run_sync_soon)

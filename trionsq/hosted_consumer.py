@@ -184,8 +184,10 @@ class HostedConsumer:
         end_of_batch: Callable[[], None] | None = None,
         rng: random.Random | None = None,
         name: str = "trionsq-consumer",
+        runner: TrioThread | None = None,
     ) -> None:
-        self.runner = TrioThread(name)
+        # ``runner``: see HostedProducer
+        self.runner = TrioThread(name) if runner is None else runner
         self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
         self._give_up = give_up
         self.consumer = Consumer(

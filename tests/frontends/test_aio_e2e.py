@@ -9,6 +9,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
+import trio
+import trio.lowlevel
 
 import trionsq
 from trionsq import aio
@@ -316,18 +318,52 @@ def test_refusals_are_typed_and_closed_clients_raise(nsqds: Nsqds) -> None:
     run(main)
 
 
-def test_no_thread_outlives_the_block(daemon: Daemon) -> None:
-    names: list[str] = []
+@pytest.mark.parametrize("guest", [True, False], ids=["guest", "thread"])
+def test_no_thread_or_trio_run_outlives_the_block(daemon: Daemon, guest: bool) -> None:
+    during: set[threading.Thread] = set()
 
-    async def main() -> None:
-        async with aio.Producer([daemon.tcp_address]) as producer:
-            names.extend(t.name for t in threading.enumerate())
+    async def main() -> set[threading.Thread]:
+        before = set(threading.enumerate())
+        async with (
+            aio.Producer([daemon.tcp_address], guest=guest) as producer,
+            aio.Consumer(
+                "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], guest=guest
+            ) as consumer,
+        ):
             await producer.publish("topic", b"x")
-        left = [t.name for t in threading.enumerate() if t.name.startswith("trionsq")]
-        assert left == []
+            async for message in consumer:
+                await message.finish()
+                break
+            during.update(threading.enumerate())
+        # Every thread started for the clients has ended (joined) by now,
+        # Trio's I/O wait worker of a guest run included; no Trio run is left.
+        assert not trio.lowlevel.in_trio_run()
+        return {t for t in threading.enumerate() if t not in before}
+
+    assert run(main) == set()
+    names = {t.name for t in during}
+    if guest:  # one Trio run, no thread of its own; Trio's I/O wait worker
+        assert not any(name.startswith("trionsq") for name in names)
+        assert any(name.startswith("Trio thread") for name in names)
+    else:
+        assert {"trionsq-asyncio-producer", "trionsq-asyncio-consumer"} <= names
+
+
+def test_clients_of_one_loop_share_its_guest_run(daemon: Daemon) -> None:
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address]) as first:
+            token = trio.lowlevel.current_trio_token()  # the guest run's, on this thread
+            async with aio.Producer([daemon.tcp_address]) as second:
+                assert trio.lowlevel.current_trio_token() is token
+                await second.publish("topic", b"2")
+            await first.publish("topic", b"1")  # the run outlived the second client
+        assert not trio.lowlevel.in_trio_run()
+        async with aio.Producer([daemon.tcp_address]) as third:  # a new run
+            assert trio.lowlevel.current_trio_token() is not token
+            await third.publish("topic", b"3")
 
     run(main)
-    assert "trionsq-asyncio-producer" in names
+    wait_until(lambda: stats(daemon, "topic").get("message_count") == 3)
 
 
 def test_discovery_and_failover(clusters: Any) -> None:

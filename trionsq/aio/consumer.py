@@ -20,7 +20,7 @@ from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
 from ..hosted_consumer import HandedMessage, HostedConsumer
 from ..trio_thread import ForkedError, LoopStoppedError
-from .lifecycle import LoopCalls, enter, leave
+from .lifecycle import DirectPost, LoopCalls, calls_for, enter, leave, new_runner
 
 __all__ = ["Consumer", "Message"]
 
@@ -97,8 +97,10 @@ class Consumer:
     asyncio loop, at most ``max_in_flight`` at once): returning finishes the
     message, raising requeues it with backoff.  ``give_up`` is called likewise
     for messages past ``max_attempts``.  The options and guarantees are
-    :class:`trionsq.Consumer`'s: one trionsq Consumer does the work, in a Trio loop
-    on a thread started by the ``async with`` and joined before it is left.
+    :class:`trionsq.Consumer`'s: one trionsq Consumer does the work, in the Trio
+    guest run of the asyncio loop (see :mod:`trionsq.aio`), or with
+    ``guest=False`` in a Trio loop on a thread started by the ``async with`` and
+    joined before it is left.
 
     Leaving hands out nothing more and requeues at once (REQ 0, no backoff) what
     was received and not handed out, and what ``async for`` handed out and
@@ -117,6 +119,7 @@ class Consumer:
         give_up: GiveUp | None = None,
         config: Config | None = None,
         rng: random.Random | None = None,
+        guest: bool = True,
         **options: Any,
     ) -> None:
         if handler is not None and not callable(handler):
@@ -141,6 +144,7 @@ class Consumer:
             end_of_batch=self._end_of_batch,
             rng=rng,
             name="trionsq-asyncio-consumer",
+            runner=new_runner("trionsq-asyncio-consumer", guest),
         )
         self.topic = topic
         self.channel = channel
@@ -170,8 +174,9 @@ class Consumer:
         self._state = "opening"
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._calls = LoopCalls(loop)
-        self._arrivals = LoopPost(loop, self._arrive, self._ready)
+        self._calls = calls_for(self._hosted.runner, loop)
+        post = DirectPost if isinstance(self._calls, DirectPost) else LoopPost
+        self._arrivals = post(loop, self._arrive, self._ready)
         try:
             self._exited = await enter(self._hosted, self._calls)
         except BaseException:

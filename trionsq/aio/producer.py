@@ -11,7 +11,7 @@ from .. import producer as _core
 from ..config import Config
 from ..hosted import ClientClosedError, HostedProducer
 from ..trio_thread import ForkedError, LoopStoppedError
-from .lifecycle import LoopCalls, enter, leave, settle_future
+from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
 
 __all__ = ["Producer"]
 
@@ -34,6 +34,26 @@ class _Reply:
         self.calls.future(self.future, error, None)
 
 
+class _DirectReply:
+    """A publish's answer in guest mode: completed from the Trio task that reads
+    it, on the asyncio loop's thread (asyncio wakes the awaiter)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+
+    def set_result(self, value: None) -> None:
+        future = self.future
+        if not future.done():  # its awaiter may have given up
+            future.set_result(value)
+
+    def set_exception(self, error: BaseException) -> None:
+        future = self.future
+        if not future.done():
+            future.set_exception(error)
+
+
 class Producer:
     """Publishes to nsqd from asyncio code; each call returns once nsqd acknowledged.
 
@@ -43,8 +63,10 @@ class Producer:
             await producer.publish("topic", b"body")
 
     It takes the options of :class:`trionsq.Producer` and keeps its guarantees:
-    one trionsq Producer does the work, in a Trio loop on a thread this object
-    starts when the ``async with`` is entered and joins before it is left.
+    one trionsq Producer does the work, in the Trio guest run of the asyncio
+    loop (see :mod:`trionsq.aio`), or with ``guest=False`` in a Trio loop on a
+    thread this object starts when the ``async with`` is entered and joins
+    before it is left.
     Concurrent publishes (from any tasks of the asyncio loop) share the
     connection and are pipelined, at most ``publish_window`` awaiting nsqd's
     answer at once.  nsqd's refusals raise their typed errors; a call on a closed
@@ -54,7 +76,7 @@ class Producer:
 
     Leaving the ``async with`` (also by cancellation) lets the publishes in
     flight get their answers (up to ``close_timeout``), closes the connection and
-    ends the thread.
+    ends its Trio task (the last client of the guest run ends the run) or thread.
     """
 
     def __init__(
@@ -62,9 +84,11 @@ class Producer:
         nsqd_tcp_addresses: Sequence[str] | None = None,
         *,
         config: Config | None = None,
+        guest: bool = True,
         **options: Any,
     ) -> None:
         self.config = _core.Producer(nsqd_tcp_addresses, config=config, **options).config
+        self._guest = guest
         self._hosted: HostedProducer | None = None
         self._calls: LoopCalls | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,9 +103,15 @@ class Producer:
             raise RuntimeError("a Producer can be entered only once")
         self._state = "opening"
         loop = asyncio.get_running_loop()
-        calls = LoopCalls(loop)
+        name = "trionsq-asyncio-producer"
+        runner = new_runner(name, self._guest)
+        calls = calls_for(runner, loop) if runner is not None else LoopCalls(loop)
         hosted = HostedProducer(
-            self.config, name="trionsq-asyncio-producer", end_of_batch=calls.schedule
+            self.config,
+            name=name,
+            # in guest mode each answer completes its future at once
+            end_of_batch=None if self._guest else calls.schedule,
+            runner=runner,
         )
         try:
             self._exited = await enter(hosted, calls)
@@ -125,8 +155,9 @@ class Producer:
         if hosted.runner.forked:
             raise ForkedError("this Producer was opened before a fork(); open one in this process")
         future: asyncio.Future[None] = loop.create_future()
+        reply = _DirectReply(future) if self._guest else _Reply(calls, future)
         try:
-            hosted.inbox.put((method, args, _Reply(calls, future)))
+            hosted.inbox.put((method, args, reply))
         except LoopStoppedError as exc:
             raise ClientClosedError("the Producer's loop has stopped") from exc
         return future
