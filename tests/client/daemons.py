@@ -310,13 +310,21 @@ async def wait_channel(
     predicate: Callable[[dict[str, Any]], bool],
     limit: float = 20.0,
 ) -> dict[str, Any]:
-    """Poll ``/stats`` until the channel exists and ``predicate(channel)``; returns it."""
-    with trio.fail_after(limit):
+    """Poll ``/stats`` until the channel exists and ``predicate(channel)``; returns it.
+
+    Fails with what it saw last (no channel at all, or its counters), so that
+    a failure tells "never subscribed" from "something stayed in flight"."""
+    found: dict[str, Any] | None = None
+    with trio.move_on_after(limit):
         while True:
             found = await nsqd.channel(topic, channel)
             if found is not None and predicate(found):
                 return found
             await trio.sleep(0.02)
+    if found is None:
+        raise AssertionError(f"{nsqd}: no channel {topic}/{channel} after {limit}s")
+    counters = {k: v for k, v in found.items() if k != "clients"}
+    raise AssertionError(f"{nsqd}: {topic}/{channel} still {counters} after {limit}s")
 
 
 async def nothing_in_flight(nsqd: Nsqd, topic: str, channel: str) -> dict[str, Any]:

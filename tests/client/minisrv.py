@@ -143,6 +143,8 @@ class ServerConn:
         if isinstance(command, commands.Identify):
             request = json.loads(command.body)
             record.identify = request
+            if server.identify_delay:
+                await trio.sleep(server.identify_delay)
             if not server.feature_negotiation:
                 await self.send(encode_response(b"OK"))
                 return
@@ -174,6 +176,10 @@ class ServerConn:
         elif isinstance(command, commands.Sub):
             if server.sub_error is not None:
                 await self.error(server.sub_error)
+                return
+            if server.sub_delay:
+                # Answered late, but what follows is still read and recorded.
+                server.nursery.start_soon(self._answer_sub_late, server.sub_delay)
                 return
             self.subscribed = True
             await self.send(encode_response(b"OK"))
@@ -226,6 +232,16 @@ class ServerConn:
                     server.nursery.start_soon(self._straggle, server.straggler_after)
         elif isinstance(command, commands.Nop):
             record.nops += 1
+
+    async def _answer_sub_late(self, delay: float) -> None:
+        await trio.sleep(delay)
+        if not self.closed:
+            self.subscribed = True
+            self.wakeup.set()
+            try:
+                await self.send(encode_response(b"OK"))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
     async def _straggle(self, delay: float) -> None:
         """What nsqd's sender does when it took a message just before reading
@@ -297,6 +313,12 @@ class MiniNSQD:
         self.pub_delay = 0.0
         self.redeliver_requeued = False
         self.refuse = False
+        #: a slow nsqd: its answer to IDENTIFY, or to SUB, this late (inf:
+        #: never; real nsqd's SUB can wait for its metadata lock while it
+        #: fsyncs); after IDENTIFY it reads nothing meanwhile, after SUB it
+        #: still reads and records what the client sends
+        self.identify_delay = 0.0
+        self.sub_delay = 0.0
         #: a hung nsqd: CLS is read but never answered
         self.ignore_cls = False
         #: a busy nsqd: CLOSE_WAIT this late, and (if set) one more message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import pytest
@@ -304,6 +305,37 @@ async def test_a_message_sent_after_close_wait_is_requeued_when_nsqd_is_slow_ali
     assert waited < cls_delay + 0.25 + 0.01
     assert ((straggler, 0) in node.reqs) == requeued
     assert (first, 0) in node.reqs
+
+
+@pytest.mark.parametrize("slow", ["identify_delay", "sub_delay"])
+async def test_leaving_does_not_wait_for_a_connection_still_subscribing(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, slow: str
+) -> None:
+    # One nsqd answers IDENTIFY (or SUB) only after the consumer is gone: the
+    # loop is cancelled meanwhile, leaving requeues what the other delivered
+    # and does not wait for the slow one, which gets no RDY (nothing of the
+    # consumer can be in flight there) and nothing else after what it had.
+    cluster = Cluster(nursery)
+    slow_node = cluster.add("slow:4150")
+    setattr(slow_node, slow, math.inf)
+    ready = cluster.add("ready:4150")
+    ids = ready.put(b"1", b"2", b"3")
+    addresses = ["slow:4150", "ready:4150"]
+    with trio.move_on_after(60) as scope:
+        async with consumer(cluster, nsqd_tcp_addresses=addresses, max_in_flight=3) as c:
+            await wait_for(lambda: c.stats.received == 3)
+            async for message in c:  # noqa: B007 - checked after the loop
+                cancelled = trio.current_time()
+                scope.cancel()
+                await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert trio.current_time() - cancelled < 0.5  # no connect_timeout, no SUB awaited
+    assert message.responded == "requeued"
+    assert sorted(ready.reqs) == sorted((i, 0) for i in ids)
+    (conn,) = slow_node.conns
+    sent = [type(command).__name__ for command in conn.record.commands]
+    assert sent == (["Identify"] if slow == "identify_delay" else ["Identify", "Sub"])
+    assert conn.record.rdys == []  # SUB, then nothing: the connection was closed
 
 
 async def test_reconnects_to_configured_nsqd(

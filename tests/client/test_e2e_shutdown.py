@@ -10,6 +10,7 @@ happen, not how fast it is.
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -98,7 +99,9 @@ async def test_handler_cancelled_by_the_enclosing_nursery(daemons: Daemons) -> N
                 await trio.sleep_forever()
 
         outer.start_soon(consume)
-        await wait_until(lambda: len(entered) == 2)
+        # Every nsqd subscribed (one still in its handshake would never see a
+        # SUB, and have no channel for the checks below).
+        await wait_until(lambda: len(entered) == 2 and len(c.connections) == 3)
         cancelled = trio.current_time()
         outer.cancel_scope.cancel()
     assert trio.current_time() - cancelled < PROMPT
@@ -121,6 +124,11 @@ async def test_async_for_cancelled_by_the_enclosing_scope(daemons: Daemons) -> N
     held: list[trionsq.Message] = []
     with trio.move_on_after(30) as scope:
         async with consumer(nsqds, max_in_flight=4) as c:
+            # Both nsqds subscribed before the loop is cancelled.  (Iterating
+            # at once, the loop could be cancelled while one connection was
+            # still in its handshake: that nsqd then never saw a SUB, so had
+            # no channel for the check below; a test of its own below.)
+            await wait_until(lambda: len(c.connections) == 2)
             async for message in c:
                 held.append(message)
                 if len(held) == 2:
@@ -132,6 +140,56 @@ async def test_async_for_cancelled_by_the_enclosing_scope(daemons: Daemons) -> N
     channels = [await nothing_in_flight(n, "topic", "chan") for n in nsqds]
     assert sum(c["timeout_count"] for c in channels) == 0
     assert sum(c["depth"] for c in channels) == 10
+
+
+async def test_cancelled_while_an_nsqd_is_still_in_its_handshake(daemons: Daemons) -> None:
+    # An nsqd that accepts the connection and never answers IDENTIFY (a hung
+    # or overloaded one): a consumer cancelled meanwhile leaves at once (not
+    # after connect_timeout), requeues what the other nsqd delivered, and
+    # never subscribes to the silent one.
+    nsqd = await daemons.nsqd()
+    await publish(nsqd, "topic", [b"1", b"2", b"3"])
+    accepted: list[trio.SocketStream] = []
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(
+            trio.serve_tcp, functools.partial(_hold, accepted=accepted), 0, host="127.0.0.1"
+        )
+        (listener,) = await nursery.start(serve)
+        silent = f"127.0.0.1:{listener.socket.getsockname()[1]}"
+        held: list[trionsq.Message] = []
+        with trio.move_on_after(30) as scope:
+            async with trionsq.Consumer(
+                "topic",
+                "chan",
+                nsqd_tcp_addresses=[silent, nsqd.tcp_address],
+                max_in_flight=3,
+                close_timeout=30.0,
+                connect_timeout=30.0,
+            ) as c:
+                await wait_until(lambda: accepted and c.stats.received == 3)
+                async for message in c:
+                    held.append(message)
+                    cancelled = trio.current_time()
+                    scope.cancel()
+                    await trio.sleep_forever()
+        assert scope.cancelled_caught
+        assert trio.current_time() - cancelled < PROMPT
+        assert held[0].responded == "requeued"
+        channel = await nothing_in_flight(nsqd, "topic", "chan")
+        assert channel["timeout_count"] == 0 and channel["requeue_count"] == 3
+        assert channel["depth"] == 3
+        # What the consumer sent the silent nsqd: the handshake, nothing more.
+        with trio.fail_after(10):
+            sent = b""
+            while chunk := await accepted[0].receive_some():
+                sent += chunk
+        assert sent.startswith(b"  V2IDENTIFY\n") and b"SUB" not in sent
+        nursery.cancel_scope.cancel()
+
+
+async def _hold(stream: trio.SocketStream, *, accepted: list[trio.SocketStream]) -> None:
+    accepted.append(stream)
+    await trio.sleep_forever()
 
 
 async def test_running_handlers_get_close_timeout_then_are_requeued(daemons: Daemons) -> None:
