@@ -25,6 +25,7 @@ never raises for anything the server sends; why the connection ended is in
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ from typing import Any, TypeAlias, TypeVar
 import trio
 
 from .config import Config
+from .message import cancel_may_be_pending
 from .protocol import codecs, commands, states
 from .protocol.errors import NSQError, ProtocolError
 from .protocol.frames import (
@@ -431,7 +433,8 @@ class Connection:
         first raises :class:`ConnectionClosedError`.
         """
         # send's steps, inline, with the request's place queued with its bytes.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if cancel_may_be_pending():
+            await trio.lowlevel.checkpoint_if_cancelled()
         while len(self._out) >= _HIGH_WATER and not self.closed:
             await self._drained.wait()
         if not self._open:
@@ -610,6 +613,11 @@ class Connection:
         frames = parser.feed(self._leftover)
         self._leftover = b""
         receive = self._stream.receive_some
+        wait_readable = trio.lowlevel.wait_readable
+        # Whether the last read took all there was (it came short of the
+        # buffer's size): the socket is most likely empty now.
+        drained = True
+        data: bytes | bytearray
         while True:
             if frames:
                 if parser.others:
@@ -623,8 +631,22 @@ class Connection:
                         await waiting
             # What _watch_reads watches: how long this read may wait.
             self._read_deadline = clock() + read_timeout
-            data = await receive(_RECEIVE_SIZE)
+            fd = self._fd
+            if fd >= 0 and drained:
+                # A plain TCP socket read dry: wait until it is readable, then
+                # read it (a failed recv less than receive_some's try-first,
+                # and none of its wrapping: a producer's round trip, a small
+                # read of a consumer spread over many nsqds).
+                await wait_readable(fd)
+                got = self._read_now(fd)
+                if got is None:  # woken without data, or closed meanwhile
+                    frames = []
+                    continue
+                data = got
+            else:
+                data = await receive(_RECEIVE_SIZE)
             self._read_deadline = math.inf
+            drained = len(data) < _RECEIVE_SIZE
             if not data:
                 if not self._closing:
                     raise NSQConnectionError(f"{self.address}: closed by nsqd")
@@ -635,6 +657,23 @@ class Connection:
                 if answered:
                     data = data[answered:]
             frames = parser.feed(data) if data else []
+
+    def _read_now(self, fd: int) -> bytes | None:
+        """Read ``fd`` once it is readable: its bytes (empty at the end of the
+        stream), or None when there is nothing yet.  Errors are translated as
+        :meth:`trio.SocketStream.receive_some` translates them."""
+        if self._fd != fd:
+            # Closed while the reader was being woken (the number may even be
+            # another socket's now): the stream's own read says how.
+            return None
+        try:
+            return os.read(fd, _RECEIVE_SIZE)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+                raise trio.ClosedResourceError("this socket was already closed") from None
+            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
     async def _dispatch(self, frames: list[Any], on_messages: MessagesCallback[Any] | None) -> None:
         """Frames of a read that are not all messages: each run of messages to

@@ -293,3 +293,47 @@ async def test_a_lone_request_on_a_broken_socket_fails_with_the_connection(
         await wire.conn.request(pub(1))
     await wire.conn.wait_closed()
     assert wire.conn.close_reason is not None
+
+
+async def test_a_drained_socket_is_waited_for_then_read(nursery: trio.Nursery) -> None:
+    # Reads that come short (the socket read dry) wait for the socket before
+    # reading it again; a read that fills the buffer is followed by a plain
+    # receive.  Either way every response meets its request, in order, however
+    # the frames are cut.
+    wire = SocketWire(nursery)
+    await trio.testing.wait_all_tasks_blocked()
+    many = 8000  # 80,000 bytes of OK frames: more than one read's buffer
+    pendings = [wire.conn.request_nowait(pub(i)) for i in range(many)]
+    with trio.fail_after(10):
+        await wire.receive_exactly(sum(len(pub(i)) for i in range(many)))
+        await wire.server.send_all(OK_FRAME * (many - 1) + OK_FRAME[:3])
+        await trio.testing.wait_all_tasks_blocked()
+        assert [p.done for p in pendings].count(True) == many - 1
+        await wire.server.send_all(OK_FRAME[3:])
+        assert await pendings[-1].result() == b"OK"
+        assert all(p.value == b"OK" for p in pendings)
+        await wire.server.aclose()  # nsqd closes: the reader sees the end
+        await wire.conn.wait_closed()
+    assert isinstance(wire.conn.close_reason, trionsq.NSQConnectionError)
+    assert "closed by nsqd" in str(wire.conn.close_reason)
+
+
+async def test_reading_a_socket_directly(nursery: trio.Nursery) -> None:
+    import socket
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setblocking(False)
+        conn = Connection(
+            trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "nsqd:4150", Config()
+        )
+        fd = conn._fd = ours.fileno()
+        assert conn._read_now(fd) is None  # nothing there yet (woken early)
+        theirs.sendall(OK_FRAME)
+        assert conn._read_now(fd + 1) is None  # not the connection's socket (any more)
+        assert conn._read_now(fd) == OK_FRAME
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+        ours.sendall(b"unread")  # closing with unread data and linger 0 resets
+        theirs.close()
+        with pytest.raises(trio.BrokenResourceError):
+            conn._read_now(fd)
