@@ -299,10 +299,16 @@ class Handout(Generic[T]):
         self.items.append(item)
         self.wake()
 
-    def wake(self) -> None:
-        """Wake as many sleeping takers as there are items (any thread)."""
+    def wake(self, most: int | None = None) -> None:
+        """Wake as many sleeping takers as there are items, or ``most`` (any
+        thread).  Waking fewer is for takers that go on taking while there
+        are items: a woken one takes the others' too (a wake-up costs its
+        thread switch and a turn of the GIL); the waker must wake the others
+        later if the items are still there then."""
         sleepers = self._sleepers
         count = len(self.items)
+        if most is not None and most < count:
+            count = most
         while count and sleepers:
             try:
                 sleepers.popleft().release()

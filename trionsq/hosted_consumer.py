@@ -38,6 +38,9 @@ __all__ = ["HandedMessage", "HostedConsumer"]
 log = logging.getLogger("trionsq.hosted")
 
 
+#: messages the pump takes from the core's queue in one step of iteration
+_DRAIN = 512
+
 #: what ``_out.pop`` returns for a message claimed already
 _UNCLAIMED: Any = object()
 
@@ -182,6 +185,7 @@ class HostedConsumer:
         on_end: Callable[[BaseException | None], None],
         give_up: AsyncGiveUp | None = None,
         end_of_batch: Callable[[], None] | None = None,
+        after_batch: tuple[float, Callable[[], None]] | None = None,
         rng: random.Random | None = None,
         name: str = "trionsq-consumer",
         runner: TrioThread | None = None,
@@ -209,6 +213,11 @@ class HostedConsumer:
         self._in_batch = False
         self._batch_ended = trio.Event()
         self._batcher_scope = trio.CancelScope()
+        #: (delay, callback): called ``delay`` seconds after a batch's end_of_batch
+        #: (once for the batches ended meanwhile)
+        self._after_batch = after_batch
+        self._after_due = trio.Event()
+        self._after_scope = trio.CancelScope()
         self._pump_done: trio.Event | None = None
         self._settled: trio.Event | None = None
         self._close_requested: trio.Event | None = None
@@ -317,10 +326,13 @@ class HostedConsumer:
                     nursery.start_soon(self._pump)
                     if self._end_of_batch is not None:
                         nursery.start_soon(self._batcher)
+                        if self._after_batch is not None:
+                            nursery.start_soon(self._after_batches)
                     task_status.started()
                     await self._close_requested.wait()
                     self._pump_scope.cancel()
                     self._batcher_scope.cancel()
+                    self._after_scope.cancel()
                     # Settles put before the close are applied before the core leaves.
                     self.inbox.close()
         except Exception as exc:
@@ -338,15 +350,28 @@ class HostedConsumer:
         # HandedMessage.__init__ inlined, without the call (once a message).
         new, cls = object.__new__, self._wrap
         batched = self._end_of_batch is not None
+        consumer = self.consumer
+        queue = consumer._queue
         try:
             with self._pump_scope:
-                async for core in self.consumer:
-                    message = new(cls)
-                    message._core = core
-                    message._hosted = self
-                    message.responded = None
-                    out[message] = None
-                    deliver(message)
+                async for core in consumer:
+                    # The rest of the read is taken here too, as __anext__'s
+                    # fast path would hand it out (handed out: in the core's
+                    # out), without a step of iteration each; the next step
+                    # yields (and checks for cancellation) as usual.
+                    left = _DRAIN
+                    while True:
+                        message = new(cls)
+                        message._core = core
+                        message._hosted = self
+                        message.responded = None
+                        out[message] = None
+                        deliver(message)
+                        if not queue or not left or consumer._queue_closed:
+                            break
+                        left -= 1
+                        core = queue.popleft()
+                        core._responder.out[core] = None
                     if batched and not self._in_batch:
                         self._in_batch = True
                         self._batch_ended.set()
@@ -364,6 +389,18 @@ class HostedConsumer:
                 self._batch_ended = trio.Event()
                 self._in_batch = False
                 self._end_of_batch()
+                self._after_due.set()
+
+    async def _after_batches(self) -> None:
+        """Call ``after_batch``'s callback its delay after a batch ended."""
+        assert self._after_batch is not None
+        delay, callback = self._after_batch
+        with self._after_scope:
+            while True:
+                await self._after_due.wait()
+                self._after_due = trio.Event()
+                await trio.sleep(delay)
+                callback()
 
     async def _settler(self) -> None:
         inbox = self.inbox

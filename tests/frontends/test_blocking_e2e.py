@@ -138,6 +138,29 @@ def test_a_handler_on_a_pool_of_threads(daemon: Daemon) -> None:
     wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
 
 
+def test_handlers_that_block_get_every_thread_of_the_pool(daemon: Daemon) -> None:
+    # A batch wakes one thread of the pool; the others are woken while its
+    # messages wait: four handlers meet at a barrier only if all four run.
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.multi_publish("topic", [b"%d" % i for i in range(8)])
+    barrier = threading.Barrier(4, timeout=10)
+    seen: list[bytes] = []
+
+    def handler(message: blocking.Message) -> None:
+        barrier.wait()
+        seen.append(message.body)
+        if len(seen) == 8:
+            consumer.stop()
+
+    consumer = blocking.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], handler=handler, concurrency=4
+    )
+    with consumer:
+        assert consumer.run(timeout=20)
+    assert sorted(seen) == sorted(b"%d" % i for i in range(8))
+    assert consumer.stats.finished == 8 and consumer.stats.requeued == 0
+
+
 def test_requeue_touch_and_give_up(daemon: Daemon) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("topic", b"again")

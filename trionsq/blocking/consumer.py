@@ -28,6 +28,11 @@ log = logging.getLogger("trionsq.blocking")
 _IDLE_JOIN = 5.0
 #: blocking waits wake this often (to let the main thread run signal handlers)
 _SLICE = 0.25
+#: a handler pool: a batch of messages wakes one thread; the others are woken
+#: if messages of it are still waiting this long after (handlers that block).
+#: Quick handlers drain a batch on one thread sooner than that, sparing the
+#: switches of waking all (each woken thread costs its turns of the GIL).
+_MORE_HANDLERS_AFTER = 0.001
 
 
 class Message(HandedMessage):
@@ -147,6 +152,9 @@ class Consumer:
             # No wake-up per message: _end_of_batch wakes the takers once a batch.
             deliver=self._queue.items.append,  # type: ignore[arg-type]  # wrap=Message
             end_of_batch=self._end_of_batch,
+            # A handler pool: one thread is woken a batch, the others if the
+            # batch is still waiting a moment later (slow handlers).
+            after_batch=(_MORE_HANDLERS_AFTER, self._queue.wake) if handler else None,
             on_end=self._on_end,
             give_up=self._give_up if give_up is not None else None,
             rng=rng,
@@ -278,7 +286,10 @@ class Consumer:
             self._state = "forked"
 
     def _end_of_batch(self) -> None:
-        self._queue.wake()
+        if self._handler is None:
+            self._queue.wake()
+        else:
+            self._queue.wake(1)  # and the others, if need be, by after_batch
 
     def _on_end(self, error: BaseException | None) -> None:
         # In the loop's thread, as the consumer's service ends (closed, or crashed).
