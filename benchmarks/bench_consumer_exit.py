@@ -5,7 +5,9 @@ Each case is run ``--runs`` times (fresh nsqds each time, default msg_timeout
 the block is left (or cancelled, or interrupted) until the ``async with`` has
 returned.  After each run, nsqd's ``/stats`` must show nothing of the consumer
 in flight (checked within a second: a message left behind would stay in
-flight for the whole msg_timeout) and nothing timed out.
+flight for the whole msg_timeout), nothing timed out, and every message
+published ready again (the channel's depth, or the topic's where the consumer
+never subscribed); the script fails otherwise.
 
 Cases:
 
@@ -52,10 +54,13 @@ TOPIC, CHANNEL = "topic", "chan"
 
 
 class Outcome:
-    def __init__(self, seconds: float, in_flight: int, timed_out: int) -> None:
+    def __init__(self, seconds: float, in_flight: int, timed_out: int, held: int) -> None:
         self.seconds = seconds
         self.in_flight = in_flight
         self.timed_out = timed_out
+        #: messages nsqd holds ready again (channel depth, or the topic's
+        #: where the consumer never subscribed): all of them, after every case
+        self.held = held
 
 
 @asynccontextmanager
@@ -69,24 +74,26 @@ async def publish(nsqd: reference.RealDaemon, bodies: list[bytes]) -> None:
         await producer.multi_publish(TOPIC, bodies)
 
 
-async def left_behind(daemons: list[reference.RealDaemon]) -> tuple[int, int]:
-    """(in flight, timed out) summed over the nsqds, once in flight is 0 or 1 s passed."""
+async def left_behind(daemons: list[reference.RealDaemon]) -> tuple[int, int, int]:
+    """(in flight, timed out, held ready) summed over the nsqds, once in
+    flight is 0 or 1 s passed."""
     async with httpx.AsyncClient() as client:
         with trio.move_on_after(1.0):
             while True:
-                in_flight, timed_out = 0, 0
+                in_flight, timed_out, held = 0, 0, 0
                 for daemon in daemons:
                     stats = (
                         await client.get(f"http://{daemon.http_address}/stats?format=json")
                     ).json()
                     for topic in stats["topics"]:
+                        held += sum(c["depth"] for c in topic["channels"]) or topic["depth"]
                         for channel in topic["channels"]:
                             in_flight += channel["in_flight_count"]
                             timed_out += channel["timeout_count"]
                 if in_flight == 0:
                     break
                 await trio.sleep(0.01)
-    return in_flight, timed_out
+    return in_flight, timed_out, held
 
 
 async def until(predicate: Callable[[], bool]) -> None:
@@ -217,27 +224,34 @@ async def case_ctrl_c() -> Outcome:
         return Outcome(seconds, *await left_behind(daemons))
 
 
-CASES: dict[str, Callable[[], Awaitable[Outcome]]] = {
-    "async for, unanswered": case_async_for,
-    "handler cancelled": case_cancelled_handler,
-    "nsqd SIGKILLed": case_sigkilled_nsqd,
-    "handler past close_timeout (1 s)": case_close_timeout,
-    "Ctrl-C (process exit)": case_ctrl_c,
+#: Each case, and how many messages nsqd must hold ready again after it (the
+#: SIGKILLed nsqd's are not counted: it is gone).
+CASES: dict[str, tuple[Callable[[], Awaitable[Outcome]], int]] = {
+    "async for, unanswered": (case_async_for, 3),
+    "handler cancelled": (case_cancelled_handler, 15),
+    "nsqd SIGKILLed": (case_sigkilled_nsqd, 0),
+    "handler past close_timeout (1 s)": (case_close_timeout, 1),
+    "Ctrl-C (process exit)": (case_ctrl_c, 3),
 }
 
 
 async def main(runs: int) -> None:
     print(f"leaving a Consumer, real nsqd v1.3.0, {runs} runs each (close_timeout 30 s)")
     print(f"  {'case':36} {'median':>9} {'max':>9}  left in flight / timed out")
-    for name, case in CASES.items():
+    failed = False
+    for name, (case, held) in CASES.items():
         outcomes = [await case() for _ in range(runs)]
         times = [o.seconds for o in outcomes]
         left = sum(o.in_flight for o in outcomes)
         timed_out = sum(o.timed_out for o in outcomes)
+        missing = [o.held for o in outcomes if o.held != held]
         print(
             f"  {name:36} {statistics.median(times) * 1000:7.1f}ms {max(times) * 1000:7.1f}ms"
-            f"  {left} / {timed_out}"
+            f"  {left} / {timed_out}" + (f"  HELD {missing} != {held}" if missing else "")
         )
+        failed = failed or bool(left or timed_out or missing)
+    if failed:
+        sys.exit("a run left something in flight, timed out, or lost messages")
 
 
 if __name__ == "__main__":
