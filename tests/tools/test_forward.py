@@ -190,3 +190,44 @@ def test_to_http_get_multicast_substitutes_the_body(
     for endpoint in (first, second):
         assert sorted(r[2] for r in endpoint.requests) == [b"a b&c", b"x/y"]
         assert all(r[0] == "GET" for r in endpoint.requests)
+
+
+def test_to_http_finishes_what_it_delivered_when_stopped(
+    nsqd: NSQD, endpoint_factory: Callable[..., Endpoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delivered messages wait (briefly) to be finished together; a stop
+    finishes those still waiting, it does not requeue them."""
+    from trionsq.cli import tool_flags
+    from trionsq.tools import to_http
+
+    monkeypatch.setattr(to_http, "FIN_DELAY", 3600.0)  # only the stop finishes them
+    endpoint = endpoint_factory()
+    publish(nsqd.http_address, "later", [f"m{i}".encode() for i in range(5)])
+    args = tool_flags("to-http").parse(
+        [
+            "--topic=later",
+            f"--nsqd-tcp-address={nsqd.tcp_address}",
+            f"--post={endpoint.address}/in",
+            "--max-in-flight=100",
+        ]
+    )
+    prepared = to_http.prepare(args)
+
+    def stats() -> dict[str, int]:
+        return channel_stats(nsqd.http_address, "later", "nsq_to_http") or {}
+
+    async def main() -> None:
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(to_http.run, args, prepared, stop)
+            await trio.to_thread.run_sync(
+                lambda: wait_for(lambda: len(endpoint.requests) == 5, what="delivered")
+            )
+            held = await trio.to_thread.run_sync(stats)
+            assert (held["in_flight_count"], held["depth"]) == (5, 0)  # none finished yet
+            stop.set()
+
+    trio.run(main)
+    after = stats()
+    finished_all = {"depth": 0, "in_flight_count": 0, "requeue_count": 0, "timeout_count": 0}
+    assert {k: after[k] for k in finished_all} == finished_all, after
