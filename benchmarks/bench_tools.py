@@ -31,6 +31,11 @@ requeued, nothing timed out), the files' lines (``to-file``), the destination
 topic's count (``to-nsq``), the sink's request count (``to-http``).  A run that
 fails a check is reported and left out of the figures.
 
+The sink's own CPU time during each ``to-http`` run is read from ``/proc`` and
+printed per request after the table: it shares the machine with the tool
+(``nsq_to_http`` opens a new connection for most requests, Go's transport
+keeping two idle ones per host, and each costs the sink an accept and a close).
+
 The ratio is ours over Go's rate, taken within each round (both ran on the
 machine as it was then), and the figure reported is the median over rounds.
 On a shared machine a single round's wall-clock ratio swings widely with what
@@ -105,6 +110,7 @@ class Env:
     client: httpx.Client
     destination: reference.RealDaemon | None = None
     sink: str = ""
+    sink_pid: int = 0
     stdin_path: Path | None = None
 
     def channel(self) -> dict[str, Any] | None:
@@ -329,6 +335,8 @@ class Outcome:
     exit_seconds: float = 0.0
     #: CPU seconds (user + system, every thread) the tool's process used
     cpu: float = 0.0
+    #: CPU seconds the HTTP sink used meanwhile (``to-http``; 0 where unknown)
+    sink_cpu: float = 0.0
     error: str | None = None
 
     @property
@@ -345,6 +353,17 @@ TOOL_ENV = {
 }
 
 
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` used so far; 0 where
+    ``/proc`` cannot tell (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _run_one(case: Case, env: Env, impl: str) -> Outcome:
     argv = case.go_argv(env) if impl == "go" else case.py_argv(env)
     stdin: IO[bytes] | None = None
@@ -355,6 +374,7 @@ def _run_one(case: Case, env: Env, impl: str) -> Outcome:
         # The tool is the only child to end before the next reading (the sink
         # and the daemons end later): the difference is its CPU time.
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sink_before = _process_cpu(env.sink_pid) if case.uses_sink else 0.0
         started = time.perf_counter()
         process = subprocess.Popen(
             argv,
@@ -376,6 +396,8 @@ def _run_one(case: Case, env: Env, impl: str) -> Outcome:
                 time.sleep(POLL)
             outcome.seconds = time.perf_counter() - started
             outcome.rate = case.messages / outcome.seconds
+            if case.uses_sink:
+                outcome.sink_cpu = _process_cpu(env.sink_pid) - sink_before
             stopping = time.perf_counter()
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -431,7 +453,9 @@ def _verify(case: Case, env: Env, impl: str) -> str | None:
     return case.verify(env, impl)
 
 
-def run_case(case: Case, in_flight: int, impl: str, client: httpx.Client, sink: str) -> Outcome:
+def run_case(
+    case: Case, in_flight: int, impl: str, client: httpx.Client, sink: str, sink_pid: int
+) -> Outcome:
     """One run: fresh nsqd(s), prefill, the tool, checks."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-tools-"))
     daemons: list[reference.RealDaemon] = []
@@ -439,7 +463,7 @@ def run_case(case: Case, in_flight: int, impl: str, client: httpx.Client, sink: 
         nsqd = reference.RealDaemon("nsqd", _nsqd_flags(in_flight))
         daemons.append(nsqd)
         nsqd.start()
-        env = Env(nsqd, in_flight, workdir, client, sink=sink)
+        env = Env(nsqd, in_flight, workdir, client, sink=sink, sink_pid=sink_pid)
         if case.name == "to-nsq":
             env.destination = reference.RealDaemon("nsqd", _nsqd_flags(in_flight))
             daemons.append(env.destination)
@@ -497,6 +521,8 @@ class Row:
             "ratios": ratios,
             "cpu_ratio": statistics.median(cpu) if (cpu := self.cpu_ratios()) else None,
             "cpu_ratios": cpu,
+            "py_sink_cpu": [o.sink_cpu for o in self.py],
+            "go_sink_cpu": [o.sink_cpu for o in self.go],
             "py_exit_seconds": max((o.exit_seconds for o in self.py), default=0.0),
             "go_exit_seconds": max((o.exit_seconds for o in self.go), default=0.0),
             "errors": [
@@ -614,6 +640,19 @@ def print_table(rows: list[Row]) -> None:
                 f"({' '.join(f'{r:.2f}' for r in g['cpu_ratios'])}); "
                 f"Go {_fmt(g['go_ratio'], '.2f')} ({' '.join(f'{r:.2f}' for r in g['go_ratios'])})"
             )
+    sinks = [row for row in rows if row.case.uses_sink]
+    if any(o.sink_cpu for row in sinks for o in row.py + row.go):
+        print()
+        print("The HTTP sink's CPU per request while each tool ran (us, median; by round):")
+        for row in sinks:
+            n = row.case.messages
+            for name, outs in ((row.case.name, row.py), (row.case.go, row.go)):
+                us = [o.sink_cpu / n * 1e6 for o in outs if o.error is None and o.sink_cpu]
+                print(
+                    f"  {name:<15} in flight {row.in_flight or '-':>6}: "
+                    f"{_fmt(statistics.median(us) if us else None, '.0f')} "
+                    f"({' '.join(f'{u:.0f}' for u in us)})"
+                )
     print()
     for row in rows:
         for error in row.as_dict()["errors"]:
@@ -663,10 +702,17 @@ def main() -> int:
                     order = ["go", "py"] if round_ % 2 == 0 else ["py", "go"]
                     for impl in order:
                         outcome = run_case(
-                            row.case, row.in_flight or DEFAULT_RDY, impl, client, sink
+                            row.case,
+                            row.in_flight or DEFAULT_RDY,
+                            impl,
+                            client,
+                            sink,
+                            sink_process.pid,
                         )
                         (row.go if impl == "go" else row.py).append(outcome)
                         state = "ok" if outcome.error is None else f"FAILED: {outcome.error}"
+                        if outcome.sink_cpu:
+                            state = f"sink cpu {outcome.sink_cpu:.2f}s, {state}"
                         print(
                             f"round {round_ + 1}: {row.case.name:<15} in flight "
                             f"{row.in_flight or '-':>6} {impl}: {outcome.rate:>10,.0f} msg/s "
