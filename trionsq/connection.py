@@ -526,7 +526,20 @@ class Connection:
             # Swap buffers rather than copy: senders append to a fresh one.
             data, self._out = self._out, bytearray()
             self._writing = True
-            await self._stream.send_all(data)
+            fd = self._fd
+            if fd >= 0:
+                # A plain TCP socket: write what it takes now, without
+                # send_all's wrappers and the yield after it (a read's FINs
+                # are one send: at many connections, one for few messages).
+                # The rest, or an error, is send_all's to wait for or raise.
+                try:
+                    sent = os.write(fd, data)
+                except OSError:
+                    sent = 0
+                if sent < len(data):
+                    await self._stream.send_all(memoryview(data)[sent:])
+            else:
+                await self._stream.send_all(data)
             self._writing = False
 
     # --- running ---

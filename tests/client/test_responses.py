@@ -337,3 +337,22 @@ async def test_reading_a_socket_directly(nursery: trio.Nursery) -> None:
         theirs.close()
         with pytest.raises(trio.BrokenResourceError):
             conn._read_now(fd)
+
+
+async def test_the_writer_finishes_what_the_socket_does_not_take_at_once(
+    nursery: trio.Nursery,
+) -> None:
+    # The writer writes a plain socket directly; what it does not take goes
+    # out by send_all, waiting for room, before anything queued later.
+    wire = SocketWire(nursery, send_buffer=4096)
+    await trio.testing.wait_all_tasks_blocked()
+    bigs = [commands.mpub("t", [bytes([65 + i]) * 1000] * 100) for i in range(3)]
+    pendings = [wire.conn.request_nowait(big) for big in bigs]
+    with trio.fail_after(10):
+        await trio.testing.wait_all_tasks_blocked()
+        assert wire.conn._writing  # blocked with the rest of the first batch
+        later = wire.conn.request_nowait(pub(1))
+        expected = b"".join(bigs) + pub(1)
+        assert await wire.receive_exactly(len(expected)) == expected
+        await wire.server.send_all(OK_FRAME * 4)
+        assert [await p.result() for p in [*pendings, later]] == [b"OK"] * 4
