@@ -229,12 +229,22 @@ class _Session:
                 # nsqd's sender may have taken a message for us just before
                 # CLS set our RDY to 0: it comes right after CLOSE_WAIT.  A
                 # connection without RDY cannot have one coming.
+                round_trip = 0.0 if answered else trio.current_time() - since
                 if self.wire_rdy > 0:
-                    round_trip = 0.0 if answered else trio.current_time() - since
                     grace = min(max(_STRAGGLER_GRACE, 2 * round_trip), _STRAGGLER_GRACE_MAX)
                     with trio.move_on_after(grace):
                         await self.straggler.wait()
+                # What a user checking a close needs, next to nsqd's own
+                # debug log of the commands it read.
+                log.debug(
+                    "%s: CLOSE_WAIT after %.1f ms (RDY %d); a message after it: %s",
+                    self.address,
+                    round_trip * 1000,
+                    self.wire_rdy,
+                    "requeued" if self.straggler.is_set() else "none",
+                )
         await self.conn.flush()
+        log.debug("%s: everything queued written; closing", self.address)
 
 
 class Consumer:
@@ -564,6 +574,7 @@ class Consumer:
             message.responded = "requeued"
             session = message._responder
             assert isinstance(session, _Session)
+            log.debug("%s: leaving: requeueing %r (REQ 0)", session.address, message)
             self._settle(session, message, commands.req(message.id, 0), False, None)
 
     def _interrupt(self, exc: BaseException) -> None:
