@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -396,3 +397,60 @@ def test_discovery_and_failover(clusters: Any) -> None:
         return received
 
     run(main)
+
+
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler for the test (a test runner may have its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are handled in the main thread only")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("default_sigint")
+def test_ctrl_c_stays_the_asyncio_programs_and_closes_them(daemon: Daemon) -> None:
+    held: list[aio.Message] = []
+
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.multi_publish("topic", [b"a", b"b", b"c"])
+        async with aio.Consumer(
+            "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=3
+        ) as consumer:
+            async for message in consumer:
+                held.append(message)  # never settled
+                if len(held) == 3:
+                    # asyncio.run's handler (not Trio's) gets it: the main task
+                    # is cancelled, and asyncio.run raises KeyboardInterrupt.
+                    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                    await asyncio.sleep(3600)
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert all(m.responded == "requeued" for m in held)
+    assert not trio.lowlevel.in_trio_run()
+    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    assert sorted(m.body for m in asyncio.run(consume(daemon, 3))) == [b"a", b"b", b"c"]
+
+
+@pytest.mark.usefixtures("default_sigint")
+def test_a_guest_run_leaves_the_sigint_handler_alone(daemon: Daemon) -> None:
+    # Without asyncio.run, Python's default handler is in place: Trio would
+    # install its own for its run; the guest run must not.
+    loop = asyncio.new_event_loop()
+    try:
+
+        async def main() -> None:
+            async with aio.Producer([daemon.tcp_address]) as producer:
+                assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                await producer.publish("topic", b"x")
+
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
