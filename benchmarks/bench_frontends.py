@@ -19,11 +19,12 @@ keeps its window full with ``publish_async`` futures (a blocking ``publish`` per
 message is a round trip each: shown for reference, against the async Producer
 publishing one at a time); from 8 threads, each thread does the same; 8 threads
 calling the blocking ``publish`` (8 in flight) are shown too, against the async
-Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks.
+Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks, in
+Trio's guest mode (its default) and with ``guest=False`` (a Trio thread per
+client; docs/frontends.md compares the two).
 Two reference cases run the async clients unchanged in Trio's guest mode on an
 asyncio loop (what an asyncio front end built on guest mode would cost at best,
-before any hand-over of its own; docs/frontends.md says why the asyncio front
-end runs Trio on a thread instead).  A reference case publishes nothing: 8
+before any hand-over of its own).  A reference case publishes nothing: 8
 threads handing requests one at a time
 to one thread through a lock each, without nsqd or Trio (the thread switches
 of a blocking call per message, alone: their ceiling on this machine).
@@ -33,7 +34,7 @@ starts): the baseline is the async Consumer with ``async for`` (max_in_flight
 2500, output_buffer_timeout 25 ms: nsqd's default of 250 ms paces a drain in
 steps of 250 ms), FIN each; then the blocking Consumer
 (``for``, and a handler on 4 threads) and the asyncio one (``async for``, and a
-handler).
+handler; and ``async for`` with ``guest=False``).
 
     python benchmarks/bench_frontends.py [--publishes N] [--messages N] [--rounds R]
         [--only publish|consume] [--cases WORD,WORD...]
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import threading
@@ -78,6 +80,9 @@ HANDOFF = "8 threads, lock hand-offs only, no I/O"
 #: the reference cases of Trio's guest mode (see in_guest_mode)
 GUEST_PUBLISH = "async Producer in guest mode, 256 tasks"
 GUEST_CONSUME = "async Consumer in guest mode, async for"
+#: the asyncio front end with guest=False (a Trio thread per client), for comparison
+AIO_THREAD_PUBLISH = "asyncio Producer, guest=False, 256 tasks"
+AIO_THREAD_CONSUME = "asyncio Consumer, guest=False, async for"
 UNCHECKED = {HANDOFF}
 
 
@@ -254,9 +259,9 @@ def guest_tasks(address: str, topic: str, count: int) -> Took:
     return in_guest_mode(main)
 
 
-def aio_tasks(address: str, topic: str, count: int) -> Took:
+def aio_tasks(address: str, topic: str, count: int, guest: bool = True) -> Took:
     async def main() -> Took:
-        async with aio.Producer([address]) as producer:
+        async with aio.Producer([address], guest=guest) as producer:
             await producer.publish(topic, BODY)
 
             async def worker(share: int) -> None:
@@ -359,11 +364,12 @@ def blocking_handler(address: str, topic: str, count: int) -> Took:
         return began.took()
 
 
-def aio_iterate(address: str, topic: str, count: int) -> Took:
+def aio_iterate(address: str, topic: str, count: int, guest: bool = True) -> Took:
     async def main() -> Took:
         async with aio.Consumer(
             topic,
             "c",
+            guest=guest,
             nsqd_tcp_addresses=[address],
             max_in_flight=IN_FLIGHT,
             output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
@@ -581,6 +587,7 @@ def main() -> int:
                 "blocking, 8 threads, publish": blocking_threads(False),
                 "blocking, 1 thread, publish": blocking_sequential,
                 "asyncio Producer, 256 tasks": aio_tasks,
+                AIO_THREAD_PUBLISH: functools.partial(aio_tasks, guest=False),
                 GUEST_PUBLISH: guest_tasks,
                 HANDOFF: handoff_only,
             }
@@ -589,6 +596,7 @@ def main() -> int:
                 Row("blocking, 1 thread, publish_async", "async Producer, 256 tasks", 0.5),
                 Row("blocking, 8 threads, publish_async", "async Producer, 256 tasks", 0.9),
                 Row("asyncio Producer, 256 tasks", "async Producer, 256 tasks", 0.8),
+                Row(AIO_THREAD_PUBLISH, "async Producer, 256 tasks", None),
                 Row("blocking, 8 threads, publish", "async Producer, 256 tasks", None),
                 Row("blocking, 8 threads, publish", "async Producer, 8 tasks", None),
                 Row("blocking, 1 thread, publish", "async Producer, 1 task", None),
@@ -609,6 +617,7 @@ def main() -> int:
                 "blocking Consumer, for": blocking_iterate,
                 "blocking Consumer, handler x4 threads": blocking_handler,
                 "asyncio Consumer, async for": aio_iterate,
+                AIO_THREAD_CONSUME: functools.partial(aio_iterate, guest=False),
                 "asyncio Consumer, handler": aio_handler,
                 GUEST_CONSUME: guest_iterate,
             }
@@ -618,6 +627,7 @@ def main() -> int:
                 Row("blocking Consumer, for", base, 0.7),
                 Row("blocking Consumer, handler x4 threads", base, 0.7),
                 Row("asyncio Consumer, async for", base, 0.7),
+                Row(AIO_THREAD_CONSUME, base, None),
                 Row("asyncio Consumer, handler", base, 0.7),
                 Row(GUEST_CONSUME, base, None),
             ]
