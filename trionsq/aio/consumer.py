@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import logging
 import random
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
@@ -18,8 +19,9 @@ from ..bridge import LoopPost
 from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
-from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
 from ..trio_thread import ForkedError, LoopStoppedError
+from .guest import GuestRunner
 from .lifecycle import DirectPost, LoopCalls, calls_for, enter, leave, new_runner
 
 __all__ = ["Consumer", "Message"]
@@ -60,6 +62,59 @@ class Message(HandedMessage):
     """
 
     __slots__ = ()
+
+    # In guest mode, on the loop's thread (where the client's Trio code runs
+    # too, between its steps), a settle is applied to the core message at once,
+    # through the core's non-blocking paths (what the hosted consumer's settler
+    # task does for settles from other threads), not handed to that task.
+
+    def _finish(self) -> None:
+        hosted = self._hosted
+        runner = hosted.runner
+        if (
+            type(runner) is not GuestRunner
+            or not runner.direct
+            or threading.get_ident() != runner._host_ident
+        ):
+            HandedMessage._finish(self)
+            return
+        out = hosted._out
+        if out.pop(self, _UNCLAIMED) is _UNCLAIMED:
+            return  # settled already
+        self.responded = "finished"
+        core = self._core
+        if core.responded is None:
+            core.responded = "finished"
+            core._responder._finish(core)
+        if not out and hosted._settled is not None:
+            hosted._settled.set()  # a close waits for the last one
+
+    def _requeue(self, delay: float | None, backoff: bool) -> None:
+        hosted = self._hosted
+        runner = hosted.runner
+        if (
+            type(runner) is not GuestRunner
+            or not runner.direct
+            or threading.get_ident() != runner._host_ident
+        ):
+            HandedMessage._requeue(self, delay, backoff)
+            return
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+        ):
+            raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
+        out = hosted._out
+        if out.pop(self, _UNCLAIMED) is _UNCLAIMED:
+            return
+        self.responded = "requeued"
+        self._delay = delay
+        self._backoff = backoff
+        core = self._core
+        if core.responded is None:
+            core.responded = "requeued"
+            core._responder._requeue(core, delay, backoff)
+        if not out and hosted._settled is not None:
+            hosted._settled.set()
 
     def finish(self) -> Awaitable[None]:
         """FIN: nsqd forgets the message."""

@@ -172,6 +172,9 @@ class GuestRunner(TrioThread):
         self._launched = False
         self._ended = False
         self._host_ident = 0  # the asyncio loop's thread
+        #: True while this client's task runs: calls from the loop's thread
+        #: may then act on the client's Trio objects at once
+        self.direct = False
 
     def __repr__(self) -> str:
         state = "running" if self.alive else "forked" if self.forked else "stopped"
@@ -213,6 +216,7 @@ class GuestRunner(TrioThread):
 
     async def _task(self) -> None:
         try:
+            self.direct = True
             await self._main()
         except trio.Cancelled:
             pass  # the shared run is ending
@@ -220,6 +224,7 @@ class GuestRunner(TrioThread):
             self.error = exc
             log.debug("%s: the client's task ended with %r", self.name, exc)
         finally:
+            self.direct = False
             self._token = None
             self._ended = True
             self._ready.set()
