@@ -74,7 +74,7 @@ def test_threads_share_a_small_window_and_close_wakes_those_waiting(daemon: Daem
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(work, range(8)))
         assert producer.flush(10) and producer.stats.in_flight == 0
-        assert producer.stats.published == 400 and 1 <= most <= 3
+        assert producer.stats.published == 400 and most <= 3
     # Threads flooding a window of 1 (most asleep for a place at any time):
     # close() wakes them, and each raises ClientClosedError.
     with blocking.Producer([daemon.tcp_address], publish_window=1) as producer:

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
+from sniffio import thread_local as _sniffio
+
 from .. import producer as _core
 from ..bridge import LightFuture, Waiter
 from ..config import Config
@@ -180,9 +182,14 @@ class Producer:
             _release_all(self._flushers)
 
     def _submit(self, method: str, args: tuple[Any, ...], reply: Completion) -> None:
-        check_not_in_trio(f"blocking.Producer.{method}()")
+        if _sniffio.name == "trio":  # (check_not_in_trio's first test, without its call)
+            check_not_in_trio(f"blocking.Producer.{method}()")
         lock, window = self._lock, self.config.publish_window
         while True:
+            # Between acquire and release: no call of a Python function, no
+            # loop, no system call: nothing at which the GIL may pass to
+            # another thread, which would then queue on the lock (and the
+            # callers, once queued, would hand it over by thread switches).
             lock.acquire()
             hosted = self._hosted
             if hosted is None:
@@ -195,11 +202,13 @@ class Producer:
                 raise ClientClosedError("the Producer is closed")
             if self._taken - self._released < window:
                 self._taken += 1
+                inbox = hosted.inbox
                 job: Job = (method, args, reply)
-                try:
-                    hosted.inbox.put(job)
-                finally:
-                    lock.release()
+                inbox.items.append(job)  # Inbox.put, its wake-up after the release
+                asleep = not inbox.awake
+                lock.release()
+                if asleep:
+                    inbox.wake()  # a write to the loop's wake-up socket
                 return
             # The window is full: sleep until answers free places (or close).
             sleep = threading.Lock()
