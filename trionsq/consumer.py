@@ -116,6 +116,8 @@ class _Session:
         self.address = conn.address
         self.wire_generation = 0
         self.wire_rdy = 0  # the last RDY queued
+        #: whether a RDY above 0 was ever queued (nsqd may have sent under it)
+        self.had_rdy = False
         #: the RDY controller's state for this connection, while it has one
         self.rdy_state: ConnRdy | None = None
         #: messages handed out and not answered yet (see message._Responder)
@@ -139,6 +141,8 @@ class _Session:
             return
         self.wire_generation = state.generation
         self.wire_rdy = state.rdy
+        if state.rdy:
+            self.had_rdy = True
         try:
             self.conn.send_nowait(commands.rdy(state.rdy))
         except NSQError:
@@ -227,10 +231,12 @@ class _Session:
                 log.info("%s: CLS failed: %s", self.address, exc)
             else:
                 # nsqd's sender may have taken a message for us just before
-                # CLS set our RDY to 0: it comes right after CLOSE_WAIT.  A
-                # connection without RDY cannot have one coming.
+                # CLS set our RDY to 0: it comes right after CLOSE_WAIT.  So
+                # too when our last RDY was 0 but read just before CLS, under
+                # the RDY before it.  A connection never given RDY cannot
+                # have one coming.
                 round_trip = 0.0 if answered else trio.current_time() - since
-                if self.wire_rdy > 0:
+                if self.had_rdy:
                     grace = min(max(_STRAGGLER_GRACE, 2 * round_trip), _STRAGGLER_GRACE_MAX)
                     with trio.move_on_after(grace):
                         await self.straggler.wait()

@@ -55,6 +55,7 @@ class ServerConn:
         self.parser = CommandParser()
         self.lock = trio.Lock()
         self.rdy = 0
+        self.last_rdy = 0  # the last RDY above 0
         self.in_flight: dict[bytes, Queued] = {}
         self.subscribed = False
         self.closing = False
@@ -199,6 +200,8 @@ class ServerConn:
             await self.send(encode_response(b"OK"))
         elif isinstance(command, commands.Rdy):
             self.rdy = command.count()
+            if self.rdy:
+                self.last_rdy = self.rdy
             record.rdys.append(self.rdy)
             server.rdy_history.append((trio.current_time(), self, self.rdy))
             if server.rdy_log is not None:
@@ -247,7 +250,9 @@ class ServerConn:
         """What nsqd's sender does when it took a message just before reading
         CLS: the message goes out after CLOSE_WAIT, as late as it gets to run."""
         await trio.sleep(delay)
-        if self.server.queue and len(self.in_flight) < self.rdy and not self.closed:
+        # Taken before CLS (or a RDY 0 just before it) was read: under the
+        # last RDY above 0.
+        if self.server.queue and len(self.in_flight) < self.last_rdy and not self.closed:
             item = self.server.queue.popleft()
             self.in_flight[item.id] = item
             self.server.deliveries.append((self, item.id))

@@ -307,6 +307,26 @@ async def test_a_message_sent_after_close_wait_is_requeued_when_nsqd_is_slow_ali
     assert (first, 0) in node.reqs
 
 
+async def test_a_message_sent_after_close_wait_is_requeued_after_a_last_rdy_0(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # RDY 0 (here max_in_flight 0; a backoff or a RDY rotation alike) then
+    # CLS, read together by nsqd: its sender may have taken a message under
+    # the RDY before, and writes it after CLOSE_WAIT.  The connection's RDY is
+    # 0 by then, but the message must still be caught and requeued.
+    node = MiniNSQD(nursery)
+    node.straggler_after = 0.005
+    (first,) = node.put(b"first")
+    async with consumer(node, max_in_flight=2) as c:
+        message = await c.__anext__()
+        assert message.id == first
+        straggler = b"%016x" % 99
+        node.queue.append(Queued(straggler, b"straggler"))  # not sent yet
+        await c.set_max_in_flight(0)
+    assert node.conns[0].record.rdys[-1] == 0
+    assert (straggler, 0) in node.reqs and (first, 0) in node.reqs
+
+
 @pytest.mark.parametrize("slow", ["identify_delay", "sub_delay"])
 async def test_leaving_does_not_wait_for_a_connection_still_subscribing(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, slow: str
