@@ -79,10 +79,12 @@ class Producer:
         self._lock = threading.Lock()
         self._taken = 0
         self._released = 0  # HostedProducer.completed, as last seen
-        #: callers asleep while the window is full, woken all at once when a
-        #: run of answers frees ``_wake_at`` places (not one wake-up a place)
+        #: callers asleep while the window is full, woken all at once when
+        #: answers have freed half of it (not one wake-up a place: each woken
+        #: thread costs a switch and turns of the GIL; half the window still
+        #: in flight keeps nsqd busy meanwhile)
         self._sleepers: deque[threading.Lock] = deque()
-        self._wake_at = max(1, self.config.publish_window // 8)
+        self._wake_at = max(1, self.config.publish_window // 2)
         self._flushers: deque[threading.Lock] = deque()
         self._start_lock = threading.Lock()
 
@@ -256,7 +258,9 @@ class Producer:
     def publish_async(self, topic: str, body: bytes) -> concurrent.futures.Future[None]:
         """PUB without waiting for the answer: the future completes when nsqd
         acknowledged (or fails with its error).  Waits only for a window place."""
-        return self._call_async("publish", (topic, body))
+        future: LightFuture[None] = LightFuture()  # (_call_async, inlined)
+        self._submit("publish", (topic, body), future)
+        return future
 
     def multi_publish_async(
         self, topic: str, bodies: Iterable[bytes]
