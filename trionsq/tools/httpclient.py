@@ -59,15 +59,20 @@ class _PlainSocket:
 
     async def send_all(self, data: bytes) -> None:
         sock = self.sock
-        view = memoryview(data)
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(data):
+            return  # the usual case: taken whole, no view to slice
+        view = memoryview(data)[sent:]
         while view:
+            await trio.lowlevel.wait_writable(sock)
             try:
                 sent = sock.send(view)
             except BlockingIOError:
                 sent = 0
             view = view[sent:]
-            if view:
-                await trio.lowlevel.wait_writable(sock)
 
     async def receive_some(self, max_bytes: int) -> bytes:
         sock = self.sock

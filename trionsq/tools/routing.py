@@ -68,6 +68,8 @@ class Router:
 
     def pick(self) -> list[int]:
         """The destinations of the next message (one, or all in multicast)."""
+        if self.count == 1:
+            return [0]  # whatever the mode and however it went (one choice)
         if self.mode == "multicast":
             return list(range(self.count))
         if self.mode == "round-robin":
