@@ -235,6 +235,12 @@ class GuestRunner(TrioThread):
             if on_exit is not None:
                 on_exit()
 
+    def _forked_in_child(self) -> None:
+        # The child has the loop's thread (the one that forked) but not the
+        # run's I/O worker, nor the right to write on the parent's sockets.
+        self.direct = False
+        super()._forked_in_child()
+
     def start(self, timeout: float = 0) -> None:
         raise BlockingInTrioError(f"{self.name}: a guest runner is started with launch()")
 
