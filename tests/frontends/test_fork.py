@@ -105,7 +105,8 @@ def test_asyncio_clients_in_guest_mode_fail_in_the_child(daemon: Daemon) -> None
     async def main() -> str:
         async with (
             aio.Producer([daemon.tcp_address]) as producer,
-            aio.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address]) as consumer,
+            # (a topic with nothing to hand out: a message ready is handed out at once)
+            aio.Consumer("empty", "chan", nsqd_tcp_addresses=[daemon.tcp_address]) as consumer,
         ):
             await producer.publish("topic", b"parent-before")
 
