@@ -15,6 +15,7 @@ import trio.lowlevel
 
 import trionsq
 from trionsq import aio
+from trionsq.aio import guest
 
 from .conftest import FAST_RECONNECT, AuthServer, Daemon, Nsqds, Tls, stats, wait_until
 
@@ -454,3 +455,70 @@ def test_a_guest_run_leaves_the_sigint_handler_alone(daemon: Daemon) -> None:
     finally:
         loop.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_loop_hosting_a_trio_guest_run_of_its_own_needs_guest_false(daemon: Daemon) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[object] = loop.create_future()
+        stop = trio.Event()
+        trio.lowlevel.start_guest_run(
+            stop.wait,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=ended.set_result,
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        token = trio.lowlevel.current_trio_token()
+        try:
+            with pytest.raises(aio.GuestUnavailableError, match="guest=False"):
+                async with aio.Producer([daemon.tcp_address]):
+                    pass
+            async with aio.Producer([daemon.tcp_address], guest=False) as producer:
+                await producer.publish("topic", b"x")
+        finally:
+            token.run_sync_soon(stop.set)
+            await ended
+
+    run(main)
+    wait_until(lambda: stats(daemon, "topic").get("message_count") == 1)
+
+
+def test_clients_of_one_run_come_and_go_independently(daemon: Daemon) -> None:
+    async def main() -> None:
+        published = asyncio.Event()
+
+        async def short_lived(hold: bool) -> None:
+            async with aio.Producer([daemon.tcp_address]) as producer:
+                await producer.publish("topic", b"short")
+                published.set()
+                if hold:
+                    await asyncio.sleep(3600)
+
+        async with aio.Producer([daemon.tcp_address]) as keeper:
+            task = asyncio.create_task(short_lived(hold=True))
+            await asyncio.wait_for(published.wait(), 20)
+            await keeper.publish("topic", b"keeper")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The shared run goes on for the client still in its block,
+            # and takes new ones, entered at once in several tasks.
+            await keeper.publish("topic", b"keeper")
+            await asyncio.gather(*(short_lived(hold=False) for _ in range(3)))
+            await keeper.publish("topic", b"keeper")
+        assert not trio.lowlevel.in_trio_run()
+
+        # A client entering while the last one of a run leaves (the run
+        # stopping) waits for its end and starts a new one.
+        loop = asyncio.get_running_loop()
+        left = asyncio.create_task(short_lived(hold=False))
+        while (shared := guest._runs.get(loop)) is None or not shared.stopping:
+            assert not left.done()
+            await asyncio.sleep(0)
+        await short_lived(hold=False)
+        await left
+        assert shared.ended.done() and guest._runs.get(loop) is None
+        assert not trio.lowlevel.in_trio_run()
+
+    run(main)
+    wait_until(lambda: stats(daemon, "topic").get("message_count") == 9)
