@@ -166,13 +166,16 @@ class Producer:
 
     def _answered(self) -> None:
         # In the loop's thread, after each run of answers: their places go back
-        # to the window all at once; the sleepers are woken once enough are
-        # free for all of them to publish a while (each publishes until the
-        # window is full again), and flushers once none is in flight.
+        # to the window all at once; the sleepers are woken once half of it is
+        # free (each then publishes until it is full again), and flushers once
+        # none is in flight.
         #
-        # No item is missed without a lock: a sleeper appends its lock before
-        # it reads _released, and this stores _released before it reads the
-        # sleepers; under the GIL one of the two sees the other's store.
+        # No sleeper is stranded without a lock: a sleeper appends its lock
+        # before it reads _released (and sleeps only if no place is free), and
+        # this stores _released before it reads the sleepers; under the GIL
+        # one of the two sees the other's store.  A sleeper not woken here
+        # (less than half free) is woken by a later run: the places in flight
+        # all come back, as answers or as failures at close.
         hosted = self._hosted
         if hosted is None:
             return
