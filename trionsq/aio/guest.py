@@ -97,7 +97,12 @@ class GuestRun:
         self.token = None
         if _runs.get(self.loop) is self:
             del _runs[self.loop]
-        _retire_workers(self._threads_before)
+        if isinstance(result, outcome.Error):
+            log.error("the Trio guest run ended with %r", result.error)
+        try:
+            _retire_workers(self._threads_before)
+        except Exception:  # pragma: no cover - never let the end go unreported
+            log.exception("retiring Trio's worker threads failed")
         if not self.ended.done():
             self.ended.set_result(result)
 
