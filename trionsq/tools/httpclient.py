@@ -27,7 +27,6 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
 
-import h11
 import httptools
 import trio
 
@@ -275,6 +274,10 @@ class HTTPConnection:
         head = self._heads.get(key)
         if head is not None and self._heads_of.get(id(headers)) is headers:
             return head
+        # Imported here, by the first head written: a few ms less of the
+        # start-up that every run of the tool pays.
+        import h11
+
         all_headers = [("Host", self.endpoint.authority), *headers]
         if method != "GET" or size:
             all_headers.append(("Content-Length", str(size)))
