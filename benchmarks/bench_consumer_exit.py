@@ -180,7 +180,10 @@ async def case_close_timeout() -> Outcome:
 
 CTRL_C_SCRIPT = textwrap.dedent(
     """
-    import sys, trio, trionsq
+    import signal, sys, trio, trionsq
+
+    # As from a terminal, even when this script inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     async def handler(message):
         print("holding", flush=True)

@@ -290,7 +290,12 @@ async def test_an_error_in_the_block_propagates_unchanged(daemons: Daemons) -> N
 
 SIGINT_SCRIPT = textwrap.dedent(
     """
-    import sys, trio, trionsq
+    import signal, sys, trio, trionsq
+
+    # As a program started from a terminal: Python leaves SIGINT ignored when
+    # it inherits it so (a suite run in the background by a shell without
+    # job control), and Ctrl-C would then do nothing at all.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     async def main(address, mode):
         async def handler(message):
