@@ -326,9 +326,13 @@ class Consumer:
     # --- delivery ---
 
     def _end_of_batch(self) -> None:
-        # In the Trio loop's thread: one wake-up of the asyncio loop per batch.
+        # In the Trio loop's thread: one wake-up of the asyncio loop per batch
+        # (in guest mode, a call; then Trio lets the woken tasks settle first).
         assert self._arrivals is not None
         self._arrivals.schedule()
+        runner = self._hosted.runner
+        if isinstance(runner, GuestRunner):
+            runner.yield_to_host()
 
     def _arrive(self, ready: deque[Message]) -> None:
         # In the asyncio loop: a batch from the Trio thread is in ready (the

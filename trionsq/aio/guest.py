@@ -66,6 +66,7 @@ class GuestRun:
         #: completed (with the run's outcome) when the run has ended
         self.ended: asyncio.Future[outcome.Outcome[None]] = loop.create_future()
         self._threads_before: set[threading.Thread] = set()
+        self._yielding = trio.lowlevel.ParkingLot()
 
     def start(self) -> None:
         """Start the run (in the loop's thread); Trio is usable when this returns."""
@@ -86,6 +87,25 @@ class GuestRun:
         if in_main and signal.getsignal(signal.SIGINT) is not sigint:
             signal.signal(signal.SIGINT, sigint)
         self.token = trio.lowlevel.current_trio_token()
+        trio.lowlevel.spawn_system_task(self._yielder, name="trionsq-guest-yielder")
+
+    def yield_to_host(self) -> None:
+        """Keep Trio's next step from waiting for I/O before the asyncio
+        callbacks already queued have run (call it after waking asyncio tasks).
+
+        When Trio has nothing runnable it waits for I/O on its worker thread,
+        and asyncio code that then wakes a Trio task (a publish, a FIN) must
+        wake that thread, which wakes the loop's: two thread switches.  With one
+        task left runnable, Trio's next step is queued on the loop behind the
+        asyncio tasks just woken instead, and whatever they hand to Trio meanwhile
+        is taken in that step, without a switch."""
+        self._yielding.unpark_all()
+
+    async def _yielder(self) -> None:
+        lot = self._yielding
+        while True:
+            await lot.park()
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def _main(self) -> None:
         # The clients' tasks are system tasks of the run (spawned from asyncio
@@ -239,6 +259,12 @@ class GuestRunner(TrioThread):
             on_exit, self._on_exit = self._on_exit, None
             if on_exit is not None:
                 on_exit()
+
+    def yield_to_host(self) -> None:
+        """See :meth:`GuestRun.yield_to_host` (from the client's Trio code)."""
+        run = self.run_
+        if run is not None:
+            run.yield_to_host()
 
     def _forked_in_child(self) -> None:
         # The child has the loop's thread (the one that forked) but not the

@@ -11,6 +11,7 @@ from .. import producer as _core
 from ..config import Config
 from ..hosted import ClientClosedError, HostedProducer
 from ..trio_thread import ForkedError, LoopStoppedError
+from .guest import GuestRunner
 from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
 
 __all__ = ["Producer"]
@@ -109,8 +110,11 @@ class Producer:
         hosted = HostedProducer(
             self.config,
             name=name,
-            # in guest mode each answer completes its future at once
-            end_of_batch=None if self._guest else calls.schedule,
+            # in guest mode each answer completes its future at once; after a
+            # run of them, Trio lets the woken tasks publish before it waits
+            end_of_batch=runner.yield_to_host
+            if isinstance(runner, GuestRunner)
+            else calls.schedule,
             runner=runner,
         )
         try:
