@@ -522,3 +522,17 @@ def test_clients_of_one_run_come_and_go_independently(daemon: Daemon) -> None:
 
     run(main)
     wait_until(lambda: stats(daemon, "topic").get("message_count") == 9)
+
+
+def test_a_consumers_state_can_be_read_from_another_thread(daemon: Daemon) -> None:
+    async def main() -> None:
+        async with aio.Consumer(
+            "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address]
+        ) as consumer:
+            await consumer.wait_connected()
+            # (a metrics thread, say): answered by the loop's thread meanwhile
+            stats_ = await asyncio.to_thread(lambda: consumer.stats)
+            assert list(stats_.connections) == [daemon.tcp_address]
+            assert await asyncio.to_thread(lambda: consumer.connections) == [daemon.tcp_address]
+
+    run(main)

@@ -285,9 +285,10 @@ class GuestRunner(TrioThread):
 
     def run_sync(self, fn: Callable[..., R], *args: Any) -> R:
         """``fn(*args)`` now: from the loop's thread, between Trio's steps, the
-        run's state is consistent."""
+        run's state is consistent.  From another thread, in the loop's thread
+        (waiting for it, as a TrioThread's caller does)."""
         if not self.in_loop_thread:
-            raise RuntimeError(f"{self.name}: called from outside its asyncio loop's thread")
+            return super().run_sync(fn, *args)
         self._check()
         return fn(*args)
 
