@@ -75,6 +75,9 @@ _WRITE_TO_SOCKETS = sys.platform != "win32"
 #: an ``OK`` response frame, as nsqd sends it
 _OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, OK)
 _OK_FRAME_SIZE = len(_OK_FRAME)
+#: how long a producer's reader leaves its socket to a lone requester (see
+#: Connection._lend) before it looks whether anyone still reads it
+_LEND_PERIOD = 0.05
 
 
 class NSQConnectionError(NSQError, ConnectionError):
@@ -234,6 +237,12 @@ class Connection:
         # socket (see _send_at_once), else -1.
         self._fd = -1
         self._lone = True  # whether the last read answered a request alone
+        # A producer's reader may lend the socket to a lone requester, which
+        # then reads its own response (see _lend and _borrow).
+        self._lent = False  # the reader is parked, watching no socket
+        self._reader: trio.lowlevel.Task | None = None
+        self._borrowed = False  # a requester waits on the socket
+        self._handed: bytes | None = None  # what a requester read and handed back
         # When the read under way has waited too long (inf: none under way).
         self._read_deadline = math.inf
         self._drained = trio.Event()
@@ -443,6 +452,21 @@ class Connection:
             self._follow(data)
         pending = PendingResponse()
         if (
+            self._lent
+            and not self._borrowed
+            and not self._pending
+            and not self._out
+            and self._writer_idle
+            and self._fd >= 0
+        ):
+            # The reader lent the socket (it answered a lone request last):
+            # write, then read the response here, one task step a round trip.
+            self._pending.append(pending)
+            fd = self._fd
+            self._borrowed = True
+            self._send_at_once(data)
+            return await self._borrow(fd, pending)
+        if (
             self._writer_idle
             and self._lone
             and not self._pending
@@ -454,10 +478,14 @@ class Connection:
             # after MPUB): send it from here, no task switch to the writer.
             # Otherwise the writer coalesces what the woken tasks queue.
             self._pending.append(pending)
+            if self._lent:
+                self._give_back(None)  # its response is the reader's to read
             self._send_at_once(data)
         else:
             # In the same step as the bytes: responses come back in this order.
             self._pending.append(pending)
+            if self._lent:
+                self._give_back(None)
             self._out += data
             if self._writer_idle:
                 self._writer_idle = False
@@ -468,6 +496,81 @@ class Connection:
         if pending.error is not None:
             raise pending.error
         return pending.value
+
+    async def _borrow(self, fd: int, pending: PendingResponse) -> bytes:
+        """Wait for the response to a lone request on the socket the reader
+        lent: a read of exactly one ``OK`` is the answer; anything else (a
+        heartbeat, an error, a piece of a frame, the end) is handed back to
+        the reader, which deals with it as with its own read and answers
+        ``pending`` (or fails it) in order."""
+        handed: bytes | None = None
+        self._read_deadline = trio.current_time() + self.config.read_timeout
+        try:
+            await trio.lowlevel.wait_readable(fd)
+            if self._fd == fd:  # else closed meanwhile: the reader finds out how
+                try:
+                    handed = os.read(fd, _RECEIVE_SIZE)
+                except OSError:
+                    handed = None  # the reader's own read meets the error again
+        except trio.ClosedResourceError:
+            # The connection ended (and failed this request) under the wait.
+            self._read_deadline = math.inf
+            self._borrowed = False
+            self._give_back(None)
+            if pending.error is not None:
+                raise pending.error from None
+            raise ConnectionClosedError(f"{self.address}: connection closed") from None
+        except BaseException:
+            # Cancelled: the response, when it comes, is the reader's to
+            # drop, in order, as for any request given up.
+            self._read_deadline = math.inf
+            self._borrowed = False
+            self._give_back(None)
+            raise
+        self._read_deadline = math.inf
+        self._borrowed = False
+        pendings = self._pending
+        if handed == _OK_FRAME and pendings and pendings[0] is pending:
+            pendings.popleft()
+            if pendings:  # others queued requests meanwhile: the reader answers them
+                self._give_back(None)
+            return OK
+        self._give_back(handed)
+        pending._task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(pending._abort)
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def _give_back(self, data: bytes | None) -> None:
+        """End a loan of the socket: the reader reads it again, starting with
+        ``data`` (what a requester read and is not the answer it expected)."""
+        if data is not None:
+            self._handed = data
+        if self._lent:
+            self._lent = False
+            assert self._reader is not None
+            trio.lowlevel.reschedule(self._reader)
+
+    def _abort_lend(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._lent = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _lend(self) -> bytes | None:
+        """Leave the socket to lone requesters (see :meth:`request`), each of
+        which reads its own response: no wake-up of the reader, then of the
+        requester, a round trip.  Returns what a requester handed back, or
+        None when the reader must watch the socket again: handed back without
+        data, or a period ended with nobody waiting on it (heartbeats, nsqd
+        closing the connection), which bounds how long it goes unwatched."""
+        self._reader = trio.lowlevel.current_task()
+        while True:
+            self._lent = True
+            with trio.move_on_after(_LEND_PERIOD):
+                await trio.lowlevel.wait_task_rescheduled(self._abort_lend)
+            if self._handed is not None or not self._borrowed or not self._open:
+                handed, self._handed = self._handed, None
+                return handed
 
     def _send_at_once(self, data: bytes) -> None:
         """Write ``data`` to the socket now, from the calling task, while the
@@ -498,6 +601,8 @@ class Connection:
             self._follow(data)
         pending = PendingResponse()
         self._pending.append(pending)
+        if self._lent:
+            self._give_back(None)  # its response is the reader's to read
         self._out += data
         if self._writer_idle:
             self._writer_idle = False
@@ -630,6 +735,9 @@ class Connection:
         # Whether the last read took all there was (it came short of the
         # buffer's size): the socket is most likely empty now.
         drained = True
+        # Only a producer's reader lends its socket: a consumer's reads
+        # messages that nobody asked for.
+        lends = on_messages is None
         data: bytes | bytearray
         while True:
             if frames:
@@ -646,15 +754,26 @@ class Connection:
             self._read_deadline = clock() + read_timeout
             fd = self._fd
             if fd >= 0 and drained:
-                # A plain TCP socket read dry: wait until it is readable, then
-                # read it (a failed recv less than receive_some's try-first,
-                # and none of its wrapping: a producer's round trip, a small
-                # read of a consumer spread over many nsqds).
-                await wait_readable(fd)
-                got = self._read_now(fd)
-                if got is None:  # woken without data, or closed meanwhile
-                    frames = []
-                    continue
+                got = None
+                if lends and self._lone and not self._pending and not parser.buffered:
+                    # The last read answered one request alone: its task will
+                    # likely send the next alone too, and may read its answer.
+                    self._read_deadline = math.inf
+                    got = await self._lend()
+                    if got is None and self._fd != fd:
+                        frames = []
+                        continue  # closed meanwhile: receive says how
+                if got is None:
+                    # A plain TCP socket read dry: wait until it is readable,
+                    # then read it (a failed recv less than receive_some's
+                    # try-first, and none of its wrapping: a producer's round
+                    # trip, a small read of a consumer spread over many nsqds).
+                    self._read_deadline = clock() + read_timeout
+                    await wait_readable(fd)
+                    got = self._read_now(fd)
+                    if got is None:  # woken without data, or closed meanwhile
+                        frames = []
+                        continue
                 data = got
             else:
                 data = await receive(_RECEIVE_SIZE)
@@ -780,4 +899,5 @@ class Connection:
         self._open = False
         self._fd = -1
         self._finish(None)
+        self._give_back(None)  # a reader that lent its socket sees the end
         await trio.aclose_forcefully(self._stream)

@@ -3,6 +3,8 @@ into reads, whichever waiters gave up, with runs of OKs on their fast path."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -13,6 +15,7 @@ import trionsq
 from trionsq.config import Config
 from trionsq.connection import Connection, PendingResponse
 from trionsq.protocol import commands
+from trionsq.protocol.errors import BadMessageError
 from trionsq.protocol.frames import encode_error, encode_response
 
 OK_FRAME = encode_response(b"OK")
@@ -231,7 +234,13 @@ class SocketWire:
         self.server = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
         self.conn = Connection(stream, "nsqd:4150", Config(heartbeat_interval=None))
-        nursery.start_soon(self.conn.run)
+        #: set when the connection's run() has returned
+        self.ran = trio.Event()
+        nursery.start_soon(self._run)
+
+    async def _run(self) -> None:
+        await self.conn.run()
+        self.ran.set()
 
     async def receive_exactly(self, size: int) -> bytes:
         data = b""
@@ -356,3 +365,186 @@ async def test_the_writer_finishes_what_the_socket_does_not_take_at_once(
         assert await wire.receive_exactly(len(expected)) == expected
         await wire.server.send_all(OK_FRAME * 4)
         assert [await p.result() for p in [*pendings, later]] == [b"OK"] * 4
+
+
+# --- a producer's reader lends its socket to a lone requester ---------------
+
+
+async def lent_wire(nursery: trio.Nursery) -> SocketWire:
+    """A SocketWire whose reader answered one lone request, and so lent the
+    socket: the next lone request reads its own response."""
+    wire = SocketWire(nursery)
+    first = nursery_result(nursery, wire.conn.request(pub(0)))
+    await wire.receive_exactly(len(pub(0)))
+    await wire.server.send_all(OK_FRAME)
+    assert await first() == b"OK"
+    await trio.testing.wait_all_tasks_blocked()
+    assert wire.conn._lent
+    return wire
+
+
+def nursery_result(nursery: trio.Nursery, awaitable: Any) -> Any:
+    """Run ``awaitable`` in ``nursery``; returns an async function giving its
+    result (or raising its exception) once it is done."""
+    done = trio.Event()
+    outcome: list[Any] = []
+
+    async def run() -> None:
+        try:
+            outcome.append(("value", await awaitable))
+        except Exception as exc:
+            outcome.append(("error", exc))
+        finally:
+            done.set()
+
+    nursery.start_soon(run)
+
+    async def result() -> Any:
+        with trio.fail_after(10):
+            await done.wait()
+        kind, value = outcome[0]
+        if kind == "error":
+            raise value
+        return value
+
+    return result
+
+
+async def test_a_lone_requester_reads_its_own_response(nursery: trio.Nursery) -> None:
+    wire = await lent_wire(nursery)
+    for i in range(1, 4):
+        result = nursery_result(nursery, wire.conn.request(pub(i)))
+        assert await wire.receive_exactly(len(pub(i))) == pub(i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert wire.conn._borrowed and wire.conn._lent  # the reader is not woken
+        await wire.server.send_all(OK_FRAME)
+        assert await result() == b"OK"
+        assert not wire.conn._borrowed and wire.conn._lent
+    assert not wire.conn._pending
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        [HEARTBEAT + OK_FRAME],  # a heartbeat first: answered with NOP
+        [OK_FRAME[:4], OK_FRAME[4:]],  # the answer in pieces
+        [encode_response(b"not OK")],  # another answer: the caller's to judge
+    ],
+)
+async def test_what_a_borrower_reads_besides_one_ok_goes_to_the_reader(
+    nursery: trio.Nursery, cut: list[bytes]
+) -> None:
+    wire = await lent_wire(nursery)
+    result = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    for piece in cut:
+        await wire.server.send_all(piece)
+        await trio.testing.wait_all_tasks_blocked()
+    expected = b"not OK" if b"not OK" in b"".join(cut) else b"OK"
+    assert await result() == expected
+    if HEARTBEAT in b"".join(cut):
+        assert await wire.receive_exactly(4) == b"NOP\n"
+    # The reader read the rest, and lends the socket again after a lone OK.
+    again = nursery_result(nursery, wire.conn.request(pub(2)))
+    await wire.receive_exactly(len(pub(2)))
+    await wire.server.send_all(OK_FRAME)
+    assert await again() == b"OK"
+
+
+async def test_an_error_read_by_a_borrower_raises_its_typed_error(
+    nursery: trio.Nursery,
+) -> None:
+    wire = await lent_wire(nursery)
+    result = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    await wire.server.send_all(encode_error(b"E_BAD_MESSAGE PUB invalid message"))
+    with pytest.raises(BadMessageError):
+        await result()
+    with trio.fail_after(10):
+        await wire.conn.wait_closed()  # a fatal error: nsqd closes, so do we
+
+
+async def test_a_cancelled_borrower_leaves_its_response_to_be_dropped(
+    nursery: trio.Nursery,
+) -> None:
+    wire = await lent_wire(nursery)
+    answered: list[bytes] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as inner:
+
+            async def cancelled() -> None:
+                with trio.CancelScope() as own:
+                    cancel_scopes.append(own)
+                    answered.append(await wire.conn.request(pub(1)))
+
+            cancel_scopes: list[trio.CancelScope] = []
+            inner.start_soon(cancelled)
+            await wire.receive_exactly(len(pub(1)))
+            assert wire.conn._borrowed
+            cancel_scopes[0].cancel()
+    assert answered == [] and not wire.conn._borrowed
+    second = nursery_result(nursery, wire.conn.request(pub(2)))
+    await wire.receive_exactly(len(pub(2)))
+    await wire.server.send_all(OK_FRAME)  # the cancelled request's: dropped
+    await trio.testing.wait_all_tasks_blocked()
+    await wire.server.send_all(encode_response(b"second"))
+    assert await second() == b"second"
+
+
+async def test_nsqd_closing_under_a_borrower_fails_its_request(
+    nursery: trio.Nursery,
+) -> None:
+    wire = await lent_wire(nursery)
+    result = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    await wire.server.aclose()
+    with pytest.raises(trionsq.ConnectionClosedError):
+        await result()
+    with trio.fail_after(10):
+        await wire.conn.wait_closed()
+    assert "closed by nsqd" in str(wire.conn.close_reason)
+
+
+async def test_closing_under_a_borrower_fails_its_request(nursery: trio.Nursery) -> None:
+    wire = await lent_wire(nursery)
+    result = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    await wire.conn.aclose()
+    with pytest.raises(trionsq.ConnectionClosedError):
+        await result()
+    assert wire.conn.close_reason is None  # our own close
+
+
+async def test_closing_a_lent_socket_ends_the_reader(nursery: trio.Nursery) -> None:
+    wire = await lent_wire(nursery)
+    with trio.fail_after(10):
+        await wire.conn.aclose()
+        await wire.ran.wait()  # run() returned: the lent reader was woken
+
+
+async def test_an_idle_lent_socket_is_watched_again(nursery: trio.Nursery) -> None:
+    # Nobody borrows it: within a lending period the reader reads the socket
+    # itself again (a heartbeat is answered, nsqd closing is seen).
+    wire = await lent_wire(nursery)
+    await wire.server.send_all(HEARTBEAT)
+    with trio.fail_after(10):
+        assert await wire.receive_exactly(4) == b"NOP\n"
+        await wire.server.aclose()
+        await wire.conn.wait_closed()
+    assert "closed by nsqd" in str(wire.conn.close_reason)
+
+
+async def test_requests_of_other_tasks_meanwhile_are_answered(nursery: trio.Nursery) -> None:
+    wire = await lent_wire(nursery)
+    first = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    assert wire.conn._borrowed
+    second = nursery_result(nursery, wire.conn.request(pub(2)))
+    await trio.testing.wait_all_tasks_blocked()  # its request queued first
+    third = wire.conn.request_nowait(pub(3))
+    await wire.receive_exactly(len(pub(2)) + len(pub(3)))
+    await wire.server.send_all(OK_FRAME)  # the borrower's, alone
+    assert await first() == b"OK"
+    await wire.server.send_all(encode_response(b"second") + encode_response(b"third"))
+    assert await second() == b"second"
+    assert await third.result() == b"third"
