@@ -21,6 +21,11 @@ logs the non-fatal errors (``E_FIN_FAILED`` and friends) and treats a fatal erro
 frame as the end of the connection: nsqd closes right after sending one.  It
 never raises for anything the server sends; why the connection ended is in
 :attr:`Connection.close_reason`, and every pending request fails with it.
+
+One task's round trips (a producer's MPUB after MPUB) skip the reader: after
+answering a request alone, a producer's reader lends the socket, and the
+next lone request writes itself and reads its own ``OK``, handing anything
+else back to the reader (see ``_lend`` and ``_borrow``).
 """
 
 from __future__ import annotations
