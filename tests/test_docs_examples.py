@@ -17,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^(<!-- pytest -->\n)?```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+#: seconds an example may run before it counts as hung
+EXAMPLE_TIMEOUT = 600
 
 
 def examples() -> list[tuple[str, str, bool]]:
@@ -43,5 +45,9 @@ def test_docs_example_runs(where: str, code: str, is_test: bool, tmp_path: Path)
     # This tree's packages, wherever the example runs.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path}
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    # A guard against a hung example, not a speed check: a Spark example starts a
+    # JVM and executor processes, which on a machine this busy took over 120 s.
+    result = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT
+    )
     assert result.returncode == 0, f"{where} failed:\n{result.stdout}\n{result.stderr}"
