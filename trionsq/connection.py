@@ -541,8 +541,9 @@ class Connection:
                 self._give_back(None)
             return OK
         self._give_back(handed)
-        pending._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(pending._abort)
+        if not pending.done:  # (the connection may have ended meanwhile)
+            pending._task = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(pending._abort)
         if pending.error is not None:
             raise pending.error
         return pending.value

@@ -548,3 +548,28 @@ async def test_requests_of_other_tasks_meanwhile_are_answered(nursery: trio.Nurs
     await wire.server.send_all(encode_response(b"second") + encode_response(b"third"))
     assert await second() == b"second"
     assert await third.result() == b"third"
+
+
+async def test_a_borrower_woken_as_its_connection_ends_fails_its_request(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The connection ends between the socket waking the borrower and the
+    # borrower running on: its request has failed already, and it must not
+    # wait for an answer nobody will give.
+    wire = await lent_wire(nursery)
+    real = trio.lowlevel.wait_readable
+
+    async def wait_then_end(fd: int) -> None:
+        await real(fd)
+        conn = wire.conn
+        conn._closing = True
+        conn._open = False
+        conn._fd = -1
+        conn._finish(None)
+
+    monkeypatch.setattr(trio.lowlevel, "wait_readable", wait_then_end)
+    result = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    await wire.server.send_all(OK_FRAME)
+    with pytest.raises(trionsq.ConnectionClosedError):
+        await result()
