@@ -50,6 +50,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# tryfirst: pytest-xdist's own hook (on each worker) reads the xdist_group marks
+# to give grouped tests one worker; run after it, the marks came too late and
+# every worker started its own copy.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # One pytest-xdist worker runs the browser tests: one Chromium (and at most
     # one apt-get installing it), not one per worker.

@@ -38,6 +38,10 @@ def pytest_report_header() -> str | None:
     return f"tests/spark skipped: {SKIP_REASON}" if SKIP_REASON else None
 
 
+# tryfirst: pytest-xdist's own hook (on each worker) reads the xdist_group marks
+# to give grouped tests one worker; run after it, the marks came too late and
+# every worker started its own copy.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # One pytest-xdist worker runs every Spark test: one SparkSession (a driver
     # and two executor JVMs) for them all, not one per worker.
