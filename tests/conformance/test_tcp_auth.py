@@ -15,7 +15,7 @@ import trio
 from trionsq.protocol import commands as cmds
 
 from .conftest import AuthServer, Conformance, Target
-from .session import READ_TIMEOUT
+from .session import READ_TIMEOUT, SYNC_TOPIC
 from .tcp import body, settled_stats
 from .test_tcp_identify import client_context, client_view, tls_files, tls_flags
 
@@ -130,6 +130,19 @@ async def authed(t: Target, server: AuthServer, secret: str, *commands: bytes) -
     if not c.closed:
         await c.sync()
     view = None if c.closed else client_view(await settled_stats(t), c)
+    if view is not None and len(view.get("pub_counts", [])) == 1:
+        # nsqd v1.3.0 lists one of the client's topics only, the first its loop
+        # over a Go map meets (random order); fakensq the first published.
+        # Which topic is not compared, only that it is one this client had.
+        (entry,) = view["pub_counts"]
+        published = {
+            cmd.split(b"\n")[0].split(b" ")[1].decode()
+            for cmd in commands
+            if cmd.startswith((b"PUB ", b"MPUB ", b"DPUB "))
+        }
+        if len(published | {SYNC_TOPIC}) > 1:
+            assert entry["topic"] in published | {SYNC_TOPIC}, entry
+            view["pub_counts"] = [{**entry, "topic": "<one of its topics>"}]
     return queries_since(server, start), view
 
 
