@@ -20,6 +20,7 @@ from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
 from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
+from ..message import Message as CoreMessage
 from ..trio_thread import ForkedError, LoopStoppedError
 from .guest import GuestRunner
 from .lifecycle import DirectPost, LoopCalls, calls_for, enter, leave, new_runner
@@ -68,53 +69,54 @@ class Message(HandedMessage):
     # through the core's non-blocking paths (what the hosted consumer's settler
     # task does for settles from other threads), not handed to that task.
 
-    def _finish(self) -> None:
-        hosted = self._hosted
-        runner = hosted.runner
-        if (
-            type(runner) is not GuestRunner
-            or not runner.direct
-            or threading.get_ident() != runner._host_ident
-        ):
-            HandedMessage._finish(self)
-            return
-        out = hosted._out
-        if out.pop(self, _UNCLAIMED) is _UNCLAIMED:
-            return  # settled already
-        self.responded = "finished"
+    def _settles_here(self) -> bool:
+        """Whether a settle may be applied at once: guest mode, on the loop's thread."""
+        runner = self._hosted.runner
+        return (
+            type(runner) is GuestRunner
+            and runner.direct
+            and threading.get_ident() == runner._host_ident
+        )
+
+    def _claim_here(self, outcome: str) -> bool:
+        """Take the message as settled with ``outcome``; False if it was already."""
+        if self._hosted._out.pop(self, _UNCLAIMED) is _UNCLAIMED:
+            return False
+        self.responded = outcome
+        return True
+
+    def _apply_here(self, outcome: str, apply: Callable[[CoreMessage], None]) -> None:
+        """Settle the core message (unless it was) by ``apply``; the last one
+        claimed lets a waiting close go on."""
         core = self._core
         if core.responded is None:
-            core.responded = "finished"
-            core._responder._finish(core)
-        if not out and hosted._settled is not None:
+            core.responded = outcome
+            apply(core)
+        hosted = self._hosted
+        if not hosted._out and hosted._settled is not None:
             hosted._settled.set()  # a close waits for the last one
 
+    def _finish(self) -> None:
+        if not self._settles_here():
+            HandedMessage._finish(self)
+            return
+        if self._claim_here("finished"):
+            self._apply_here("finished", self._core._responder._finish)
+
     def _requeue(self, delay: float | None, backoff: bool) -> None:
-        hosted = self._hosted
-        runner = hosted.runner
-        if (
-            type(runner) is not GuestRunner
-            or not runner.direct
-            or threading.get_ident() != runner._host_ident
-        ):
+        if not self._settles_here():
             HandedMessage._requeue(self, delay, backoff)
             return
         if delay is not None and (
             isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
         ):
             raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
-        out = hosted._out
-        if out.pop(self, _UNCLAIMED) is _UNCLAIMED:
-            return
-        self.responded = "requeued"
-        self._delay = delay
-        self._backoff = backoff
-        core = self._core
-        if core.responded is None:
-            core.responded = "requeued"
-            core._responder._requeue(core, delay, backoff)
-        if not out and hosted._settled is not None:
-            hosted._settled.set()
+        if self._claim_here("requeued"):
+            self._delay = delay
+            self._backoff = backoff
+            self._apply_here(
+                "requeued", lambda core: core._responder._requeue(core, delay, backoff)
+            )
 
     def finish(self) -> Awaitable[None]:
         """FIN: nsqd forgets the message."""
