@@ -79,6 +79,7 @@ from fakensq.lookupd.daemon import NSQLookupd
 
 from .. import reference
 from .normalize import Normalizer, key_order
+from .polling import poll_until
 from .session import READ_TIMEOUT, Session, Transcript
 
 __all__ = ["Conformance", "Target", "AuthServer"]
@@ -136,12 +137,7 @@ class Target:
         as a registration with nsqlookupd or a message timing out), for at most
         ``READ_TIMEOUT`` seconds."""
         async with self.http() as http:
-            with trio.fail_after(READ_TIMEOUT):
-                while True:
-                    response = await http.get(path)
-                    if ok(response):
-                        return response
-                    await trio.sleep(0.01)  # polling another process's state
+            return await poll_until(lambda: http.get(path), ok, f"GET {path} to answer as wanted")
 
     async def stats(self, **params: str) -> Any:
         """``/stats?format=json`` (with ``params``), parsed (over HTTPS when nsqd

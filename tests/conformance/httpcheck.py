@@ -21,6 +21,7 @@ import trio
 
 from trionsq.transport import parse_address
 
+from .polling import poll_until
 from .session import READ_TIMEOUT
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
     "request",
     "state",
     "unsettled",
-    "SETTLE_TIMEOUT",
+    "settled",
     "mask_text_stats",
     "mask_pprof_index",
 ]
@@ -125,10 +126,6 @@ async def raw(address: str, data: bytes) -> tuple[Any, ...]:
     return (status, dict(sorted(headers.items())), bytes(body), closed)
 
 
-#: how long :func:`state` waits for nsqd's topic pumps to settle
-SETTLE_TIMEOUT = 5.0
-
-
 def unsettled(topic: dict[str, Any]) -> bool:
     """A topic whose pump still has messages to move: not paused, with channels,
     yet holding messages (nsqd moves them to the channels in a goroutine of the
@@ -136,20 +133,24 @@ def unsettled(topic: dict[str, Any]) -> bool:
     return bool(topic["channels"]) and not topic["paused"] and topic["depth"] > 0
 
 
+def settled(stats: dict[str, Any]) -> bool:
+    """No topic in a ``/stats`` document is :func:`unsettled`."""
+    return not any(unsettled(t) for t in stats["topics"] or [])
+
+
 async def state(http: httpx.AsyncClient) -> list[Any]:
     """What requests change, from ``/stats``: each topic's name, pause flag,
     depth and message count, and its channels' (name, paused, depth).
 
-    Read once every topic's pump has settled (bounded by SETTLE_TIMEOUT; what is
-    read then is compared as it is), so that the real nsqd and fakensq are
-    compared at rest, not at whichever moment the read happened to fall."""
-    with trio.move_on_after(SETTLE_TIMEOUT):
-        while True:
-            r = await http.get("/stats", params={"format": "json", "include_clients": "false"})
-            doc = r.json()
-            if not any(unsettled(t) for t in doc["topics"] or []):
-                break
-            await trio.sleep(0.01)
+    Read once every topic's pump has settled (:func:`settled`), so that the
+    real nsqd and fakensq are compared at rest, not at whichever moment the
+    read happened to fall."""
+
+    async def read() -> Any:
+        r = await http.get("/stats", params={"format": "json", "include_clients": "false"})
+        return r.json()
+
+    doc = await poll_until(read, settled, "every topic's pump to settle (/stats)")
     return [
         (
             t["topic_name"],

@@ -13,12 +13,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from trionsq.protocol import commands as cmds
 
 from .conftest import Target
-from .session import READ_TIMEOUT, Session
+from .polling import poll_until
+from .session import Session
 
 __all__ = [
     "ANSWERED",
@@ -115,18 +114,17 @@ async def settled_stats(t: Target) -> Any:
     # have it, and counts as one client there.)
     gone = {s.local_address for s in t.sessions if s.closed}
     still_open = Counter(s.local_address for s in t.sessions if not s.closed)
-    with trio.fail_after(READ_TIMEOUT):
-        while True:
-            doc = await t.stats()
-            remaining = Counter(
-                c["remote_address"]
-                for topic in doc["topics"]
-                for ch in topic["channels"]
-                for c in ch["clients"]
-            )
-            if all(remaining[a] <= still_open[a] for a in gone):
-                return doc
-            await trio.sleep(0.005)  # another process's state: poll it
+
+    def let_go(doc: Any) -> bool:
+        remaining = Counter(
+            c["remote_address"]
+            for topic in doc["topics"]
+            for ch in topic["channels"]
+            for c in ch["clients"]
+        )
+        return all(remaining[a] <= still_open[a] for a in gone)
+
+    return await poll_until(t.stats, let_go, f"nsqd to let go of the closed clients {sorted(gone)}")
 
 
 async def node_state(t: Target) -> Any:

@@ -14,14 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from trionsq.protocol import commands as cmds
 
 from .conftest import Conformance, Target
-from .httpcheck import SETTLE_TIMEOUT, unsettled
+from .httpcheck import unsettled
 from .lookupd import debug_times, lookupd_state
 from .normalize import Normalizer
+from .polling import poll_until
 
 KINDS = [None, "fakensq", "real"]
 KIND_IDS = ["same kinds", "fakensq lookupd", "real lookupd"]
@@ -275,12 +275,13 @@ async def test_channels_pre_created_before_the_answer(
                 else:
                     await c.identify()
                     answers.append(await c.sub("t", "mine"))
-            with trio.move_on_after(SETTLE_TIMEOUT):
-                while True:
-                    stats = (await http.get("/stats?format=json&topic=t")).json()
-                    if not unsettled(stats["topics"][0]):
-                        break
-                    await trio.sleep(0.01)
+
+            async def read() -> Any:
+                return (await http.get("/stats?format=json&topic=t")).json()
+
+            stats = await poll_until(
+                read, lambda s: not unsettled(s["topics"][0]), "topic t's pump to settle"
+            )
         topic = stats["topics"][0]
         channels = [
             (ch["channel_name"], ch["depth"], ch["deferred_count"]) for ch in topic["channels"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import trio
 
 from trionsq.protocol import commands as cmds
 
 from .conftest import Conformance, Target
-from .session import READ_TIMEOUT, Session, bodies
+from .polling import poll_until
+from .session import Session, bodies
 from .tcp import node_state
 
 
@@ -191,15 +191,15 @@ async def test_an_ephemeral_channel_goes_with_its_last_client(conformance: Confo
         await b.close()
         # nsqd removes the client, then deletes the channel that lost its last
         # client a moment later (seen in a CI dry run). Wait for that, bounded.
-        after = await node_state(t)
-        with trio.move_on_after(READ_TIMEOUT):
-            while any(
-                channel["name"] == "ch#ephemeral"
-                for topic in after
+        after = await poll_until(
+            lambda: node_state(t),
+            lambda state: all(
+                channel["name"] != "ch#ephemeral"
+                for topic in state
                 for channel in topic["channels"]
-            ):
-                await trio.sleep(0.005)  # another process's state: poll it
-                after = await node_state(t)
+            ),
+            "nsqd to delete channel ch#ephemeral",
+        )
         return with_one, after
 
     await conformance.nsqd(scenario)
@@ -215,11 +215,11 @@ async def test_an_ephemeral_topic_goes_with_its_last_channel(conformance: Confor
         # nsqd deletes the channel as its last client leaves, then the topic
         # that lost its last channel in a goroutine of its own: a moment later
         # (seen in a CI dry run). Wait for that, bounded, then compare.
-        after = await node_state(t)
-        with trio.move_on_after(READ_TIMEOUT):
-            while any(topic["name"] == "t#ephemeral" for topic in after):
-                await trio.sleep(0.005)  # another process's state: poll it
-                after = await node_state(t)
+        after = await poll_until(
+            lambda: node_state(t),
+            lambda state: all(topic["name"] != "t#ephemeral" for topic in state),
+            "nsqd to delete topic t#ephemeral",
+        )
         return before, after
 
     await conformance.nsqd(scenario)
