@@ -45,6 +45,7 @@ import trio
 
 from .config import Config
 from .message import cancel_may_be_pending
+from .multiplex import Multiplexer
 from .protocol import codecs, commands, states
 from .protocol.errors import NSQError, ProtocolError
 from .protocol.frames import (
@@ -241,6 +242,9 @@ class Connection:
         # The socket's descriptor while the connection runs on a plain TCP
         # socket (see _send_at_once), else -1.
         self._fd = -1
+        # The consumer's shared I/O, while the connection runs on a plain TCP
+        # socket and was given one (see trionsq.multiplex), else None.
+        self._mux: Multiplexer | None = None
         self._lone = True  # whether the last read answered a request alone
         # A producer's reader may lend the socket to a lone requester, which
         # then reads its own response (see _lend and _borrow).
@@ -438,7 +442,10 @@ class Connection:
         self._out += data
         if self._writer_idle:
             self._writer_idle = False
-            self._wake_writer.set()
+            if self._mux is None:
+                self._wake_writer.set()
+            else:
+                self._mux.flush_later(self)
 
     async def request(self, data: bytes) -> bytes:
         """Send a command and wait for its response (``OK``, ``CLOSE_WAIT``, JSON).
@@ -494,7 +501,10 @@ class Connection:
             self._out += data
             if self._writer_idle:
                 self._writer_idle = False
-                self._wake_writer.set()
+                if self._mux is None:
+                    self._wake_writer.set()
+                else:
+                    self._mux.flush_later(self)
         # pending.result(), inline: park until the reader hands the response over.
         pending._task = trio.lowlevel.current_task()
         await trio.lowlevel.wait_task_rescheduled(pending._abort)
@@ -612,7 +622,10 @@ class Connection:
         self._out += data
         if self._writer_idle:
             self._writer_idle = False
-            self._wake_writer.set()
+            if self._mux is None:
+                self._wake_writer.set()
+            else:
+                self._mux.flush_later(self)
         return pending
 
     async def flush(self) -> None:
@@ -653,6 +666,30 @@ class Connection:
                 await self._stream.send_all(data)
             self._writing = False
 
+    def _write_now(self) -> None:
+        """The shared flusher's turn (see :mod:`trionsq.multiplex`): write what
+        is queued with one non-blocking write, as the writer would.  No yield,
+        so no cancellation cuts a command in half; what the socket does not
+        take (all of it, on an error) goes to the writer task, which sends it
+        or meets the error and ends the connection."""
+        fd = self._fd
+        if fd < 0:
+            return  # closed meanwhile: nothing more is written
+        data, self._out = self._out, bytearray()
+        if data:
+            try:
+                sent = os.write(fd, data)
+            except OSError:  # BlockingIOError among them
+                sent = 0
+            if sent < len(data):
+                del data[:sent]
+                self._out = data
+                self._wake_writer.set()  # it is parked, not idle: it takes over
+                return
+        self._writer_idle = True
+        self._drained.set()
+        self._drained = trio.Event()
+
     # --- running ---
 
     # The reader and writer are KI-protected: a Ctrl-C reaches the main task
@@ -663,6 +700,7 @@ class Connection:
         self,
         on_messages: MessagesCallback[M] | None = None,
         message_factory: MessageFactory[M] | None = None,
+        mux: Multiplexer | None = None,
     ) -> None:
         """Run the reader and the writer until the connection ends, then fail
         what is pending.
@@ -673,6 +711,9 @@ class Connection:
         :data:`MessagesCallback`); without ``on_messages`` a message ends the
         connection (a producer's nsqd must not send any).  Returns normally
         however the connection ended; see :attr:`close_reason`.
+
+        On a plain TCP socket, a ``mux`` (:class:`~trionsq.multiplex.Multiplexer`)
+        writes the queued commands, for all its connections at once.
         """
         parser: FrameParser[Any] = (
             FrameParser(self.config.max_frame_size)
@@ -683,6 +724,8 @@ class Connection:
         if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS and self._open:
             # A plain TCP connection: _send_at_once may write to its socket.
             self._fd = stream.socket.fileno()
+            if mux is not None and mux.running:
+                self._mux = mux
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, self._write_loop, nursery.cancel_scope)
             if self.config.heartbeat_interval is not None:

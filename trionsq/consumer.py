@@ -30,6 +30,7 @@ from .config import Config
 from .connection import Connection, NegotiationError, PendingResponse
 from .lookupd import lookup, merge
 from .message import Message, cancel_may_be_pending
+from .multiplex import Multiplexer
 from .protocol import commands
 from .protocol.errors import NSQError
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
@@ -351,6 +352,11 @@ class Consumer:
         self._closing = False
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
+        # The shared I/O of the plain-TCP connections, and its task's scope:
+        # shielded like each connection's (leaving still needs them), and
+        # cancelled with them (see _exit).
+        self._mux = Multiplexer()
+        self._mux_scope = trio.CancelScope(shield=True)
         self._handlers: trio.Nursery | None = None
         self._connected = trio.Event()
 
@@ -457,6 +463,7 @@ class Consumer:
         self._handlers = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
         nursery = self._nursery
+        nursery.start_soon(self._run_mux)
         for address in dict.fromkeys(self.config.nsqd_tcp_addresses):
             nursery.start_soon(self._static_connection, address)
         if self.config.lookupd_http_addresses:
@@ -547,6 +554,7 @@ class Consumer:
         finally:
             for session in list(self._serving):
                 session.scope.cancel()
+            self._mux_scope.cancel()
             self._handlers.cancel_scope.cancel()
             self._nursery.cancel_scope.cancel()
             # Whatever happens, the nurseries must be exited.  The block's
@@ -593,6 +601,11 @@ class Consumer:
 
     # --- connections ---
 
+    @trio.lowlevel.enable_ki_protection
+    async def _run_mux(self) -> None:
+        with self._mux_scope:
+            await self._mux.run()
+
     # Internal tasks are KI-protected (a Ctrl-C goes to the main task, which
     # leaves the consumer cleanly); only handlers run unprotected.
 
@@ -632,7 +645,7 @@ class Consumer:
                 if self._closing:
                     return
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(conn.run, on_messages, session.make_message)
+                    nursery.start_soon(conn.run, on_messages, session.make_message, self._mux)
                     try:
                         await conn.request(commands.sub(self.topic, self.channel))
                     except NSQError as exc:
