@@ -37,7 +37,9 @@ Sections (``--sections``, all by default):
   the raw loop (TLS, deflate), against the plain drains of the same round.
 - ``connections``: trionsq's CPU per message draining N messages spread over
   1, 10 and 50 real nsqds (``--connections``), beside the raw loop draining
-  the same nsqds (one ``select`` loop, the same RDY each: the floor).
+  the same nsqds (one ``select`` loop, the same RDY each: the floor); a
+  second, small drain (``--connections-small``) in the same rounds splits it
+  into the marginal CPU a message and the fixed CPU a connection.
 - ``fakensq``: the same drains and publishes with fakensq's nsqd (run as its
   command-line daemon) as the server: its end-to-end rate as a ratio to nsqd's.
 - ``memory`` (only when named, a few minutes): a trionsq consumer drains
@@ -53,6 +55,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import re
 import resource
@@ -884,8 +887,38 @@ def features_section(nsqd: Nsqd, ca: str, args: argparse.Namespace) -> list[str]
     )
 
 
+def _drain_spread(case: str, group: list[Nsqd], count: int) -> Took:
+    """One child draining ``count`` messages spread evenly over ``group``, checked."""
+    topic = _topic()
+    shares = _shares(count, len(group))
+    for nsqd, share in zip(group, shares, strict=True):
+        nsqd.prefill(topic, share)
+    took = run_child(case, group, topic, count, "", "")
+    for nsqd, share in zip(group, shares, strict=True):
+        nsqd.check_drained(topic, share)
+        nsqd.delete(topic)
+    return took
+
+
+class _Line(NamedTuple):
+    """One round's fit of CPU seconds against messages, at one width."""
+
+    total: float  # CPU seconds a message over the full run
+    slope: float  # CPU seconds a further message (the marginal cost)
+    fixed: float  # CPU seconds of a run of no messages (per process and connections)
+    rate: float  # messages a wall-clock second over the full run
+
+
+def _fit(small: Took, full: Took) -> _Line:
+    slope = (full.cpu - small.cpu) / (full.count - small.count)
+    return _Line(
+        full.cpu / full.count, slope, small.cpu - slope * small.count, full.count / full.wall
+    )
+
+
 def connections_section(args: argparse.Namespace) -> list[str]:
-    """trionsq's CPU per message as the messages come from more nsqds.
+    """trionsq's CPU per message as the messages come from more nsqds, split
+    into what a message costs and what a connection costs.
 
     ``max_in_flight`` 2500 over n nsqds is a RDY of 2500 / n each: nsqd sends
     a connection at most that many messages before it needs their FINs, so a
@@ -894,58 +927,112 @@ def connections_section(args: argparse.Namespace) -> list[str]:
     The raw loop over the same n nsqds (:func:`rawsocket.consume_many`: one
     ``select`` loop, the same RDY each) shows what this costs any Python
     client: the floor a client over n connections cannot go below.
+
+    Each width drains two counts in every round (``--messages`` and
+    ``--connections-small``, by default 1% of it), trionsq and the raw loop
+    alike, in alternating order; a straight line through the two CPU times
+    splits a run's cost in two: the **marginal** CPU a message (the slope:
+    what each further message costs, reads and FINs included) and the
+    **fixed** CPU of the run (the intercept: what a drain of no messages
+    would cost: the process's own start, then connecting to every nsqd,
+    IDENTIFY, SUB, RDY, and leaving: CLS, CLOSE_WAIT, closing).
+
+    Columns: ``msg/s`` the full run's rate; ``us/msg`` its CPU a message
+    (the issue's measure: fixed and marginal together); ``marg us`` the
+    marginal CPU a message; ``fixed ms`` the fixed CPU of a run; ``ms/conn``
+    that divided by the nsqds (at 1 nsqd it holds the process's own start
+    too); ``+ms/conn`` what each nsqd beyond the first width's adds to the
+    fixed CPU (the cost of a connection itself); ``us/msg vs raw`` trionsq's
+    ``us/msg`` over the raw loop's.  Each figure is the median over rounds of
+    that round's fit; each ``vs 1`` column the median of the per-round ratios
+    to the first width (``--connections``, 1 by default).  Every run is
+    checked against each nsqd's ``/stats``.
     """
     widths = [int(n) for n in args.connections.split(",")]
+    small = args.connections_small or max(args.messages // 100, max(widths))
+    if not max(widths) <= small < args.messages:
+        raise SystemExit(
+            f"--connections-small {small} must be at least {max(widths)} (one message an "
+            f"nsqd) and below --messages {args.messages}"
+        )
+    cases = ("trionsq_iterate", "raw_consume_many")
     with ExitStack() as stack:
         # Each holds at most a run's messages (50 of them: keep their memory small).
         queue = args.messages + 1000
         nsqds = [stack.enter_context(nsqd_daemon(mem_queue=queue)) for _ in range(max(widths))]
-        cpu: dict[int, list[float]] = {n: [] for n in widths}
-        wall: dict[int, list[float]] = {n: [] for n in widths}
-        floor: dict[int, list[float]] = {n: [] for n in widths}
+        lines: dict[tuple[str, int], list[_Line]] = {(c, n): [] for c in cases for n in widths}
         for round_ in range(args.rounds):
             shift = round_ % len(widths)
+            counts = (small, args.messages) if round_ % 2 == 0 else (args.messages, small)
             for width in widths[shift:] + widths[:shift]:
                 group = nsqds[:width]
-                topic = _topic()
-                shares = _shares(args.messages, width)
-                for nsqd, share in zip(group, shares, strict=True):
-                    nsqd.prefill(topic, share)
-                took = run_child("trionsq_iterate", group, topic, args.messages, "", "")
-                for nsqd, share in zip(group, shares, strict=True):
-                    nsqd.check_drained(topic, share)
-                    nsqd.delete(topic)
-                cpu[width].append(args.messages / took.cpu)
-                wall[width].append(args.messages / took.wall)
-                topic = _topic()
-                for nsqd, share in zip(group, shares, strict=True):
-                    nsqd.prefill(topic, share)
-                took = run_child("raw_consume_many", group, topic, args.messages, "", "")
-                for nsqd, share in zip(group, shares, strict=True):
-                    nsqd.check_drained(topic, share)
-                    nsqd.delete(topic)
-                floor[width].append(args.messages / took.cpu)
+                took: dict[tuple[str, int], Took] = {}
+                for count in counts:
+                    for case in cases if count == small else cases[::-1]:
+                        took[case, count] = _drain_spread(case, group, count)
+                for case in cases:
+                    lines[case, width].append(_fit(took[case, small], took[case, args.messages]))
             print(f"  connections: round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    print(
-        f"connections: trionsq (async for, max_in_flight {IN_FLIGHT}) drains {args.messages:,} "
-        f"messages spread over n nsqds, median of {args.rounds} rounds; the raw loop drains "
-        f"the same n nsqds (one select loop, RDY {IN_FLIGHT} / n each)"
-    )
-    print(
-        f"  {'nsqds':>6} {'msg/s':>9} {'us/msg':>7} {'cpu vs 1':>9} "
-        f"{'raw, n nsqds us/msg':>20} {'cpu vs raw, n nsqds':>20}"
-    )
     first = widths[0]
-    for width in widths:
-        cost = 1e6 / statistics.median(cpu[width])
-        vs_first = _median_ratio(cpu[width], cpu[first])
-        floor_cost = 1e6 / statistics.median(floor[width])
-        vs_floor = _median_ratio(cpu[width], floor[width])
-        rate = statistics.median(wall[width])
-        print(
-            f"  {width:>6} {rate:>9,.0f} {cost:>7.2f} {vs_first:>9.2f} "
-            f"{floor_cost:>20.2f} {vs_floor:>20.2f}"
-        )
+
+    def median(case: str, width: int, figure: Callable[[_Line], float]) -> float:
+        return statistics.median(figure(line) for line in lines[case, width])
+
+    def versus(
+        case: str, width: int, figure: Callable[[_Line, int], float], other: str = ""
+    ) -> float:
+        """Median of the per-round ratios to the first width (or to ``other`` case)."""
+        base, base_width = (lines[other, width], width) if other else (lines[case, first], first)
+        ratios = []
+        for line, base_line in zip(lines[case, width], base, strict=True):
+            divisor = figure(base_line, base_width)
+            if divisor:
+                ratios.append(figure(line, width) / divisor)
+        return statistics.median(ratios) if ratios else math.nan
+
+    def total(line: _Line, width: int) -> float:
+        return line.total
+
+    def slope(line: _Line, width: int) -> float:
+        return line.slope
+
+    def per_connection(line: _Line, width: int) -> float:
+        return line.fixed / width
+
+    print(
+        f"connections: {args.messages:,} and {small:,} messages spread over n nsqds, drained "
+        f"by trionsq (async for, max_in_flight {IN_FLIGHT}) and by the raw loop (one select "
+        f"loop, RDY {IN_FLIGHT} / n each), median of {args.rounds} rounds"
+    )
+    print(
+        f"  {'':<8} {'nsqds':>5} {'msg/s':>9} {'us/msg':>7} {'vs 1':>5} "
+        f"{'marg us':>8} {'vs 1':>5} {'fixed ms':>9} {'ms/conn':>8} {'vs 1':>5} "
+        f"{'+ms/conn':>9} {'us/msg vs raw':>14}"
+    )
+    for case, label in zip(cases, ("trionsq", "raw loop"), strict=True):
+        for width in widths:
+            # What each connection beyond the first widths' adds to the fixed cost.
+            extra = (
+                statistics.median(
+                    (a.fixed - b.fixed) / (width - first)
+                    for a, b in zip(lines[case, width], lines[case, first], strict=True)
+                )
+                if width != first
+                else math.nan
+            )
+            raw = f"{versus(case, width, total, cases[1]):>14.2f}" if case != cases[1] else ""
+            print(
+                f"  {label:<8} {width:>5} {median(case, width, lambda x: x.rate):>9,.0f} "
+                f"{1e6 * median(case, width, lambda x: x.total):>7.2f} "
+                f"{versus(case, width, total):>5.2f} "
+                f"{1e6 * median(case, width, lambda x: x.slope):>8.2f} "
+                f"{versus(case, width, slope):>5.2f} "
+                f"{1e3 * median(case, width, lambda x: x.fixed):>9.2f} "
+                f"{1e3 * median(case, width, lambda x: x.fixed) / width:>8.3f} "
+                f"{versus(case, width, per_connection):>5.2f} "
+                f"{f'{1e3 * extra:.3f}' if width != first else '-':>9} {raw}"
+            )
+    sys.stdout.flush()
     return []
 
 
@@ -1019,6 +1106,12 @@ def main() -> int:
         "--sections", default="consume,publish,features,connections,fakensq", help="which tables"
     )
     parser.add_argument("--connections", default="1,10,50", help="nsqd counts to spread over")
+    parser.add_argument(
+        "--connections-small",
+        type=int,
+        default=0,
+        help="the connections section's small drain (default: 1%% of --messages)",
+    )
     parser.add_argument("--go-runfor", type=float, default=1.0, help="bench_writer's run, s")
     parser.add_argument("--memory-messages", type=int, default=10_000_000)
     parser.add_argument("--child", choices=sorted(CASES), help=argparse.SUPPRESS)

@@ -216,6 +216,20 @@ def _ssl_context(config: Config) -> ssl.SSLContext:
     return context
 
 
+#: The last configuration greeted with and its greeting (see _greeting).
+_greeted: tuple[Config, bytes] | None = None
+
+
+def _greeting(config: Config) -> bytes:
+    """The magic and IDENTIFY a connection opens with.  A Config is frozen, so
+    the last one's is kept: a consumer's connections (and reconnections)
+    share theirs instead of encoding the same JSON each."""
+    global _greeted
+    if _greeted is None or _greeted[0] is not config:
+        _greeted = (config, commands.MAGIC_V2 + commands.identify(config.identify_body()))
+    return _greeted[1]
+
+
 M = TypeVar("M")
 
 #: Called by the reader with the messages of one read, in order (a run of them
@@ -293,14 +307,15 @@ class Connection:
         reached in ``connect_timeout``, a typed NSQ error if it refuses."""
         host, port = parse_address(address)
         conn: Connection | None = None
+        # A plain scope, not trio.fail_after (a generator context manager):
+        # opened once a connection, so what it costs counts.
+        scope = trio.CancelScope(deadline=trio.current_time() + config.connect_timeout)
         try:
-            with trio.fail_after(config.connect_timeout):
+            with scope:
                 conn = cls(await config.connector(host, port), address, config)
                 await conn._handshake(host)
                 opened, conn = conn, None
                 return opened
-        except trio.TooSlowError:
-            raise NSQConnectionError(f"{address}: connect timed out") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
             if isinstance(cause, ssl.SSLError):
@@ -309,6 +324,8 @@ class Connection:
         finally:
             if conn is not None:  # the handshake failed: do not leak the stream
                 await trio.aclose_forcefully(conn._stream)
+        # Only the scope's own deadline ends the block without a return.
+        raise NSQConnectionError(f"{address}: connect timed out")
 
     async def _receive_exactly(self, size: int) -> bytes:
         data = self._leftover
@@ -337,7 +354,7 @@ class Connection:
 
     async def _handshake(self, host: str) -> None:
         config = self.config
-        await self._stream.send_all(commands.MAGIC_V2 + commands.identify(config.identify_body()))
+        await self._stream.send_all(_greeting(config))
         data = await self._read_response()
         if data != OK:
             try:

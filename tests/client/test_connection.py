@@ -313,3 +313,33 @@ async def test_without_heartbeats_silence_is_not_a_failure(
     assert not conn.closed
     assert node.conns[0].record.identify["heartbeat_interval"] == -1
     await conn.aclose()
+
+
+async def test_connect_timeout_text_and_the_stream_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The stream is connected, the handshake hangs: the deadline ends it with
+    # the same error as a connect that hangs, and the stream is closed.
+    client, server = trio.testing.memory_stream_pair()
+
+    async def connector(host: str, port: int) -> trio.abc.Stream:
+        return client
+
+    with pytest.raises(trionsq.NSQConnectionError) as caught:
+        await Connection.open("nsqd:4150", Config(connector=connector, connect_timeout=3.0))
+    assert str(caught.value) == "nsqd:4150: connect timed out"
+    assert await server.receive_some() == commands.MAGIC_V2 + commands.identify(
+        Config().replace(connector=connector, connect_timeout=3.0).identify_body()
+    )
+    assert await server.receive_some() == b""  # closed by the client
+
+
+async def test_identify_follows_each_configuration(nursery: trio.Nursery) -> None:
+    # The greeting is built once per Config, never reused for another one.
+    node = MiniNSQD(nursery)
+    for client_id in ("first", "second", "first"):
+        conn = await Connection.open(
+            "nsqd:4150", Config(connector=node.connector, client_id=client_id)
+        )
+        await conn.aclose()
+    assert [c.record.identify["client_id"] for c in node.conns] == ["first", "second", "first"]

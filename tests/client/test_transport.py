@@ -1,0 +1,115 @@
+"""The default connector over real sockets: IP addresses connected to
+directly, host names through trio.open_tcp_stream, failures alike."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import trio
+
+import trionsq
+from trionsq.config import Config
+from trionsq.connection import Connection
+from trionsq.transport import tcp_connector
+
+
+async def _listener(family: socket.AddressFamily, host: str) -> trio.SocketListener:
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    await sock.bind((host, 0))
+    sock.listen()
+    return trio.SocketListener(sock)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:  # bound, never listening: connecting is refused
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(
+    ("family", "host"), [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")]
+)
+async def test_an_ip_address_is_connected_to_directly(
+    family: socket.AddressFamily, host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if family == socket.AF_INET6 and not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        listener = await _listener(family, host)
+    except OSError as exc:
+        pytest.skip(f"cannot listen on {host}: {exc}")
+
+    async def not_used(*args: Any, **kwargs: Any) -> trio.SocketStream:
+        raise AssertionError("an IP address needs no resolving")
+
+    monkeypatch.setattr(trio, "open_tcp_stream", not_used)
+    port = listener.socket.getsockname()[1]
+    async with listener:
+        with trio.fail_after(10):
+            stream = await tcp_connector(host, port)
+            assert isinstance(stream, trio.SocketStream)
+            assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            server = await listener.accept()
+            await stream.send_all(b"ping")
+            assert await server.receive_some() == b"ping"
+            await stream.aclose()
+            assert await server.receive_some() == b""
+            await server.aclose()
+
+
+async def test_a_refused_ip_address_fails_as_open_tcp_stream_does() -> None:
+    port = _closed_port()
+    with trio.fail_after(10):
+        with pytest.raises(OSError) as ours:
+            await tcp_connector("127.0.0.1", port)
+        with pytest.raises(OSError) as trios:
+            await trio.open_tcp_stream("127.0.0.1", port)
+    assert str(ours.value) == str(trios.value)
+    assert str(ours.value) == f"all attempts to connect to 127.0.0.1:{port} failed"
+    # and so does the connection's error, which names the address once
+    with trio.fail_after(10), pytest.raises(trionsq.NSQConnectionError) as caught:
+        await Connection.open(f"127.0.0.1:{port}", Config())
+    assert str(caught.value) == f"127.0.0.1:{port}: {ours.value}"
+
+
+async def test_a_host_name_goes_through_open_tcp_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    listener = await _listener(socket.AF_INET, "127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    asked: list[tuple[str, int]] = []
+    real = trio.open_tcp_stream
+
+    async def recorded(host: str, port: int, **kwargs: Any) -> trio.SocketStream:
+        asked.append((host, port))
+        return await real("127.0.0.1", port, **kwargs)
+
+    monkeypatch.setattr(trio, "open_tcp_stream", recorded)
+    async with listener:
+        with trio.fail_after(10):
+            stream = await tcp_connector("localhost", port)
+            server = await listener.accept()
+            await stream.aclose()
+            await server.aclose()
+    assert asked == [("localhost", port)]
+
+
+async def test_cancelling_a_direct_connect_closes_its_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[trio.socket.SocketType] = []
+    real = trio.socket.socket
+
+    def recording(*args: Any, **kwargs: Any) -> trio.socket.SocketType:
+        sock = real(*args, **kwargs)
+        made.append(sock)
+        return sock
+
+    monkeypatch.setattr(trio.socket, "socket", recording)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        # 192.0.2.1 (TEST-NET-1) never answers; cancelled before or during connect.
+        await tcp_connector("192.0.2.1", 4150)
+    assert scope.cancelled_caught
+    assert made and all(sock.fileno() == -1 for sock in made)
