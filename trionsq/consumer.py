@@ -980,3 +980,18 @@ class Consumer:
             await self._connect_and_serve(address)
         if self._discovered.get(address) is scope:
             del self._discovered[address]
+
+    # --- for the front ends (trionsq.hosted_consumer) ---
+
+    def take_ready(self, most: int) -> list[Message]:
+        """Up to ``most`` of the messages already read, handed out (as
+        ``__anext__`` hands each out, without a step of iteration each); none
+        once the consumer is closing.  A front end's pump takes the rest of a
+        read with it after ``async for`` gave it the first."""
+        queue = self._queue
+        if self._queue_closed or not queue:
+            return []
+        taken = [queue.popleft() for _ in range(min(most, len(queue)))]
+        for message in taken:
+            message._responder.out[message] = None
+        return taken

@@ -23,10 +23,11 @@ import trio
 from .bridge import Inbox
 from .config import Config
 from .connection import Connection, ConnectionClosedError, PendingResponse
-from .producer import Producer, ProducerStats, _check_body, _check_topic
+from .producer import Producer, ProducerStats, check_body
 from .protocol import commands
 from .protocol.errors import BadBodyError, NSQError, ProtocolError
 from .protocol.frames import OK
+from .protocol.names import check_topic
 from .transport import Connector
 from .trio_thread import LoopStoppedError, TrioThread
 
@@ -58,7 +59,7 @@ _HIGH_WATER = 1024 * 1024
 
 
 def encode(
-    method: str, args: tuple[Any, ...], check_topic: Callable[[str, str], None] = _check_topic
+    method: str, args: tuple[Any, ...], check_topic: Callable[[str, str], None] = check_topic
 ) -> tuple[bytes, int]:
     """The command for a job, and how many messages it carries; raises what
     :class:`trionsq.Producer`'s method raises for the same arguments
@@ -68,12 +69,12 @@ def encode(
         topic, body = args
         check_topic("PUB", topic)
         if type(body) is not bytes or not body:
-            body = _check_body("PUB", body)
+            body = check_body("PUB", body)
         return commands.pub(topic, body), 1
     if method == "multi_publish":
         topic, bodies = args
         check_topic("MPUB", topic)
-        data = [_check_body("MPUB", body) for body in bodies]
+        data = [check_body("MPUB", body) for body in bodies]
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
         return commands.mpub(topic, data), len(data)
@@ -84,7 +85,7 @@ def encode(
             raise TypeError("delay must be a number of seconds")
         if not math.isfinite(delay) or delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        return commands.dpub(topic, round(delay * 1000), _check_body("DPUB", body)), 1
+        return commands.dpub(topic, round(delay * 1000), check_body("DPUB", body)), 1
     raise ValueError(f"unknown publishing method {method!r}")
 
 
@@ -281,7 +282,7 @@ class HostedProducer:
     async def _pump(self, pumped: trio.Event) -> None:
         """Encode the jobs and queue them on the connection, window permitting."""
         inbox, items, waiting = self.inbox, self.inbox.items, self._waiting
-        check_topic = self.producer._check_topic  # remembers the valid topics
+        check_topic = self.producer.check_topic  # remembers the valid topics
         conn: Connection | None = None
         try:
             while True:

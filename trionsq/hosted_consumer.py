@@ -351,27 +351,22 @@ class HostedConsumer:
         new, cls = object.__new__, self._wrap
         batched = self._end_of_batch is not None
         consumer = self.consumer
-        queue = consumer._queue
+        take_ready = consumer.take_ready
         try:
             with self._pump_scope:
-                async for core in consumer:
+                async for first in consumer:
                     # The rest of the read is taken here too, as __anext__'s
-                    # fast path would hand it out (handed out: in the core's
-                    # out), without a step of iteration each; the next step
-                    # yields (and checks for cancellation) as usual.
-                    left = _DRAIN
-                    while True:
+                    # fast path would hand it out, without a step of iteration
+                    # each; the next step yields (and checks for cancellation)
+                    # as usual.  (deliver only appends: nothing in between
+                    # can close the consumer.)
+                    for core in (first, *take_ready(_DRAIN)):
                         message = new(cls)
                         message._core = core
                         message._hosted = self
                         message.responded = None
                         out[message] = None
                         deliver(message)
-                        if not queue or not left or consumer._queue_closed:
-                            break
-                        left -= 1
-                        core = queue.popleft()
-                        core._responder.out[core] = None
                     if batched and not self._in_batch:
                         self._in_batch = True
                         self._batch_ended.set()
@@ -420,15 +415,10 @@ class HostedConsumer:
                     if not core.has_responded:
                         await core.touch()
                     continue
-                core = message._core
-                if core.responded is not None:
-                    continue
                 if message.responded == "finished":
-                    core.responded = "finished"
-                    core._responder._finish(core)
+                    message._core.finish_now()
                 else:
-                    core.responded = "requeued"
-                    core._responder._requeue(core, message._delay, message._backoff)
+                    message._core.requeue_now(message._delay, message._backoff)
             if self._settled is not None and not out:
                 self._settled.set()
 

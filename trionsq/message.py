@@ -111,3 +111,19 @@ class Message:
         """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
         if self.responded is None:
             await self._responder._touch(self)
+
+    # For the front ends (trionsq.hosted_consumer, trionsq.aio), whose loops
+    # settle a batch of messages and check for cancellation once a batch.
+
+    def finish_now(self) -> None:
+        """:meth:`finish` without its cancellation point, in Trio's thread."""
+        if self.responded is None:
+            self.responded = "finished"
+            self._responder._finish(self)
+
+    def requeue_now(self, delay: float | None, backoff: bool) -> None:
+        """:meth:`requeue` without its checks (done by the caller) and its
+        cancellation point, in Trio's thread."""
+        if self.responded is None:
+            self.responded = "requeued"
+            self._responder._requeue(self, delay, backoff)

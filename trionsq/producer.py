@@ -19,13 +19,12 @@ from .protocol import commands
 from .protocol.errors import (
     BadBodyError,
     BadMessageError,
-    BadTopicError,
     NSQError,
     NSQErrorResponse,
     ProtocolError,
 )
 from .protocol.frames import OK
-from .protocol.names import go_quote, is_valid_topic_name
+from .protocol.names import check_topic
 
 __all__ = ["Producer", "ProducerStats"]
 
@@ -38,15 +37,9 @@ _BYTES = {bytes}
 _VALID_TOPICS_KEPT = 1000
 
 
-def _check_topic(verb: str, topic: str) -> None:
-    if not isinstance(topic, str):
-        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-    if not is_valid_topic_name(topic):
-        # The error nsqd would send, raised before it costs the connection.
-        raise BadTopicError(f"{verb} topic name {go_quote(topic)} is not valid")
-
-
-def _check_body(verb: str, body: bytes) -> bytes:
+def check_body(verb: str, body: bytes) -> bytes:
+    """``body`` as the bytes a ``verb`` sends; raises what the publish raises
+    for a body that is not bytes-like or is empty (nsqd's own error)."""
     if type(body) is bytes and body:
         return body  # the common case: nothing to check further, nothing to copy
     if not isinstance(body, bytes | bytearray | memoryview):
@@ -261,10 +254,13 @@ class Producer:
         if batch:
             self._batches += 1
 
-    def _check_topic(self, verb: str, topic: str) -> None:
+    def check_topic(self, verb: str, topic: str) -> None:
+        """Raise what publishing to ``topic`` raises before sending anything
+        (:func:`trionsq.protocol.names.check_topic`); valid names are
+        remembered, so a topic published to again costs a set look-up."""
         if type(topic) is str and topic in self._valid_topics:
             return
-        _check_topic(verb, topic)
+        check_topic(verb, topic)
         if len(self._valid_topics) >= _VALID_TOPICS_KEPT:
             self._valid_topics.clear()
         self._valid_topics.add(topic)
@@ -272,9 +268,9 @@ class Producer:
     async def publish(self, topic: str, body: bytes) -> None:
         """PUB one message."""
         if type(topic) is not str or topic not in self._valid_topics:
-            self._check_topic("PUB", topic)
+            self.check_topic("PUB", topic)
         if type(body) is not bytes or not body:
-            body = _check_body("PUB", body)
+            body = check_body("PUB", body)
         data = commands.pub(topic, body)
         # _publish, written out: the path every PUB takes, one coroutine less.
         if self._in_flight < self._window and not self._window_waiters:
@@ -303,12 +299,12 @@ class Producer:
     async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
         """MPUB several messages atomically."""
         if type(topic) is not str or topic not in self._valid_topics:
-            self._check_topic("MPUB", topic)
+            self.check_topic("MPUB", topic)
         data = bodies if type(bodies) is list else list(bodies)
         if not data:
             raise BadBodyError("MPUB invalid message count 0")
         if set(map(type, data)) != _BYTES or not all(data):  # all bytes, none empty
-            data = [_check_body("MPUB", body) for body in data]  # the rare case
+            data = [check_body("MPUB", body) for body in data]  # the rare case
         command = commands.mpub(topic, data)
         # _publish, written out as in publish(): one coroutine less a batch.
         if self._in_flight < self._window and not self._window_waiters:
@@ -336,9 +332,9 @@ class Producer:
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """DPUB: the message becomes visible after ``delay`` seconds."""
-        self._check_topic("DPUB", topic)
+        self.check_topic("DPUB", topic)
         if isinstance(delay, bool) or not isinstance(delay, int | float):
             raise TypeError("delay must be a number of seconds")
         if not math.isfinite(delay) or delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        await self._publish(commands.dpub(topic, round(delay * 1000), _check_body("DPUB", body)))
+        await self._publish(commands.dpub(topic, round(delay * 1000), check_body("DPUB", body)))

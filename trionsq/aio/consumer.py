@@ -85,13 +85,10 @@ class Message(HandedMessage):
         self.responded = outcome
         return True
 
-    def _apply_here(self, outcome: str, apply: Callable[[CoreMessage], None]) -> None:
-        """Settle the core message (unless it was) by ``apply``; the last one
-        claimed lets a waiting close go on."""
-        core = self._core
-        if core.responded is None:
-            core.responded = outcome
-            apply(core)
+    def _apply_here(self, apply: Callable[[CoreMessage], None]) -> None:
+        """Settle the core message by ``apply`` (which does nothing if it was);
+        the last one claimed lets a waiting close go on."""
+        apply(self._core)
         hosted = self._hosted
         if not hosted._out and hosted._settled is not None:
             hosted._settled.set()  # a close waits for the last one
@@ -101,7 +98,7 @@ class Message(HandedMessage):
             HandedMessage._finish(self)
             return
         if self._claim_here("finished"):
-            self._apply_here("finished", self._core._responder._finish)
+            self._apply_here(CoreMessage.finish_now)
 
     def _requeue(self, delay: float | None, backoff: bool) -> None:
         if not self._settles_here():
@@ -114,9 +111,7 @@ class Message(HandedMessage):
         if self._claim_here("requeued"):
             self._delay = delay
             self._backoff = backoff
-            self._apply_here(
-                "requeued", lambda core: core._responder._requeue(core, delay, backoff)
-            )
+            self._apply_here(lambda core: core.requeue_now(delay, backoff))
 
     def finish(self) -> Awaitable[None]:
         """FIN: nsqd forgets the message."""

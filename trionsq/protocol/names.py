@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from .errors import BadTopicError
+
 __all__ = [
     "EPHEMERAL_SUFFIX",
     "MAX_NAME_LENGTH",
@@ -18,6 +20,7 @@ __all__ = [
     "is_valid_channel_name",
     "is_ephemeral",
     "go_quote",
+    "check_topic",
 ]
 
 EPHEMERAL_SUFFIX = "#ephemeral"
@@ -86,3 +89,13 @@ def _go_printable(ch: str) -> bool:
     if ch == " ":
         return True
     return unicodedata.category(ch)[0] in "LMNPS"
+
+
+def check_topic(verb: str, topic: object) -> None:
+    """Raise what a ``verb`` (``PUB``, ``MPUB``, ``DPUB``) of ``topic`` would
+    meet: ``TypeError`` for a name that is not a str, nsqd's own error for an
+    invalid one (raised before it costs a connection)."""
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+    if not is_valid_topic_name(topic):
+        raise BadTopicError(f"{verb} topic name {go_quote(topic)} is not valid")
