@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -41,6 +41,9 @@ from fakensq.lookupd.daemon import NSQLookupd
 from fakensq.nsqd.node import NSQD
 
 from .. import reference
+
+if TYPE_CHECKING:
+    import trionsq
 
 #: The fixture's parameters: fakensq always, the real daemons where found.
 KINDS = [
@@ -292,6 +295,15 @@ async def daemons(
 
 
 # --- helpers the end-to-end tests share ---
+
+
+def consumer(nsqds: list[Nsqd], **options: Any) -> trionsq.Consumer:
+    """A Consumer of ``topic``/``chan`` on these nsqds."""
+    import trionsq
+
+    return trionsq.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=[n.tcp_address for n in nsqds], **options
+    )
 
 
 async def publish(nsqd: Nsqd, topic: str, bodies: list[bytes], **options: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 import trio.testing
 
+import trionsq
 from trionsq.connection import CodecStream
 from trionsq.protocol import codecs, commands
 from trionsq.protocol.commands import CommandParser
@@ -397,3 +398,10 @@ async def wait_for(predicate: Any, limit: float = 30.0, step: float = 0.001) -> 
     with trio.fail_after(limit):
         while not predicate():  # noqa: ASYNC110 - see the docstring
             await trio.sleep(step)
+
+
+def consumer(node: MiniNSQD | Cluster, **options: Any) -> trionsq.Consumer:
+    """A Consumer of ``topic``/``chan`` connecting through ``node`` (by default
+    to one nsqd, ``nsqd:4150``)."""
+    options.setdefault("nsqd_tcp_addresses", ["nsqd:4150"])
+    return trionsq.Consumer("topic", "chan", connector=node.connector, **options)

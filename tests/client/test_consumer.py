@@ -12,12 +12,7 @@ import trio.testing
 
 import trionsq
 
-from .minisrv import Cluster, MiniNSQD, Queued, wait_for
-
-
-def consumer(node: MiniNSQD | Cluster, **options: Any) -> trionsq.Consumer:
-    options.setdefault("nsqd_tcp_addresses", ["nsqd:4150"])
-    return trionsq.Consumer("topic", "chan", connector=node.connector, **options)
+from .minisrv import Cluster, MiniNSQD, Queued, consumer, wait_for
 
 
 async def test_handler_finishes_messages(nursery: trio.Nursery) -> None:

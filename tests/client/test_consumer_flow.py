@@ -11,18 +11,13 @@ import trio.testing
 import trionsq
 
 from .minisrv import Cluster, MiniNSQD, wait_for
+from .minisrv import consumer as node_consumer
 
 NO_JITTER = trionsq.BackoffPolicy(base=1.0, max=8.0, multiplier=2.0, jitter=0.0)
 
 
 def cluster_consumer(cluster: Cluster, **options: Any) -> trionsq.Consumer:
-    return trionsq.Consumer(
-        "topic",
-        "chan",
-        nsqd_tcp_addresses=sorted(cluster.nodes),
-        connector=cluster.connector,
-        **options,
-    )
+    return node_consumer(cluster, nsqd_tcp_addresses=sorted(cluster.nodes), **options)
 
 
 async def test_max_in_flight_is_spread_and_never_exceeded(
@@ -116,15 +111,7 @@ async def test_results_during_a_pause_are_ignored(
         await release.wait()
         raise RuntimeError
 
-    async with trionsq.Consumer(
-        "topic",
-        "chan",
-        nsqd_tcp_addresses=["n:1"],
-        connector=node.connector,
-        handler=handler,
-        max_in_flight=3,
-        backoff=NO_JITTER,
-    ) as c:
+    async with node_consumer(node, handler=handler, max_in_flight=3, backoff=NO_JITTER) as c:
         await wait_for(lambda: c.stats.received == 3)
         release.set()
         await wait_for(lambda: c.stats.requeued == 3)
@@ -142,15 +129,7 @@ async def test_disabled_backoff_keeps_rdy(
     def handler(message: trionsq.Message) -> None:
         raise RuntimeError
 
-    async with trionsq.Consumer(
-        "topic",
-        "chan",
-        nsqd_tcp_addresses=["n:1"],
-        connector=node.connector,
-        handler=handler,
-        max_in_flight=2,
-        backoff=False,
-    ) as c:
+    async with node_consumer(node, handler=handler, max_in_flight=2, backoff=False) as c:
         await wait_for(lambda: c.stats.requeued == 2)
         assert c.stats.backoff_state == "normal"
         assert 0 not in [v for _, _, v in node.rdy_history]
@@ -160,9 +139,7 @@ async def test_set_max_in_flight_at_run_time(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     node = MiniNSQD(nursery)
-    async with trionsq.Consumer(
-        "topic", "chan", nsqd_tcp_addresses=["n:1"], connector=node.connector, max_in_flight=5
-    ) as c:
+    async with node_consumer(node, max_in_flight=5) as c:
         await c.wait_connected()
         node.put(b"x")
         message = await c.__anext__()
@@ -196,14 +173,7 @@ async def test_handler_pool_is_bounded_by_max_in_flight(
         await trio.sleep(0.5)
         running -= 1
 
-    async with trionsq.Consumer(
-        "topic",
-        "chan",
-        nsqd_tcp_addresses=["n:1"],
-        connector=node.connector,
-        handler=handler,
-        max_in_flight=6,
-    ) as consumer:
+    async with node_consumer(node, handler=handler, max_in_flight=6) as consumer:
         await wait_for(lambda: consumer.stats.finished >= 24, limit=300)
         assert (peak, peak_workers) == (6, 6)
         await consumer.set_max_in_flight(2)
@@ -226,13 +196,6 @@ async def test_quick_handlers_need_few_workers(
         nonlocal workers
         workers = max(workers, consumer._workers)
 
-    async with trionsq.Consumer(
-        "topic",
-        "chan",
-        nsqd_tcp_addresses=["n:1"],
-        connector=node.connector,
-        handler=handler,
-        max_in_flight=100,
-    ) as consumer:
+    async with node_consumer(node, handler=handler, max_in_flight=100) as consumer:
         await wait_for(lambda: consumer.stats.finished == 500, limit=300)
     assert workers <= 3

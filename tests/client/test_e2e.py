@@ -23,13 +23,7 @@ import trustme
 import fakensq
 import trionsq
 
-from .daemons import Daemons, Nsqd, nothing_in_flight, publish, wait_channel, wait_until
-
-
-def consumer(nsqds: list[Nsqd], **options: Any) -> trionsq.Consumer:
-    return trionsq.Consumer(
-        "topic", "chan", nsqd_tcp_addresses=[n.tcp_address for n in nsqds], **options
-    )
+from .daemons import Daemons, Nsqd, consumer, nothing_in_flight, publish, wait_channel, wait_until
 
 
 async def collect(nsqds: list[Nsqd], count: int, **options: Any) -> list[trionsq.Message]:

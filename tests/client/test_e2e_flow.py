@@ -6,23 +6,24 @@ or killed mid-stream and restarted.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import trio
 
 import trionsq
 
-from .daemons import Daemons, Nsqd, Nsqlookupd, nothing_in_flight, publish, wait_channel, wait_until
+from .daemons import (
+    Daemons,
+    Nsqd,
+    Nsqlookupd,
+    consumer,
+    nothing_in_flight,
+    publish,
+    wait_channel,
+    wait_until,
+)
 
 #: Quick reconnects to a configured nsqd that went away.
 FAST_RECONNECT = trionsq.BackoffPolicy(base=0.1, max=0.5, multiplier=2.0)
-
-
-def consumer(nsqds: list[Nsqd], **options: Any) -> trionsq.Consumer:
-    return trionsq.Consumer(
-        "topic", "chan", nsqd_tcp_addresses=[n.tcp_address for n in nsqds], **options
-    )
 
 
 async def snapshot(nsqds: list[Nsqd]) -> list[int]:

@@ -22,6 +22,7 @@ import trio
 
 import trionsq
 
+from . import daemons
 from .daemons import Daemons, Nsqd, nothing_in_flight, publish, wait_until
 
 #: Far below close_timeout: leaving did not wait for it.
@@ -30,9 +31,7 @@ PROMPT = 5.0
 
 def consumer(nsqds: list[Nsqd], **options: Any) -> trionsq.Consumer:
     options.setdefault("close_timeout", 30.0)
-    return trionsq.Consumer(
-        "topic", "chan", nsqd_tcp_addresses=[n.tcp_address for n in nsqds], **options
-    )
+    return daemons.consumer(nsqds, **options)
 
 
 async def redeliver_all(nsqds: list[Nsqd], count: int) -> list[trionsq.Message]:
