@@ -42,6 +42,16 @@ async def post(t: Target, path: str) -> Any:
         return r.status_code, r.text
 
 
+async def held_state(t: Target, c: Session, unpause: str) -> Any:
+    """The node at a sync point on ``c`` while a pause holds one message back,
+    then the pause lifted (``unpause``: its HTTP path) and the message read."""
+    await c.sync()
+    state = await node_state(t)
+    await post(t, unpause)
+    await c.read_messages(1)
+    return state
+
+
 # --- pause and unpause --------------------------------------------------------
 
 
@@ -66,10 +76,7 @@ async def test_pausing_keeps_what_is_in_flight(conformance: Conformance) -> None
         (msg,) = await c.read_messages(1)
         await post(t, "/channel/pause?topic=t&channel=ch")
         await c.send(cmds.fin(msg.id))  # FIN still works; b stays queued
-        await c.sync()
-        state = await node_state(t)
-        await post(t, "/channel/unpause?topic=t&channel=ch")
-        await c.read_messages(1)
+        state = await held_state(t, c, "/channel/unpause?topic=t&channel=ch")
         return state, await node_state(t)
 
     await conformance.nsqd(scenario)
@@ -80,10 +87,7 @@ async def test_a_paused_topic_holds_its_messages(conformance: Conformance) -> No
         c = await sub(t)
         await post(t, "/topic/pause?topic=t")
         await pub(t, "t", b"held")
-        await c.sync()
-        paused = await node_state(t)
-        await post(t, "/topic/unpause?topic=t")
-        await c.read_messages(1)
+        paused = await held_state(t, c, "/topic/unpause?topic=t")
         return paused, await node_state(t)
 
     await conformance.nsqd(scenario)
@@ -96,11 +100,7 @@ async def test_sub_to_a_paused_channel(conformance: Conformance) -> None:
         await post(t, "/channel/pause?topic=t&channel=ch")
         await pub(t, "t", b"waits")
         c = await sub(t)
-        await c.sync()
-        state = await node_state(t)
-        await post(t, "/channel/unpause?topic=t&channel=ch")
-        await c.read_messages(1)
-        return state
+        return await held_state(t, c, "/channel/unpause?topic=t&channel=ch")
 
     await conformance.nsqd(scenario)
 
@@ -568,11 +568,7 @@ async def test_requeue_to_a_paused_channel(conformance: Conformance) -> None:
         (msg,) = await c.read_messages(1)
         await post(t, "/channel/pause?topic=t&channel=ch")
         await c.send(cmds.req(msg.id, 0))
-        await c.sync()
-        paused = await node_state(t)
-        await post(t, "/channel/unpause?topic=t&channel=ch")
-        await c.read_messages(1)
-        return paused
+        return await held_state(t, c, "/channel/unpause?topic=t&channel=ch")
 
     await conformance.nsqd(scenario)
 
