@@ -21,26 +21,9 @@ import trio
 from fakensq.admin.options import AdminOptions
 from fakensq.cli.nsqadmin import admin_flagset, admin_main, admin_options_from_flags
 from tests import reference
+from tests.gousage import parse_usage
 
-_FLAG_LINE = re.compile(r"^  -(\S+)(?: (\S+))?$")
-_DEFAULT = re.compile(r"\(default (.+)\)$")
 _STAMP = re.compile(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d(\.\d+)? ")
-
-
-def parse_usage(text: str) -> dict[str, tuple[str, str]]:
-    """Go's PrintDefaults text → {flag: (type name, default text)}."""
-    flags: dict[str, tuple[str, str]] = {}
-    name = ""
-    for line in text.splitlines():
-        m = _FLAG_LINE.match(line)
-        if m:
-            name = m.group(1)
-            flags[name] = (m.group(2) or "", "")
-        elif name and line.startswith("    \t"):
-            d = _DEFAULT.search(line)
-            if d:
-                flags[name] = (flags[name][0], d.group(1))
-    return flags
 
 
 def run_fake(*args: str) -> subprocess.CompletedProcess[str]:

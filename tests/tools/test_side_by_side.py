@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import reference
+from tests.gousage import parse_usage
 
 from .helpers import (
     channel_stats,
@@ -117,25 +118,6 @@ def fill(nsqd: reference.RealDaemon, topic: str, bodies: list[bytes], channels: 
 
 
 # --- flags ---------------------------------------------------------------------
-
-_USAGE_LINE = re.compile(r"^  -(\S+)(?: (\S+))?$")
-_DEFAULT = re.compile(r"\(default (.*)\)$")
-
-
-def parse_usage(text: str) -> dict[str, tuple[str, str]]:
-    """Go's flag.PrintDefaults: name -> (type word, shown default)."""
-    flags: dict[str, tuple[str, str]] = {}
-    name = ""
-    for line in text.splitlines():
-        match = _USAGE_LINE.match(line)
-        if match:
-            name = match.group(1)
-            flags[name] = (match.group(2) or "", "")
-        elif name and line.startswith("    \t"):
-            default = _DEFAULT.search(line)
-            if default:
-                flags[name] = (flags[name][0], default.group(1))
-    return flags
 
 
 @pytest.mark.parametrize("tool", list(GO))
