@@ -134,3 +134,16 @@ def drained(http_address: str, topic: str, channel: str, total: int) -> bool:
         and stats["in_flight_count"] == 0
         and stats["deferred_count"] == 0
     )
+
+
+def stop_when_drained(
+    process: subprocess.Popen[bytes], http_address: str, topic: str, channel: str, total: int
+) -> str:
+    """Wait until the tool's channel is :func:`drained`, stop the tool (SIGTERM),
+    check that it exited with status 0; its stderr."""
+    wait_for(
+        lambda: drained(http_address, topic, channel, total), what=f"{topic}/{channel} drained"
+    )
+    status, _, err = stop_tool(process)
+    assert status == 0, err
+    return err

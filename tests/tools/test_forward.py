@@ -13,7 +13,14 @@ from fakensq import NSQD
 from fakensq.http.server import HTTPServer, Request, Response
 from fakensq.testing.threaded import BackgroundNode
 
-from .helpers import channel_stats, drained, publish, start_tool, stop_tool, topic_depth, wait_for
+from .helpers import (
+    channel_stats,
+    publish,
+    start_tool,
+    stop_when_drained,
+    topic_depth,
+    wait_for,
+)
 
 FAST_RETRY = ["--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "backoff=false"]
 
@@ -92,9 +99,7 @@ def test_to_nsq_copies_a_topic(nsqd_factory: Callable[..., NSQD]) -> None:
         "--status-every",
         "50",
     )
-    wait_for(lambda: drained(source.http_address, "orders", "nsq_to_nsq", 200), what="copied")
-    status, _, err = stop_tool(process)
-    assert status == 0, err
+    err = stop_when_drained(process, source.http_address, "orders", "nsq_to_nsq", 200)
     assert topic_depth(destination.http_address, "copy") == 200
     assert "published=200" in err
     assert "to-nsq orders -> copy: published=" in err  # a status line every 50
@@ -122,9 +127,7 @@ def test_to_http_post_round_robin_retries_failures(
         "round-robin",
         *FAST_RETRY,
     )
-    wait_for(lambda: drained(nsqd.http_address, "hooks", "nsq_to_http", 20), what="delivered")
-    status, _, err = stop_tool(process)
-    assert status == 0, err
+    stop_when_drained(process, nsqd.http_address, "hooks", "nsq_to_http", 20)
     delivered = first.requests + second.requests
     assert sorted(r[2] for r in delivered) == sorted(bodies)
     assert first.requests and second.requests  # round-robin
@@ -153,9 +156,7 @@ def test_to_http_requeues_a_request_that_times_out(
         "5",
         *FAST_RETRY,
     )
-    wait_for(lambda: drained(nsqd.http_address, "slow", "nsq_to_http", 5), what="delivered")
-    status, _, err = stop_tool(process)
-    assert status == 0, err
+    stop_when_drained(process, nsqd.http_address, "slow", "nsq_to_http", 5)
     # Every first try timed out and was requeued; a later one was answered
     # (normally the second: a machine busy enough to hold an answer past the
     # timeout makes it a later one, and a duplicate, as for any NSQ consumer).
@@ -184,9 +185,7 @@ def test_to_http_get_multicast_substitutes_the_body(
         "--get",
         f"{second.address}/get?q=%s",
     )
-    wait_for(lambda: drained(nsqd.http_address, "hooks", "nsq_to_http", 2), what="delivered")
-    status, _, err = stop_tool(process)
-    assert status == 0, err
+    stop_when_drained(process, nsqd.http_address, "hooks", "nsq_to_http", 2)
     for endpoint in (first, second):
         assert sorted(r[2] for r in endpoint.requests) == [b"a b&c", b"x/y"]
         assert all(r[0] == "GET" for r in endpoint.requests)

@@ -11,7 +11,16 @@ from pathlib import Path
 
 from fakensq import NSQD
 
-from .helpers import channel_stats, drained, publish, run_tool, start_tool, stop_tool, wait_for
+from .helpers import (
+    channel_stats,
+    drained,
+    publish,
+    run_tool,
+    start_tool,
+    stop_tool,
+    stop_when_drained,
+    wait_for,
+)
 
 HOST = socket.gethostname().split(".")[0]
 
@@ -45,9 +54,7 @@ def test_default_filename_and_content(nsqd: NSQD, tmp_path: Path) -> None:
     bodies = [f"record {i}".encode() for i in range(500)]
     publish(nsqd.http_address, "logs", bodies)
     process = start_tool(*archive(nsqd, tmp_path, "--datetime-format", "%Y"))
-    wait_for(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 500), what="all finished")
-    status, _, err = stop_tool(process)
-    assert status == 0, err
+    err = stop_when_drained(process, nsqd.http_address, "logs", "nsq_to_file", 500)
     assert "to-file logs done: written=500 finished=500" in err
     files = sorted(tmp_path.iterdir())
     # <REV> is dropped without gzip/rotation/work dir, as nsq_to_file does.
@@ -73,9 +80,7 @@ def test_rotation_by_size_with_gzip(nsqd: NSQD, tmp_path: Path) -> None:
             "<TOPIC>-<HOST><REV>.log",
         )
     )
-    wait_for(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 400), what="all finished")
-    status, _, err = stop_tool(process)
-    assert status == 0, err
+    err = stop_when_drained(process, nsqd.http_address, "logs", "nsq_to_file", 400)
     files = sorted(tmp_path.iterdir())
     assert len(files) >= 4  # 20,400 bytes in files of ~5,000
     assert f"files={len(files)}" in err  # counted as each is closed
