@@ -367,3 +367,25 @@ class HostedProducer:
     def _batch_done(self) -> None:
         if self._end_of_batch is not None:
             self._end_of_batch()
+
+
+class HostedProducerState:
+    """A front end Producer's state, read from its hosted producer: the
+    properties the blocking and the asyncio Producer share."""
+
+    config: Config
+    _hosted: HostedProducer | None
+
+    @property
+    def stats(self) -> ProducerStats:
+        """The underlying Producer's counters (see :class:`trionsq.ProducerStats`)."""
+        hosted = self._hosted
+        if hosted is None:
+            return ProducerStats(window=self.config.publish_window)
+        return hosted.stats
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd currently connected to, if any."""
+        hosted = self._hosted
+        return None if hosted is None else hosted.producer.address

@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import producer as _core
 from ..config import Config
-from ..hosted import ClientClosedError, HostedProducer
+from ..hosted import ClientClosedError, HostedProducer, HostedProducerState
 from ..trio_thread import ForkedError, LoopStoppedError
 from .guest import GuestRunner
 from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
@@ -55,7 +55,7 @@ class _DirectReply:
             future.set_exception(error)
 
 
-class Producer:
+class Producer(HostedProducerState):
     """Publishes to nsqd from asyncio code; each call returns once nsqd acknowledged.
 
     ::
@@ -177,17 +177,3 @@ class Producer:
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """DPUB: the message becomes visible after ``delay`` seconds."""
         await self._job("deferred_publish", (topic, body, delay))
-
-    @property
-    def stats(self) -> _core.ProducerStats:
-        """The underlying Producer's counters (see :class:`trionsq.ProducerStats`)."""
-        hosted = self._hosted
-        if hosted is None:
-            return _core.ProducerStats(window=self.config.publish_window)
-        return hosted.stats
-
-    @property
-    def address(self) -> str | None:
-        """The nsqd currently connected to, if any."""
-        hosted = self._hosted
-        return None if hosted is None else hosted.producer.address

@@ -15,7 +15,7 @@ from sniffio import thread_local as _sniffio
 from .. import producer as _core
 from ..bridge import LightFuture, Waiter
 from ..config import Config
-from ..hosted import ClientClosedError, Completion, HostedProducer, Job
+from ..hosted import ClientClosedError, Completion, HostedProducer, HostedProducerState, Job
 from ..trio_thread import ForkedError, check_not_in_trio
 
 __all__ = ["Producer"]
@@ -23,7 +23,7 @@ __all__ = ["Producer"]
 AfterFork = Literal["reconnect", "error"]
 
 
-class Producer:
+class Producer(HostedProducerState):
     """Publishes to nsqd from any thread; each call returns once nsqd acknowledged.
 
     ::
@@ -293,22 +293,6 @@ class Producer:
             return True
         _forget(self._flushers, idle)
         return self._taken <= self._released
-
-    # --- state ---
-
-    @property
-    def stats(self) -> _core.ProducerStats:
-        """The underlying Producer's counters (see :class:`trionsq.ProducerStats`)."""
-        hosted = self._hosted
-        if hosted is None:
-            return _core.ProducerStats(window=self.config.publish_window)
-        return hosted.stats
-
-    @property
-    def address(self) -> str | None:
-        """The nsqd currently connected to, if any."""
-        hosted = self._hosted
-        return None if hosted is None else hosted.producer.address
 
 
 def _release_all(locks: deque[threading.Lock]) -> None:
