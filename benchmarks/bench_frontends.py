@@ -53,9 +53,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import outcome
@@ -110,23 +110,26 @@ Case = Callable[[str, str, int], Took]
 # --- publishing ---
 
 
-def async_tasks(tasks: int) -> Case:
-    def case(address: str, topic: str, count: int) -> Took:
-        async def main() -> Took:
-            async with trionsq.Producer([address]) as producer:
+async def _trio_tasks(address: str, topic: str, count: int, tasks: int) -> Took:
+    """The async Producer publishing ``count`` messages from ``tasks`` tasks."""
+    async with trionsq.Producer([address]) as producer:
+        await producer.publish(topic, BODY)
+
+        async def worker(share: int) -> None:
+            for _ in range(share):
                 await producer.publish(topic, BODY)
 
-                async def worker(share: int) -> None:
-                    for _ in range(share):
-                        await producer.publish(topic, BODY)
+        began = Clock()
+        async with trio.open_nursery() as nursery:
+            for share in _shares(count, tasks):
+                nursery.start_soon(worker, share)
+        took = began.took()
+    return took
 
-                began = Clock()
-                async with trio.open_nursery() as nursery:
-                    for share in _shares(count, tasks):
-                        nursery.start_soon(worker, share)
-                return began.took()
 
-        return trio.run(main)
+def async_tasks(tasks: int) -> Case:
+    def case(address: str, topic: str, count: int) -> Took:
+        return trio.run(_trio_tasks, address, topic, count, tasks)
 
     return case
 
@@ -242,21 +245,7 @@ def in_guest_mode(main: Callable[[], Awaitable[Took]]) -> Took:
 
 
 def guest_tasks(address: str, topic: str, count: int) -> Took:
-    async def main() -> Took:
-        async with trionsq.Producer([address]) as producer:
-            await producer.publish(topic, BODY)
-
-            async def worker(share: int) -> None:
-                for _ in range(share):
-                    await producer.publish(topic, BODY)
-
-            began = Clock()
-            async with trio.open_nursery() as nursery:
-                for share in _shares(count, PIPELINE):
-                    nursery.start_soon(worker, share)
-            return began.took()
-
-    return in_guest_mode(main)
+    return in_guest_mode(functools.partial(_trio_tasks, address, topic, count, PIPELINE))
 
 
 def aio_tasks(address: str, topic: str, count: int, guest: bool = True) -> Took:
@@ -278,56 +267,43 @@ def aio_tasks(address: str, topic: str, count: int, guest: bool = True) -> Took:
 # --- consuming ---
 
 
-def async_iterate(address: str, topic: str, count: int) -> Took:
-    async def main() -> Took:
-        async with trionsq.Consumer(
-            topic,
-            "c",
-            nsqd_tcp_addresses=[address],
-            max_in_flight=IN_FLIGHT,
-            output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
-        ) as consumer:
-            began = Clock()
-            seen = 0
-            async for message in consumer:
-                await message.finish()
-                seen += 1
-                if seen == count:
-                    return began.took()
-        raise AssertionError("the consumer stopped early")
+def _consuming(address: str) -> dict[str, Any]:
+    """The options every consumer here is made with."""
+    return {
+        "nsqd_tcp_addresses": [address],
+        "max_in_flight": IN_FLIGHT,
+        "output_buffer_timeout": OUTPUT_BUFFER_TIMEOUT,
+    }
 
-    return trio.run(main)
+
+async def _finish_each(consumer: AsyncIterable[Any], count: int) -> Took:
+    """``async for`` over an async or asyncio Consumer, FIN each, until ``count``."""
+    began = Clock()
+    seen = 0
+    async for message in consumer:
+        await message.finish()
+        seen += 1
+        if seen == count:
+            return began.took()
+    raise AssertionError("the consumer stopped early")
+
+
+async def _trio_iterate(address: str, topic: str, count: int) -> Took:
+    async with trionsq.Consumer(topic, "c", **_consuming(address)) as consumer:
+        took = await _finish_each(consumer, count)
+    return took
+
+
+def async_iterate(address: str, topic: str, count: int) -> Took:
+    return trio.run(_trio_iterate, address, topic, count)
 
 
 def guest_iterate(address: str, topic: str, count: int) -> Took:
-    async def main() -> Took:
-        async with trionsq.Consumer(
-            topic,
-            "c",
-            nsqd_tcp_addresses=[address],
-            max_in_flight=IN_FLIGHT,
-            output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
-        ) as consumer:
-            began = Clock()
-            seen = 0
-            async for message in consumer:
-                await message.finish()
-                seen += 1
-                if seen == count:
-                    return began.took()
-        raise AssertionError("the consumer stopped early")
-
-    return in_guest_mode(main)
+    return in_guest_mode(functools.partial(_trio_iterate, address, topic, count))
 
 
 def blocking_iterate(address: str, topic: str, count: int) -> Took:
-    with blocking.Consumer(
-        topic,
-        "c",
-        nsqd_tcp_addresses=[address],
-        max_in_flight=IN_FLIGHT,
-        output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
-    ) as consumer:
+    with blocking.Consumer(topic, "c", **_consuming(address)) as consumer:
         began = Clock()
         seen = 0
         for message in consumer:
@@ -350,15 +326,7 @@ def blocking_handler(address: str, topic: str, count: int) -> Took:
             if seen == count:
                 done.set()
 
-    with blocking.Consumer(
-        topic,
-        "c",
-        nsqd_tcp_addresses=[address],
-        handler=handler,
-        concurrency=4,
-        max_in_flight=IN_FLIGHT,
-        output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
-    ):
+    with blocking.Consumer(topic, "c", handler=handler, concurrency=4, **_consuming(address)):
         began = Clock()
         done.wait()
         return began.took()
@@ -366,22 +334,8 @@ def blocking_handler(address: str, topic: str, count: int) -> Took:
 
 def aio_iterate(address: str, topic: str, count: int, guest: bool = True) -> Took:
     async def main() -> Took:
-        async with aio.Consumer(
-            topic,
-            "c",
-            guest=guest,
-            nsqd_tcp_addresses=[address],
-            max_in_flight=IN_FLIGHT,
-            output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
-        ) as consumer:
-            began = Clock()
-            seen = 0
-            async for message in consumer:
-                await message.finish()
-                seen += 1
-                if seen == count:
-                    return began.took()
-        raise AssertionError("the consumer stopped early")
+        async with aio.Consumer(topic, "c", guest=guest, **_consuming(address)) as consumer:
+            return await _finish_each(consumer, count)
 
     return asyncio.run(main())
 
@@ -397,14 +351,7 @@ def aio_handler(address: str, topic: str, count: int) -> Took:
             if seen == count:
                 done.set()
 
-        async with aio.Consumer(
-            topic,
-            "c",
-            nsqd_tcp_addresses=[address],
-            handler=handler,
-            max_in_flight=IN_FLIGHT,
-            output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
-        ):
+        async with aio.Consumer(topic, "c", handler=handler, **_consuming(address)):
             began = Clock()
             await done.wait()
             return began.took()
