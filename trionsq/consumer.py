@@ -128,8 +128,8 @@ class _Session:
         self.scope = trio.CancelScope(shield=True)
         #: nsqd's answer to this session's CLS, once queued
         self.cls: PendingResponse | None = None
-        #: set when a message arrives after CLOSE_WAIT (there is at most one)
-        self.straggler = trio.Event()
+        #: whether a message arrived after CLOSE_WAIT (there is at most one)
+        self.straggled = False
 
     # RDY, FIN and REQ are queued without waiting (Connection.send_nowait): one
     # per RDY decision or per message nsqd handed out bounds them, and settling
@@ -216,44 +216,6 @@ class _Session:
             except NSQError:
                 pass  # already closed: nothing more comes from it
 
-    async def finish_close(self) -> None:
-        """Wait for CLOSE_WAIT (what nsqd sent before it has then been read,
-        and answered if the consumer is leaving), and briefly for a message
-        sent just after it, then until everything queued has been written (or
-        the connection has ended)."""
-        if self.cls is not None:
-            # How long CLOSE_WAIT is still in coming (answered already, e.g.
-            # during close_timeout, a straggler had all that time to come).
-            since = trio.current_time()
-            answered = self.cls.done
-            try:
-                await self.cls.result()
-            except NSQError as exc:
-                log.info("%s: CLS failed: %s", self.address, exc)
-            else:
-                # nsqd's sender may have taken a message for us just before
-                # CLS set our RDY to 0: it comes right after CLOSE_WAIT.  So
-                # too when our last RDY was 0 but read just before CLS, under
-                # the RDY before it.  A connection never given RDY cannot
-                # have one coming.
-                round_trip = 0.0 if answered else trio.current_time() - since
-                if self.had_rdy:
-                    grace = min(max(_STRAGGLER_GRACE, 2 * round_trip), _STRAGGLER_GRACE_MAX)
-                    with trio.move_on_after(grace):
-                        await self.straggler.wait()
-                # What a user checking a close needs, next to nsqd's own
-                # debug log of the commands it read.
-                log.debug(
-                    "%s: CLOSE_WAIT after %.1f ms (RDY %d); a message after it: %s",
-                    self.address,
-                    round_trip * 1000,
-                    self.wire_rdy,
-                    "requeued" if self.straggler.is_set() else "none",
-                )
-        await self.conn.flush()
-        log.debug("%s: everything queued written; closing", self.address)
-
-
 class Consumer:
     """Consumes ``topic`` on ``channel`` from nsqds given directly or found via lookupd.
 
@@ -339,6 +301,9 @@ class Consumer:
         # Set, while closing, whenever a handed-out message is answered or a
         # connection ends: the drain re-checks what it waits for.
         self._settled_event = trio.Event()
+        # Set, while leaving, when a message comes after a CLOSE_WAIT (see
+        # _finish_closes).
+        self._straggled = trio.Event()
         # Messages with give_up running (handed out like a handler's).
         self._giving_up: set[Message] = set()
         # Sessions inside their shielded scope (see _serve), to cancel on exit.
@@ -578,9 +543,69 @@ class Consumer:
             )
         for message in unanswered:
             self._abandon(message)
-        async with trio.open_nursery() as nursery:
-            for session in sessions:
-                nursery.start_soon(session.finish_close)
+        await self._finish_closes(sessions)
+
+    async def _finish_closes(self, sessions: list[_Session]) -> None:
+        """Wait for each session's CLOSE_WAIT (what nsqd sent before it has
+        then been read, and answered), and briefly for a message sent just
+        after it, then until everything queued has been written (or the
+        connection has ended).
+
+        All in this one task, one session after the other: the answers come
+        in parallel all the same, and a task, a timer and a cancel scope a
+        connection are what leaving would otherwise cost per nsqd.
+        """
+        # How long each CLOSE_WAIT is still in coming (answered already, e.g.
+        # during close_timeout, a straggler had all that time to come).
+        since = trio.current_time()
+        answered = [session.cls is not None and session.cls.done for session in sessions]
+        deadline = -math.inf  # the end of the latest straggler's grace
+        closed: list[tuple[_Session, float]] = []
+        for session, done in zip(sessions, answered, strict=True):
+            if session.cls is None:
+                continue
+            try:
+                await session.cls.result()
+            except NSQError as exc:
+                log.info("%s: CLS failed: %s", session.address, exc)
+                continue
+            # Seen after the answers waited for before it: a round trip counted
+            # from `since` may come out longer than it was, never shorter (a
+            # longer grace, within _STRAGGLER_GRACE_MAX).
+            now = trio.current_time()
+            round_trip = 0.0 if done else now - since
+            closed.append((session, round_trip))
+            # nsqd's sender may have taken a message for us just before CLS
+            # set our RDY to 0: it comes right after CLOSE_WAIT.  So too when
+            # our last RDY was 0 but read just before CLS, under the RDY
+            # before it.  A connection never given RDY cannot have one coming.
+            if session.had_rdy:
+                grace = min(max(_STRAGGLER_GRACE, 2 * round_trip), _STRAGGLER_GRACE_MAX)
+                deadline = max(deadline, now + grace)
+        # One wait for every connection's straggler, until each has come or
+        # the last grace is over (a connection's own grace may end earlier: it
+        # then stays open that much longer, and still requeues one).
+        waiting = [session for session, _ in closed if session.had_rdy]
+        while waiting and trio.current_time() < deadline:
+            self._straggled = trio.Event()
+            waiting = [session for session in waiting if not session.straggled]
+            if not waiting:
+                break
+            with trio.move_on_at(deadline):
+                await self._straggled.wait()
+        for session, round_trip in closed:
+            # What a user checking a close needs, next to nsqd's own debug
+            # log of the commands it read.
+            log.debug(
+                "%s: CLOSE_WAIT after %.1f ms (RDY %d); a message after it: %s",
+                session.address,
+                round_trip * 1000,
+                session.wire_rdy,
+                "requeued" if session.straggled else "none",
+            )
+        for session in sessions:
+            await session.conn.flush()
+            log.debug("%s: everything queued written; closing", session.address)
 
     def _abandon(self, message: Message) -> None:
         """REQ 0, no backoff: a message nobody will answer goes back at once."""
@@ -685,7 +710,8 @@ class Consumer:
             for message in messages:
                 self._abandon(message)  # sent before nsqd read our CLS
             if session.cls is not None and session.cls.done:
-                session.straggler.set()
+                session.straggled = True
+                self._straggled.set()
             return
         max_attempts = self.config.max_attempts
         if max_attempts and any(m.attempts > max_attempts for m in messages):
