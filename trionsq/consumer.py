@@ -216,6 +216,7 @@ class _Session:
             except NSQError:
                 pass  # already closed: nothing more comes from it
 
+
 class Consumer:
     """Consumes ``topic`` on ``channel`` from nsqds given directly or found via lookupd.
 

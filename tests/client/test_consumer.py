@@ -302,6 +302,31 @@ async def test_a_message_sent_after_close_wait_is_requeued_when_nsqd_is_slow_ali
     assert (first, 0) in node.reqs
 
 
+async def test_every_nsqd_s_straggler_is_requeued_whatever_order_the_close_waits_come_in(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Leaving waits for the CLOSE_WAITs one after the other in one task: the
+    # last nsqd answers first, the first last; each sends a straggler right
+    # after its CLOSE_WAIT, and each is caught and requeued, within the bound.
+    cluster = Cluster(nursery)
+    delays = [0.06, 0.04, 0.02, 0.0]
+    nodes = [cluster.add(f"n{i}:4150") for i in range(len(delays))]
+    firsts = []
+    for node, delay in zip(nodes, delays, strict=True):
+        node.cls_delay, node.straggler_after = delay, 0.005
+        firsts += node.put(b"first")
+    addresses = [f"n{i}:4150" for i in range(len(delays))]
+    stragglers = [b"%016x" % (90 + i) for i in range(len(delays))]
+    async with consumer(cluster, nsqd_tcp_addresses=addresses, max_in_flight=8) as c:
+        await wait_for(lambda: c.stats.received == len(delays))
+        for node, straggler in zip(nodes, stragglers, strict=True):
+            node.queue.append(Queued(straggler, b"straggler"))  # not sent yet
+        start = trio.current_time()
+    assert trio.current_time() - start < max(delays) + 0.25 + 0.01
+    for node, first, straggler in zip(nodes, firsts, stragglers, strict=True):
+        assert (straggler, 0) in node.reqs and (first, 0) in node.reqs
+
+
 async def test_a_message_sent_after_close_wait_is_requeued_after_a_last_rdy_0(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
