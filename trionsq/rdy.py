@@ -183,14 +183,23 @@ class RdyController(Generic[K]):
             # nothing to send must move on, or the consumer would test forever.
             return self._rotation(now, 1)
         count = len(conns)
-        if self.max_in_flight >= count:
-            base, extra = divmod(self.max_in_flight, count)
-            targets = {k: base + (1 if i < extra else 0) for i, k in enumerate(conns)}
-        else:
+        if self.max_in_flight < count:
             targets = self._rotation(now, self.max_in_flight)
-        for key, conn in conns.items():
-            target = min(targets[key], conn.max_rdy_count)
-            targets[key] = min(target, 1) if conn.bootstrapping else target
+            for key, conn in conns.items():
+                target = min(targets[key], conn.max_rdy_count)
+                targets[key] = min(target, 1) if conn.bootstrapping else target
+            return targets
+        # One pass (run as each connection joins and as each gets its first
+        # message: O(connections) each time, so its constant counts at 50).
+        base, extra = divmod(self.max_in_flight, count)
+        targets = {}
+        for index, (key, conn) in enumerate(conns.items()):
+            target = base + 1 if index < extra else base
+            if target > conn.max_rdy_count:
+                target = conn.max_rdy_count
+            if conn.bootstrapping and target > 1:
+                target = 1
+            targets[key] = target
         return targets
 
     def _rotation(self, now: float, limit: int) -> dict[K, int]:
@@ -218,15 +227,19 @@ class RdyController(Generic[K]):
         if not self.conns:
             self._due = False
             return []
-        targets = self._targets(now)
+        conns = self.conns
         changed: list[K] = []
+        targets = self._targets(now)
         short = False
         for key, target in targets.items():
-            if self.conns[key].rdy > target:
+            if conns[key].rdy > target:
                 self._set(key, target, now, changed)
-        committed = sum(c.committed for c in self.conns.values())
+        committed = 0
+        for conn in conns.values():
+            rdy, in_flight = conn.rdy, conn.in_flight
+            committed += rdy if rdy > in_flight else in_flight
         for key, target in targets.items():
-            conn = self.conns[key]
+            conn = conns[key]
             if conn.rdy < target:
                 others = committed - conn.committed
                 allowed = min(target, self.max_in_flight - others)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from random import Random
+
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trionsq import BackoffState
@@ -222,3 +224,54 @@ def test_not_due_means_rebalance_decides_nothing(
         changed = rdy.rebalance(now)
         if not due:
             assert changed == []
+
+
+@settings(max_examples=30)
+@given(st.integers(1, 60), st.integers(1, 2500), st.integers(0, 2**32))
+def test_many_connections_joining_and_leaving_stay_within_max_in_flight(
+    count: int, max_in_flight: int, seed: int
+) -> None:
+    """Up to 60 connections join one by one, each gets messages as nsqd would
+    send them (up to its RDY), everything is settled, and they leave in any
+    order: at every step the RDY and the messages in flight stay within
+    max_in_flight."""
+    random = Random(seed)
+    rdy: RdyController[int] = RdyController(max_in_flight, low_rdy_idle_timeout=5.0)
+    now = 0.0
+
+    def check() -> None:
+        assert sum(c.committed for c in rdy.conns.values()) <= max_in_flight
+        assert rdy.total_rdy <= max_in_flight
+
+    def deliver(key: int) -> None:
+        conn = rdy.conns[key]
+        room = conn.rdy - conn.in_flight
+        if room > 0:
+            rdy.on_messages(key, random.randint(1, room), now)
+
+    for key in range(count):
+        now += 0.001
+        rdy.add(key, 2500, now)
+        rdy.rebalance(now)
+        check()
+        deliver(random.randrange(key + 1))
+        rdy.rebalance(now)
+        check()
+    for key in rdy.conns:  # everyone's first message, then everything settled
+        deliver(key)
+        rdy.rebalance(now)
+        check()
+    for key, conn in rdy.conns.items():
+        for _ in range(conn.in_flight):
+            rdy.on_settled(key)
+    rdy.rebalance(now)
+    check()
+    assert rdy.total_rdy > 0
+    leaving = list(rdy.conns)
+    random.shuffle(leaving)
+    for key in leaving:
+        deliver(next(iter(rdy.conns)))
+        rdy.remove(key)
+        rdy.rebalance(now)
+        check()
+    assert rdy.conns == {}
