@@ -330,7 +330,23 @@ class Connection:
     async def _receive_exactly(self, size: int) -> bytes:
         data = self._leftover
         while len(data) < size:
-            chunk = bytes(await self._stream.receive_some(_RECEIVE_SIZE))
+            stream = self._stream
+            if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS:
+                # A handshake's answer is never there yet when asked for:
+                # wait first, then read (no failed recv, no BlockingIOError
+                # a connection); errors read as receive_some's.
+                fd = stream.socket.fileno()
+                await trio.lowlevel.wait_readable(fd)
+                try:
+                    chunk = os.read(fd, _RECEIVE_SIZE)
+                except BlockingIOError:
+                    continue  # woken without data: wait again
+                except OSError as exc:
+                    if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+                        raise trio.ClosedResourceError("this socket was already closed") from None
+                    raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+            else:
+                chunk = bytes(await stream.receive_some(_RECEIVE_SIZE))
             if not chunk:
                 raise NSQConnectionError(f"{self.address}: connection closed during handshake")
             data += chunk
@@ -966,4 +982,12 @@ class Connection:
         self._fd = -1
         self._finish(None)
         self._give_back(None)  # a reader that lent its socket sees the end
-        await trio.aclose_forcefully(self._stream)
+        stream = self._stream
+        if type(stream) is trio.SocketStream:
+            # What aclose_forcefully does to it (close, then a checkpoint),
+            # without the cancelled scope and the Cancelled it raises and
+            # catches: once a connection, at every close.
+            stream.socket.close()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            await trio.aclose_forcefully(stream)

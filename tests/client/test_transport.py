@@ -113,3 +113,93 @@ async def test_cancelling_a_direct_connect_closes_its_socket(
         await tcp_connector("192.0.2.1", 4150)
     assert scope.cancelled_caught
     assert made and all(sock.fileno() == -1 for sock in made)
+
+
+async def _serve_once(
+    listener: trio.SocketListener, answer: Any, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    task_status.started()
+    stream = await listener.accept()
+    assert isinstance(stream, trio.SocketStream)
+    try:
+        await answer(stream)
+    finally:
+        await stream.aclose()
+
+
+def _ok_identify() -> bytes:
+    from trionsq.protocol.frames import encode_response
+
+    return encode_response(b'{"max_rdy_count":7}')
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+async def test_the_handshake_reads_a_real_socket_in_any_pieces(pieces: int) -> None:
+    listener = await _listener(socket.AF_INET, "127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    answer_frame = _ok_identify()
+
+    async def answer(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+        step = -(-len(answer_frame) // pieces)
+        for start in range(0, len(answer_frame), step):
+            await stream.send_all(answer_frame[start : start + step])
+            await trio.sleep(0.01)  # separate reads, most likely; right either way
+        await stream.receive_some()  # until the client closes
+
+    async with listener, trio.open_nursery() as nursery:
+        await nursery.start(_serve_once, listener, answer)
+        with trio.fail_after(10):
+            conn = await Connection.open(f"127.0.0.1:{port}", Config())
+        assert conn.max_rdy_count == 7
+        stream = conn._stream
+        assert isinstance(stream, trio.SocketStream)
+        await conn.aclose()
+        assert stream.socket.fileno() == -1
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_a_real_socket_lost_during_the_handshake(how: str) -> None:
+    listener = await _listener(socket.AF_INET, "127.0.0.1")
+    port = listener.socket.getsockname()[1]
+
+    async def answer(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+        if how == "reset":  # RST instead of FIN
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+
+    async with listener, trio.open_nursery() as nursery:
+        await nursery.start(_serve_once, listener, answer)
+        with trio.fail_after(10), pytest.raises(trionsq.NSQConnectionError) as caught:
+            await Connection.open(f"127.0.0.1:{port}", Config())
+    text = str(caught.value)
+    assert text.startswith(f"127.0.0.1:{port}: ")
+    if how == "close":
+        assert text.endswith("connection closed during handshake")
+    else:
+        assert "socket connection broken" in text
+
+
+async def test_closing_a_real_connection_in_a_cancelled_scope() -> None:
+    # Connection.aclose closes the socket at once and is a checkpoint that
+    # does not raise, like trio.aclose_forcefully; the cancellation comes next.
+    listener = await _listener(socket.AF_INET, "127.0.0.1")
+    port = listener.socket.getsockname()[1]
+
+    async def answer(stream: trio.SocketStream) -> None:
+        await stream.receive_some()
+        await stream.send_all(_ok_identify())
+        assert await stream.receive_some() == b""
+
+    async with listener, trio.open_nursery() as nursery:
+        await nursery.start(_serve_once, listener, answer)
+        with trio.fail_after(10):
+            conn = await Connection.open(f"127.0.0.1:{port}", Config())
+        stream = conn._stream
+        assert isinstance(stream, trio.SocketStream)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await conn.aclose()
+            closed = stream.socket.fileno() == -1
+            await trio.lowlevel.checkpoint()
+        assert closed and scope.cancelled_caught and conn.closed
