@@ -6,15 +6,11 @@ checked on the client's side and through nsqd's ``/stats``.
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 import trio
@@ -23,6 +19,7 @@ import trustme
 import fakensq
 import trionsq
 
+from ..authserver import AuthServer
 from .daemons import Daemons, Nsqd, consumer, nothing_in_flight, publish, wait_channel, wait_until
 
 
@@ -237,60 +234,14 @@ async def test_tls(daemons: Daemons, certificates: dict[str, Any], variant: str)
     assert sorted(got) == [b"secret-1", b"secret-2"]
 
 
-class AuthServer:
-    """A small auth server for nsqd's ``--auth-http-address``: ``GET /auth``
-    with the client's secret, answered from ``grants`` (secret -> permissions
-    on every topic and channel; unknown secrets get 403)."""
-
-    def __init__(self, grants: dict[str, list[str]]) -> None:
-        self.grants = grants
-        self.queries: list[dict[str, str]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                outer.queries.append(query)
-                permissions = outer.grants.get(query.get("secret", ""))
-                if url.path != "/auth" or permissions is None:
-                    self.send_response(403)
-                    self.end_headers()
-                    return
-                body = json.dumps(
-                    {
-                        "ttl": 3600,
-                        "identity": "tester",
-                        "identity_url": "",
-                        "authorizations": [
-                            {"topic": ".*", "channels": [".*"], "permissions": permissions}
-                        ],
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-
-
 @asynccontextmanager
 async def auth_server(grants: dict[str, list[str]]) -> AsyncIterator[AuthServer]:
     server = AuthServer(grants)
-    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
-    thread.start()
     try:
         yield server
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(server.server.shutdown)
-            server.server.server_close()
+            await trio.to_thread.run_sync(server.close)
 
 
 async def test_auth(daemons: Daemons) -> None:

@@ -9,13 +9,11 @@ ports; ``stats`` reads its ``/stats`` JSON.  Options use fakensq's names
 
 from __future__ import annotations
 
-import json
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +24,7 @@ import trustme
 from fakensq.testing.cluster import Cluster
 from fakensq.testing.threaded import BackgroundNode
 from tests import reference
+from tests.authserver import AuthServer
 from trionsq import BackoffPolicy
 
 #: Reconnect quickly after a restart (the default waits seconds).
@@ -268,58 +267,9 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     return Tls(str(cert), str(key), client)
 
 
-class AuthServer:
-    """nsqd's auth server (``--auth-http-address``): grants everything to one secret."""
-
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
-        self.seen: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                query = httpx.URL(self.path).params
-                outer.seen.append(query.get("secret", ""))
-                if query.get("secret") != outer.secret:
-                    self.send_response(403)
-                    self.end_headers()
-                    return
-                body = json.dumps(
-                    {
-                        "ttl": 3600,
-                        "identity": "tester",
-                        "authorizations": [
-                            {
-                                "topic": ".*",
-                                "channels": [".*"],
-                                "permissions": ["subscribe", "publish"],
-                            }
-                        ],
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-
 @pytest.fixture
 def auth_server() -> Iterator[AuthServer]:
-    server = AuthServer("open-sesame")
+    server = AuthServer({"open-sesame": ["subscribe", "publish"]})
     try:
         yield server
     finally:
