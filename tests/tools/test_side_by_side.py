@@ -14,7 +14,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -287,25 +287,38 @@ def test_tail_prints_what_nsq_tail_prints(nsqd: reference.RealDaemon) -> None:
 # --- nsq_to_file ---------------------------------------------------------------
 
 
+def start_both(
+    tmp_path: Path, args: Callable[[str, Path], list[str]]
+) -> tuple[tuple[Path, Path], list[subprocess.Popen[bytes]]]:
+    """nsq_to_file (channel ``go``, into ``tmp_path/go``) and to-file (``py``,
+    ``tmp_path/py``), each started with ``args(channel, folder)``."""
+    dirs = tmp_path / "go", tmp_path / "py"
+    processes = []
+    for channel, out in zip(("go", "py"), dirs, strict=True):
+        out.mkdir()
+        argv = args(channel, out)
+        processes.append(
+            start(go_argv("to-file", *argv) if channel == "go" else command("to-file", *argv))
+        )
+    return dirs, processes
+
+
 def archive_both(
     nsqd: reference.RealDaemon, topic: str, tmp_path: Path, total: int, *flags: str
 ) -> tuple[Path, Path]:
     """Run nsq_to_file and to-file on the same topic (channels go, py) until each
     channel is drained, then SIGTERM both; returns their output folders."""
-    dirs = tmp_path / "go", tmp_path / "py"
-    processes = []
-    for channel, out in zip(("go", "py"), dirs, strict=True):
-        out.mkdir()
-        args = [
+    dirs, processes = start_both(
+        tmp_path,
+        lambda channel, out: [
             f"--topic={topic}",
             f"--channel={channel}",
             f"--nsqd-tcp-address={nsqd.tcp_address}",
             f"--output-dir={out}",
             "--sync-interval=100ms",
             *flags,
-        ]
-        argv = go_argv("to-file", *args) if channel == "go" else command("to-file", *args)
-        processes.append(start(argv))
+        ],
+    )
     for channel in ("go", "py"):
         wait_for(
             lambda channel=channel: drained(nsqd.http_address, topic, channel, total),
@@ -363,11 +376,9 @@ def test_to_file_rotation_by_time_as_nsq_to_file(
 ) -> None:
     topic = fresh("tick")
     fill(nsqd, topic, [b"first"], ["go", "py"])
-    dirs = tmp_path / "go", tmp_path / "py"
-    processes = []
-    for channel, out in zip(("go", "py"), dirs, strict=True):
-        out.mkdir()
-        args = [
+    dirs, processes = start_both(
+        tmp_path,
+        lambda channel, out: [
             f"--topic={topic}",
             f"--channel={channel}",
             f"--nsqd-tcp-address={nsqd.tcp_address}",
@@ -375,10 +386,8 @@ def test_to_file_rotation_by_time_as_nsq_to_file(
             "--rotate-interval=300ms",
             "--sync-interval=100ms",
             "--filename-format=<TOPIC><REV>.log",
-        ]
-        processes.append(
-            start(go_argv("to-file", *args) if channel == "go" else command("to-file", *args))
-        )
+        ],
+    )
     for out in dirs:
         wait_for(lambda out=out: len(list(out.iterdir())) >= 3, what="three files")
     for process in processes:
@@ -399,11 +408,9 @@ def test_to_file_topic_pattern_picks_up_new_topics_as_nsq_to_file(tmp_path: Path
     ):
         for topic in ("logs_a", "other"):
             fill(nsqd, topic, [f"{topic} 1".encode()], ["go", "py"])
-        dirs = tmp_path / "go", tmp_path / "py"
-        processes = []
-        for channel, out in zip(("go", "py"), dirs, strict=True):
-            out.mkdir()
-            args = [
+        dirs, processes = start_both(
+            tmp_path,
+            lambda channel, out: [
                 "--topic-pattern=^logs_",
                 "--topic-refresh=500ms",
                 f"--channel={channel}",
@@ -411,10 +418,8 @@ def test_to_file_topic_pattern_picks_up_new_topics_as_nsq_to_file(tmp_path: Path
                 f"--output-dir={out}",
                 "--sync-interval=100ms",
                 "--datetime-format=x",
-            ]
-            processes.append(
-                start(go_argv("to-file", *args) if channel == "go" else command("to-file", *args))
-            )
+            ],
+        )
         try:
             for out in dirs:
                 wait_for(lambda out=out: any(out.iterdir()), what="logs_a archived")
