@@ -202,15 +202,22 @@ async def _pair(
     return Pair(f"http://{real.http_address}", fake.url, layout, http)
 
 
+async def _built_real_cluster(stack: AsyncExitStack) -> tuple[httpx.AsyncClient, Layout]:
+    """An HTTP client and a real cluster built by :func:`build` (its consumer
+    closed when ``stack`` unwinds)."""
+    http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
+    layout = await _real_cluster(stack)
+    consumer = await build(layout, http)
+    stack.push_async_callback(consumer.aclose)
+    return http, layout
+
+
 @pytest.fixture
 async def real_pair() -> AsyncIterator[Pair]:
     """Both admins over a real cluster built by :func:`build`."""
     reference.require("nsqadmin")
     async with AsyncExitStack() as stack:
-        http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
-        layout = await _real_cluster(stack)
-        consumer = await build(layout, http)
-        stack.push_async_callback(consumer.aclose)
+        http, layout = await _built_real_cluster(stack)
         yield await _pair(stack, layout, http)
 
 
@@ -281,7 +288,7 @@ _BAD_BODIES = [
     b'{"action":[1,]}',
     b'{"action":[1,2}',
     b'{"action":{"a":1,}}',
-    b'{ }',
+    b"{ }",
     b'{"action":true}',
     b'{"action":"frob"}',
     b'{"action":null}',
@@ -420,10 +427,7 @@ async def test_a_dead_lookupd_is_a_warning_as_in_nsqadmin() -> None:
     reference.require("nsqadmin")
     async with AsyncExitStack() as stack:
         dead = stack.enter_context(dead_address())
-        http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
-        layout = await _real_cluster(stack)
-        consumer = await build(layout, http)
-        stack.push_async_callback(consumer.aclose)
+        http, layout = await _built_real_cluster(stack)
         flags = (f"--lookupd-http-address={dead}",)
         real = await stack.enter_async_context(
             reference.open_nsqadmin(f"--lookupd-http-address={layout.lookupd_http}", *flags)
@@ -456,10 +460,7 @@ async def test_nsqd_addresses_instead_of_lookupd() -> None:
     reference.require("nsqadmin")
     async with AsyncExitStack() as stack:
         dead = stack.enter_context(dead_address())
-        http = await stack.enter_async_context(httpx.AsyncClient(timeout=10))
-        layout = await _real_cluster(stack)
-        consumer = await build(layout, http)
-        stack.push_async_callback(consumer.aclose)
+        http, layout = await _built_real_cluster(stack)
         flags = [f"--nsqd-http-address={a}" for a in [*layout.nsqd_http, dead]]
         real = await stack.enter_async_context(reference.open_nsqadmin(*flags))
         fake = await stack.enter_async_context(
