@@ -28,8 +28,9 @@ import trio
 
 from ..admin.options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
 from ..admin.server import Admin, client_tls_context
-from ..golang.flags import FlagError, FlagSet, FlagValueError, HelpRequested, parse_go_duration
+from ..golang.flags import FlagSet, FlagValueError, parse_go_duration
 from ..golang.lg import GoLogFormatter, _daemon_flagset, version_string
+from .common import _parse_or_exit
 
 __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]
 
@@ -280,15 +281,9 @@ def _fatal(prefix: str, message: str) -> int:
 
 def admin_main(argv: Sequence[str]) -> int:
     """Run the admin server until SIGTERM/SIGINT, as ``nsqadmin`` runs."""
-    fs = admin_flagset()
-    try:
-        values, _ = fs.parse(argv)
-    except HelpRequested:
-        sys.stderr.write(fs.usage())
-        return 0
-    except FlagError as exc:
-        sys.stderr.write(f"{exc}\n{fs.usage()}")
-        return 2
+    values = _parse_or_exit(admin_flagset(), argv)
+    if isinstance(values, int):
+        return values
     if values.get("version"):
         print(version_string("nsqadmin"), flush=True)
         return 0
