@@ -69,10 +69,16 @@ CORRECT = "test_orders.py::test_ledger_counts_each_order_once"
 BUGGY = "test_orders.py::test_running_total"
 
 
+#: The projects' pytest.ini.  (-p no:benchmark: pytest-benchmark, where it is
+#: installed beside, warns in every in-process run on an xdist worker that
+#: xdist disables it; naming an absent plugin is a no-op.)
+PROJECT_INI = "[pytest]\ntrio_mode = true\naddopts = -p no:benchmark\n"
+
+
 @pytest.fixture
 def orders(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(test_orders=ORDERS_PROJECT)
-    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makeini(PROJECT_INI)
     return pytester
 
 
@@ -172,7 +178,7 @@ async def test_running_total(sim_cluster, autojump_clock):
 @pytest.fixture
 def simulated(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(test_sim=SIM_PROJECT)
-    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makeini(PROJECT_INI)
     return pytester
 
 
@@ -243,7 +249,7 @@ def test_marker_tunes_or_turns_off_the_faults(pytester: pytest.Pytester) -> None
             pass
         """
     )
-    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makeini(PROJECT_INI)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--nsq-faults=3")
     # (pytest-trio sets a Trio fixture up inside its test: a bad marker fails it)
     result.assert_outcomes(failed=3)
@@ -284,7 +290,7 @@ def test_cluster_and_factory_fixtures_meet_node_faults(pytester: pytest.Pytester
             assert False, "show the report"
         """
     )
-    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makeini(PROJECT_INI)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--nsq-faults=5")
     result.assert_outcomes(failed=2)
     text = result.stdout.str()
