@@ -39,7 +39,7 @@ import ssl
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, overload
 
 import trio
 
@@ -66,6 +66,7 @@ __all__ = [
     "NSQConnectionError",
     "ConnectionClosedError",
     "NegotiationError",
+    "RequestRefused",
     "CodecStream",
     "PendingResponse",
     "MessagesCallback",
@@ -92,6 +93,15 @@ class NSQConnectionError(NSQError, ConnectionError):
 
 class ConnectionClosedError(NSQConnectionError):
     """The connection ended before the request got its response."""
+
+
+class RequestRefused(Exception):
+    """nsqd answered :meth:`Connection.open`'s ``then`` request with an error
+    frame (its typed error in :attr:`error`; nsqd closes the connection)."""
+
+    def __init__(self, error: NSQError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class NegotiationError(NSQError):
@@ -302,9 +312,15 @@ class Connection:
     # --- opening ---
 
     @classmethod
-    async def open(cls, address: str, config: Config) -> Connection:
+    async def open(cls, address: str, config: Config, *, then: bytes | None = None) -> Connection:
         """Connect and negotiate; raises :class:`NSQConnectionError` if nsqd cannot be
-        reached in ``connect_timeout``, a typed NSQ error if it refuses."""
+        reached in ``connect_timeout``, a typed NSQ error if it refuses.
+
+        ``then``: a request (a consumer's SUB) sent once negotiated and
+        answered within the same ``connect_timeout``, before the connection
+        runs (see :meth:`run`): an error frame in reply raises
+        :class:`RequestRefused`, with nsqd's typed error as its ``error``.
+        """
         host, port = parse_address(address)
         conn: Connection | None = None
         # A plain scope, not trio.fail_after (a generator context manager):
@@ -314,6 +330,8 @@ class Connection:
             with scope:
                 conn = cls(await config.connector(host, port), address, config)
                 await conn._handshake(host)
+                if then is not None:
+                    await conn._request_now(then)
                 opened, conn = conn, None
                 return opened
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -353,8 +371,36 @@ class Connection:
         self._leftover = data[size:]
         return data[:size]
 
-    async def _read_response(self) -> bytes:
-        """Read one handshake frame: a response's data, or raise the error frame."""
+    async def _request_now(self, data: bytes) -> None:
+        """Send a request before :meth:`run` and read its ``OK`` here, the
+        handshake's way: no reader, writer or task of the connection's own is
+        needed for it yet (heartbeats meanwhile are answered)."""
+        if data and data[0] in self._watched:
+            self._follow(data)
+        await self._stream.send_all(data)
+        while True:
+            try:
+                response = await self._read_response(heartbeats=True)
+            except NSQError as exc:
+                if isinstance(exc, NSQConnectionError | ProtocolError):
+                    raise
+                raise RequestRefused(exc) from exc
+            if response is None:
+                await self._stream.send_all(commands.nop())
+            elif response != OK:
+                raise ProtocolError(f"expected OK, got {response[:100]!r}")
+            else:
+                return
+
+    @overload
+    async def _read_response(self) -> bytes: ...
+
+    @overload
+    async def _read_response(self, heartbeats: bool) -> bytes | None: ...
+
+    async def _read_response(self, heartbeats: bool = False) -> bytes | None:
+        """Read one handshake frame: a response's data, or raise the error
+        frame (a heartbeat: None with ``heartbeats``, else an error)."""
         header = await self._receive_exactly(4)
         size = int.from_bytes(header, "big", signed=True)
         if size > self.config.max_frame_size or size < 4:
@@ -364,8 +410,11 @@ class Connection:
         (frame,) = FrameParser(self.config.max_frame_size).feed(header + payload)
         if isinstance(frame, Error):
             raise frame.error
-        if isinstance(frame, Response) and not frame.is_heartbeat:
-            return frame.data
+        if isinstance(frame, Response):
+            if not frame.is_heartbeat:
+                return frame.data
+            if heartbeats:
+                return None
         raise ProtocolError(f"unexpected frame during handshake: {frame!r}"[:200])
 
     async def _handshake(self, host: str) -> None:

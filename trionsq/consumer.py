@@ -27,7 +27,7 @@ import trio
 
 from .backoff import Backoff, BackoffState
 from .config import Config
-from .connection import Connection, NegotiationError, PendingResponse
+from .connection import Connection, NegotiationError, PendingResponse, RequestRefused
 from .lookupd import lookup, merge
 from .message import Message, cancel_may_be_pending
 from .multiplex import Multiplexer
@@ -654,7 +654,14 @@ class Consumer:
 
     async def _connect_and_serve(self, address: str) -> None:
         try:
-            conn = await Connection.open(address, self.config)
+            # SUB answered as part of connecting (see Connection.open's then):
+            # the connection needs no task of its own until it runs.
+            conn = await Connection.open(
+                address, self.config, then=commands.sub(self.topic, self.channel)
+            )
+        except RequestRefused as exc:
+            log.warning("%s: SUB failed: %s", address, exc.error)
+            return
         except (NSQError, NegotiationError) as exc:
             log.warning("cannot connect to %s: %s", address, exc)
             return
@@ -670,24 +677,15 @@ class Consumer:
             try:
                 if self._closing:
                     return
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(conn.run, on_messages, session.make_message, self._mux)
-                    try:
-                        await conn.request(commands.sub(self.topic, self.channel))
-                    except NSQError as exc:
-                        log.warning("%s: SUB failed: %s", conn.address, exc)
-                        await conn.aclose()
-                        return
-                    if self._closing:
-                        await conn.aclose()
-                        return
-                    self._sessions[session] = None
-                    self._rdy.add(session, conn.max_rdy_count, trio.current_time())
-                    session.rdy_state = self._rdy.conns[session]
-                    self._connected.set()
-                    log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
-                    self._update_rdy()
-                    await conn.wait_closed()
+                # Subscribed (see _connect_and_serve): the connection counts
+                # from now on, and runs in this task.
+                self._sessions[session] = None
+                self._rdy.add(session, conn.max_rdy_count, trio.current_time())
+                session.rdy_state = self._rdy.conns[session]
+                self._connected.set()
+                log.info("%s: subscribed to %s/%s", conn.address, self.topic, self.channel)
+                self._update_rdy()
+                await conn.run(on_messages, session.make_message, self._mux)
             finally:
                 del self._serving[session]
                 self._sessions.pop(session, None)

@@ -343,3 +343,54 @@ async def test_identify_follows_each_configuration(nursery: trio.Nursery) -> Non
         )
         await conn.aclose()
     assert [c.record.identify["client_id"] for c in node.conns] == ["first", "second", "first"]
+
+
+@pytest.mark.parametrize("reply", ["ok", "heartbeat_then_ok", "error", "garbage"])
+async def test_a_request_answered_while_connecting(nursery: trio.Nursery, reply: str) -> None:
+    # Connection.open(then=...): a consumer's SUB, sent once negotiated and
+    # answered before the connection runs; a heartbeat meanwhile gets its NOP.
+    from trionsq.connection import RequestRefused
+    from trionsq.protocol.errors import BadTopicError
+    from trionsq.protocol.frames import encode_error
+
+    client, server = trio.testing.memory_stream_pair()
+    sub = commands.sub("topic", "chan")
+    received = bytearray()
+
+    async def serve() -> None:
+        async def read_until(end: bytes) -> None:
+            while not received.endswith(end):
+                received.extend(await server.receive_some())
+
+        await read_until(b"}")  # magic and IDENTIFY's JSON body
+        await server.send_all(encode_response(b'{"max_rdy_count":9}'))
+        await read_until(sub)
+        if reply == "heartbeat_then_ok":
+            await server.send_all(encode_response(b"_heartbeat_"))
+            await read_until(b"NOP\n")
+        if reply == "error":
+            await server.send_all(encode_error(b"E_BAD_TOPIC SUB topic name 'x' is not valid"))
+        elif reply == "garbage":
+            await server.send_all(encode_response(b"NOT OK"))
+        else:
+            await server.send_all(encode_response(b"OK"))
+
+    async def connector(host: str, port: int) -> trio.abc.Stream:
+        return client
+
+    nursery.start_soon(serve)
+    config = Config(connector=connector)
+    if reply == "error":
+        with pytest.raises(RequestRefused) as refused:
+            await Connection.open("nsqd:4150", config, then=sub)
+        assert isinstance(refused.value.error, BadTopicError)
+        assert str(refused.value) == "E_BAD_TOPIC SUB topic name 'x' is not valid"
+    elif reply == "garbage":
+        with pytest.raises(trionsq.ProtocolError, match="expected OK"):
+            await Connection.open("nsqd:4150", config, then=sub)
+    else:
+        conn = await Connection.open("nsqd:4150", config, then=sub)
+        assert conn.max_rdy_count == 9
+        assert received.endswith(sub + (b"NOP\n" if reply == "heartbeat_then_ok" else b""))
+        conn.send_nowait(commands.rdy(5))  # subscribed: RDY is valid now
+        await conn.aclose()

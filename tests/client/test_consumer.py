@@ -495,3 +495,46 @@ async def test_an_unchanged_rdy_is_sent_once_however_many_messages_come(
     # RDY 1, then the share (4); leaving may add RDY 0 or nothing, never 4 again.
     assert rdys[:2] == [1, 4]
     assert 4 not in rdys[2:]
+
+
+async def test_a_refused_sub_is_logged_and_retried(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, caplog: Any
+) -> None:
+    # SUB is answered while connecting: nsqd's refusal is logged as before
+    # (with its text), nothing else is sent, and the nsqd is tried again.
+    from trionsq.protocol.errors import SubFailedError
+
+    node = MiniNSQD(nursery)
+    refusal = SubFailedError("SUB failed consumers for topic:chan exceeds limit of 1")
+    node.sub_error = refusal
+    with caplog.at_level("WARNING", logger="trionsq.consumer"):
+        async with consumer(node) as c:
+            await wait_for(lambda: len(node.conns) >= 2, limit=60)
+            assert c.connections == []
+            node.sub_error = None
+            await c.wait_connected()
+            assert c.connections == ["nsqd:4150"]
+    failed = [r.getMessage() for r in caplog.records if "SUB failed" in r.getMessage()]
+    assert failed and failed[0] == "nsqd:4150: SUB failed: " + str(refusal)
+    first = [type(command).__name__ for command in node.conns[0].record.commands]
+    assert first == ["Identify", "Sub"]
+    assert node.conns[0].record.rdys == []
+
+
+async def test_an_nsqd_that_never_answers_sub_times_out_like_a_connect(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, caplog: Any
+) -> None:
+    # SUB answered within connect_timeout, as part of connecting: an nsqd
+    # that never answers it is given up on after connect_timeout, and tried
+    # again, never given RDY.
+    node = MiniNSQD(nursery)
+    node.sub_delay = math.inf
+    with caplog.at_level("WARNING", logger="trionsq.consumer"):
+        async with consumer(node, connect_timeout=2.0) as c:
+            await wait_for(lambda: len(node.conns) >= 2, limit=60)
+            assert c.connections == []
+    assert any(
+        r.getMessage() == "cannot connect to nsqd:4150: nsqd:4150: connect timed out"
+        for r in caplog.records
+    )
+    assert all(conn.record.rdys == [] for conn in node.conns)
