@@ -13,8 +13,6 @@ at least the depth /stats shows).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,78 +20,14 @@ import httpx
 import pytest
 import trio
 
-import fakensq
-from fakensq.cli import nsqd_flagset, nsqd_options_from_flags
 from trionsq.protocol import commands as cmds
 
 from .. import reference
-from .conftest import _diff, _parse_flags
+from .conftest import _diff
 from .normalize import Normalizer
+from .polling import poll_until
+from .restartable import RestartableNSQD, restartable
 from .session import READ_TIMEOUT, Session, Transcript
-
-
-class KillableNSQD:
-    """An nsqd of either kind on a data path of its own, killed and restarted."""
-
-    def __init__(self, kind: str, data: Path, flags: list[str]) -> None:
-        self.kind, self.data, self.flags = kind, data, flags
-        self.real: reference.RealDaemon | None = None
-        self.fake: fakensq.NSQD | None = None
-        self.tcp_address = self.http_address = ""
-        self._scope: trio.CancelScope | None = None
-        self._done = trio.Event()
-
-    async def start(self, nursery: trio.Nursery) -> None:
-        if self.kind == "real":
-            if self.real is None:
-                self.real = reference.RealDaemon("nsqd", self.flags, data_path=self.data)
-            await trio.to_thread.run_sync(self.real.start)
-            self.tcp_address, self.http_address = self.real.tcp_address, self.real.http_address
-            return
-        options = nsqd_options_from_flags(_parse_flags(nsqd_flagset(), self.flags)).replace(
-            tcp_address=self.tcp_address or "127.0.0.1:0",
-            http_address=self.http_address or "127.0.0.1:0",
-            broadcast_address="127.0.0.1",
-            data_path=str(self.data),
-        )
-        self.fake = fakensq.NSQD(options=options)
-        self._done = trio.Event()
-        await nursery.start(self._serve, self.fake)
-        self.tcp_address, self.http_address = self.fake.tcp_address, self.fake.http_address
-
-    async def _serve(self, node: fakensq.NSQD, *, task_status: trio.TaskStatus[None]) -> None:
-        try:
-            with trio.CancelScope() as self._scope:
-                await node.run(task_status=task_status)
-        finally:
-            self._done.set()
-
-    async def kill(self) -> None:
-        if self.real is not None:
-            await trio.to_thread.run_sync(self.real.kill)
-            return
-        assert self.fake is not None and self._scope is not None
-        self.fake.persist_on_stop = False  # as Cluster.kill_nsqd
-        self._scope.cancel()
-        await self._done.wait()
-
-    async def close(self) -> None:
-        if self.real is not None:
-            await trio.to_thread.run_sync(self.real.close)
-        if self._scope is not None:
-            self._scope.cancel()
-
-
-@asynccontextmanager
-async def killable(kind: str, data: Path, flags: list[str]) -> AsyncIterator[KillableNSQD]:
-    async with trio.open_nursery() as nursery:
-        node = KillableNSQD(kind, data, flags)
-        try:
-            await node.start(nursery)
-            yield node
-        finally:
-            await node.close()
-        nursery.cancel_scope.cancel()
 
 
 def synced_depth(data: Path, queue: str) -> int | None:
@@ -104,17 +38,16 @@ def synced_depth(data: Path, queue: str) -> int | None:
         return None
 
 
-async def wait_synced(node: KillableNSQD, queue: str, depth: int) -> None:
-    with trio.fail_after(READ_TIMEOUT):
-        while True:
-            if node.fake is not None:
-                node.fake.catch_up_disk_syncs()  # (its tickers run when looked at)
-            if synced_depth(node.data, queue) == depth:
-                return
-            await trio.sleep(0.01)  # another process's file: poll it
+async def wait_synced(node: RestartableNSQD, queue: str, depth: int) -> None:
+    async def read() -> int | None:
+        if node.fake is not None:
+            node.fake.catch_up_disk_syncs()  # (its tickers run when looked at)
+        return synced_depth(node.data, queue)
+
+    await poll_until(read, lambda synced: synced == depth, f"{queue}'s sync of depth {depth}")
 
 
-async def publish(node: KillableNSQD, name: str, bodies: list[bytes]) -> None:
+async def publish(node: RestartableNSQD, name: str, bodies: list[bytes]) -> None:
     p = await Session.connect(node.tcp_address, name, Transcript(), Normalizer())
     for body in bodies:
         await p.call(cmds.pub("t", body))
@@ -136,7 +69,7 @@ def depths(stats: Any) -> Any:
 async def scenario(kind: str, data: Path, flags: list[str], plan: list[Any]) -> Any:
     await trio.Path(data).mkdir()
     outcome: list[Any] = []
-    async with killable(kind, data, flags) as node, httpx.AsyncClient(timeout=10) as http:
+    async with restartable(kind, data, flags) as node, httpx.AsyncClient(timeout=10) as http:
         for step in plan:
             if step[0] == "channel":
                 await http.post(f"http://{node.http_address}/topic/create?topic=t")

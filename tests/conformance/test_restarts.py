@@ -16,77 +16,20 @@ import httpx
 import pytest
 import trio
 
-import fakensq
 from fakensq.lookupd.daemon import NSQLookupd
 
 from .. import reference
 from .conftest import Target, _diff
 from .lookupd import debug_times, lookupd_state
 from .normalize import Normalizer
-from .session import READ_TIMEOUT
-
-
-class Node:
-    """An nsqd of either kind, stopped (killed or not) and started again on the
-    same ports and data path."""
-
-    def __init__(self, kind: str, data: Path, lookupd: str) -> None:
-        self.kind = kind
-        self.data = data
-        self.lookupd = lookupd
-        self.real: reference.RealDaemon | None = None
-        self.fake: fakensq.NSQD | None = None
-        self.tcp_address = ""
-        self.http_address = ""
-        self._scope: trio.CancelScope | None = None
-        self._done: trio.Event | None = None
-
-    async def start(self, nursery: trio.Nursery) -> None:
-        if self.kind == "real":
-            if self.real is None:
-                self.real = reference.RealDaemon(
-                    "nsqd", [f"--lookupd-tcp-address={self.lookupd}"], data_path=self.data
-                )
-            await trio.to_thread.run_sync(self.real.start)
-            self.tcp_address, self.http_address = self.real.tcp_address, self.real.http_address
-            return
-        self.fake = fakensq.NSQD(
-            tcp_address=self.tcp_address or "127.0.0.1:0",
-            http_address=self.http_address or "127.0.0.1:0",
-            broadcast_address="127.0.0.1",
-            data_path=str(self.data),
-            lookupd_tcp_addresses=[self.lookupd],
-        )
-        await nursery.start(self._serve, self.fake)
-        self.tcp_address, self.http_address = self.fake.tcp_address, self.fake.http_address
-
-    async def _serve(self, node: fakensq.NSQD, *, task_status: trio.TaskStatus[None]) -> None:
-        self._done = trio.Event()
-        try:
-            with trio.CancelScope() as self._scope:
-                await node.run(task_status=task_status)
-        finally:
-            self._done.set()
-
-    async def stop(self, *, kill: bool) -> None:
-        if self.kind == "real":
-            assert self.real is not None
-            await trio.to_thread.run_sync(self.real.kill if kill else self.real.stop)
-            return
-        assert self.fake is not None and self._scope is not None and self._done is not None
-        self.fake.persist_on_stop = not kill  # a killed nsqd saves nothing at exit
-        self._scope.cancel()
-        await self._done.wait()
-
-    async def close(self) -> None:
-        if self.real is not None:
-            await trio.to_thread.run_sync(self.real.close)
-        if self._scope is not None:
-            self._scope.cancel()
+from .polling import poll_until
+from .restartable import RestartableNSQD, restartable
 
 
 @asynccontextmanager
-async def pair(kind: str, tmp: Path, normalizer: Normalizer) -> AsyncIterator[tuple[Node, Target]]:
+async def pair(
+    kind: str, tmp: Path, normalizer: Normalizer
+) -> AsyncIterator[tuple[RestartableNSQD, Target]]:
     """An nsqlookupd and an nsqd registered with it, both of ``kind``."""
     async with trio.open_nursery() as nursery:
         if kind == "real":
@@ -95,22 +38,16 @@ async def pair(kind: str, tmp: Path, normalizer: Normalizer) -> AsyncIterator[tu
             lookupd_cm = NSQLookupd(broadcast_address="127.0.0.1")
         async with lookupd_cm as daemon:
             lookupd = Target(kind, daemon.tcp_address, daemon.http_address, normalizer)
-            node = Node(kind, tmp, daemon.tcp_address)
-            try:
-                await node.start(nursery)
+            flags = [f"--lookupd-tcp-address={daemon.tcp_address}"]
+            async with restartable(kind, tmp, flags) as node:
                 yield node, lookupd
-            finally:
-                await node.close()
         nursery.cancel_scope.cancel()
 
 
 async def _wait(http: httpx.AsyncClient, url: str, ok: Any) -> None:
-    with trio.fail_after(READ_TIMEOUT):
-        while True:
-            r = await http.get(url)
-            if r.status_code == 200 and ok(r.json()):
-                return
-            await trio.sleep(0.01)  # another process's state: poll it
+    await poll_until(
+        lambda: http.get(url), lambda r: r.status_code == 200 and ok(r.json()), f"GET {url}"
+    )
 
 
 def _view(stats: Any) -> Any:
