@@ -304,7 +304,7 @@ class HostedProducer:
                         continue
                     try:
                         if conn is None or conn.closed:
-                            conn = await self.producer._connection()
+                            conn = await self.producer.connection()
                         pending = conn.request_nowait(data)
                     except (NSQError, OSError) as exc:
                         self._errors += 1

@@ -338,3 +338,9 @@ class Producer:
         if not math.isfinite(delay) or delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         await self._publish(commands.dpub(topic, round(delay * 1000), check_body("DPUB", body)))
+
+    async def connection(self) -> Connection:
+        """The connection publishes go on, connected (failing over between the
+        nsqds) as a publish connects it: for the front ends (trionsq.hosted),
+        which pipeline their publishes on it themselves."""
+        return await self._connection()
