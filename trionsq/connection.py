@@ -31,6 +31,7 @@ else back to the reader (see ``_lend`` and ``_borrow``).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import math
@@ -814,7 +815,11 @@ class Connection:
                 # Without heartbeats, silence is normal: only a missed
                 # heartbeat is a failure.
                 nursery.start_soon(self._guard, self._watch_reads, nursery.cancel_scope)
-            await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
+            if self._mux is not None and self._mux.reads and on_messages is not None:
+                # A consumer's connection: the multiplexer reads for it.
+                await self._guard(self._read_shared, nursery.cancel_scope, parser, on_messages)
+            else:
+                await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
         self._finish(self._reason)
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(self._stream)
@@ -920,6 +925,84 @@ class Connection:
                 if answered:
                     data = data[answered:]
             frames = parser.feed(data) if data else []
+
+    async def _read_shared(
+        self, parser: FrameParser[Any], on_messages: MessagesCallback[Any]
+    ) -> None:
+        """The reader when the multiplexer reads for the connection: park
+        while it does (see :mod:`trionsq.multiplex`); what ends the connection
+        there is raised here, as :meth:`_read_loop` would raise it."""
+        frames = parser.feed(self._leftover)
+        self._leftover = b""
+        if frames:
+            await self._dispatch(frames, on_messages)
+        mux = self._mux
+        assert mux is not None
+        while True:
+            fd = self._fd
+            if fd < 0:
+                raise trio.ClosedResourceError("the connection was closed")
+            # What _watch_reads watches: the shared reader moves it on at each read.
+            self._read_deadline = trio.current_time() + self.config.read_timeout
+            read_one = functools.partial(self._read_one, fd, parser, on_messages)
+            waiting = await mux.read_for(self, fd, read_one)
+            if waiting is None:
+                # The multiplexer ended (its consumer is leaving): read alone.
+                await self._read_loop(parser, on_messages)
+                return
+            # A callback's awaitable: this connection's reads wait for it,
+            # the other connections' do not.
+            self._read_deadline = math.inf
+            await waiting
+
+    def _read_one(
+        self, fd: int, parser: FrameParser[Any], on_messages: MessagesCallback[Any]
+    ) -> Awaitable[None] | None:
+        """One read for the shared reader, ``fd`` being readable: its frames
+        handed on as :meth:`_read_loop` hands them; returns an awaitable the
+        callback returned (the rest of the read's frames then wait behind it).
+        Raises what ends the connection."""
+        data = self._read_now(fd)
+        if data is None:
+            return None  # nothing after all, or closed meanwhile
+        if not data:
+            if self._closing:
+                raise trio.ClosedResourceError("the connection was closed")
+            raise NSQConnectionError(f"{self.address}: closed by nsqd")
+        self._read_deadline = trio.current_time() + self.config.read_timeout
+        frames = parser.feed(data)
+        if not frames:
+            return None
+        if parser.others:
+            return self._dispatch_now(frames, on_messages)
+        return on_messages(frames)
+
+    def _dispatch_now(
+        self, frames: list[Any], on_messages: MessagesCallback[Any]
+    ) -> Awaitable[None] | None:
+        """:meth:`_dispatch` without awaiting: runs of messages to the callback,
+        the other frames handled, in order, until the callback returns an
+        awaitable; then the rest waits behind it in what is returned."""
+        run: list[Any] = []
+        handle = self._handle
+        for index, frame in enumerate(frames):
+            kind = type(frame)
+            if kind is not Response and kind is not Error:
+                run.append(frame)
+                continue
+            if run:
+                waiting = on_messages(run)
+                run = []
+                if waiting is not None:
+                    return self._dispatch_after(waiting, frames[index:], on_messages)
+            handle(frame)
+        return on_messages(run) if run else None
+
+    async def _dispatch_after(
+        self, waiting: Awaitable[None], frames: list[Any], on_messages: MessagesCallback[Any]
+    ) -> None:
+        await waiting
+        await self._dispatch(frames, on_messages)
 
     def _read_now(self, fd: int) -> bytes | None:
         """Read ``fd`` once it is readable: its bytes (empty at the end of the
@@ -1028,6 +1111,10 @@ class Connection:
         loops return and pending requests fail."""
         self._closing = True
         self._open = False
+        if self._mux is not None and self._fd >= 0:
+            # Out of the shared reader before the socket closes: its number
+            # may be the next connection's at once.
+            self._mux.stop_reading(self._fd)
         self._fd = -1
         self._finish(None)
         self._give_back(None)  # a reader that lent its socket sees the end

@@ -10,6 +10,7 @@ or refuse connections.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 from collections import deque
 from dataclasses import dataclass, field
@@ -298,8 +299,12 @@ class MiniNSQD:
         tls_context: ssl.SSLContext | None = None,
         compression: bool = True,
         auth_secret: bytes | None = None,
+        tcp: bool = False,
     ) -> None:
         self.nursery = nursery
+        #: connections over real TCP sockets on 127.0.0.1 (a consumer's
+        #: shared I/O serves those), not in-memory streams
+        self.tcp = tcp
         self.max_rdy_count = max_rdy_count
         self.feature_negotiation = feature_negotiation
         self.tls_context = tls_context
@@ -360,7 +365,12 @@ class MiniNSQD:
     async def connector(self, host: str, port: int) -> trio.abc.Stream:
         if self.refuse:
             raise OSError(f"connection refused: {host}:{port}")
-        client, server = trio.testing.memory_stream_pair()
+        client: trio.abc.Stream
+        server: trio.abc.Stream
+        if self.tcp:
+            client, server = await tcp_stream_pair()
+        else:
+            client, server = trio.testing.memory_stream_pair()
         conn = ServerConn(self, server)
         self.conns.append(conn)
         self.nursery.start_soon(conn.serve)
@@ -387,6 +397,26 @@ class Cluster:
         if node is None:
             raise OSError(f"connection refused: {host}:{port}")
         return await node.connector(host, port)
+
+
+async def tcp_stream_pair(
+    *, small_buffers: bool = False
+) -> tuple[trio.SocketStream, trio.SocketStream]:
+    """A connected (client, server) pair of real TCP streams on 127.0.0.1;
+    ``small_buffers``: a few KB of socket buffer each way, so that a write of
+    more soon fills them while the server does not read."""
+    listener = trio.socket.socket()
+    with listener:
+        if small_buffers:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = trio.socket.socket()
+        if small_buffers:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        await client.connect(listener.getsockname())
+        server, _ = await listener.accept()
+    return trio.SocketStream(client), trio.SocketStream(server)
 
 
 async def wait_for(predicate: Any, limit: float = 30.0, step: float = 0.001) -> None:
