@@ -382,10 +382,13 @@ def child(case: str, job: Job) -> None:
 
     gc.collect()
     wall, cpu = time.perf_counter(), _cpu_seconds()
+    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     run(job)
     wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"wall": wall, "cpu": cpu, "peak_rss": peak}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    system = usage.ru_stime - system
+    peak = usage.ru_maxrss * 1024
+    print(json.dumps({"wall": wall, "cpu": cpu, "system": system, "peak_rss": peak}))
 
 
 # --- the daemons and their checks -------------------------------------------
@@ -396,6 +399,7 @@ class Took(NamedTuple):
     cpu: float
     count: int
     server_cpu: float = 0.0  # the nsqd's CPU seconds over the run
+    system: float = 0.0  # of ``cpu``, the seconds the kernel worked for the client
 
 
 class Nsqd:
@@ -520,7 +524,7 @@ def run_child(
     if out.returncode != 0:
         raise RuntimeError(f"{case} failed ({out.returncode}): {out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return Took(result["wall"], result["cpu"], count)
+    return Took(result["wall"], result["cpu"], count, system=result["system"])
 
 
 def _rusage_seconds(usage: resource.struct_rusage) -> float:
@@ -907,12 +911,18 @@ class _Line(NamedTuple):
     slope: float  # CPU seconds a further message (the marginal cost)
     fixed: float  # CPU seconds of a run of no messages (per process and connections)
     rate: float  # messages a wall-clock second over the full run
+    system: float  # of ``slope``, the kernel's CPU seconds (system calls, loopback TCP)
 
 
 def _fit(small: Took, full: Took) -> _Line:
-    slope = (full.cpu - small.cpu) / (full.count - small.count)
+    extra = full.count - small.count
+    slope = (full.cpu - small.cpu) / extra
     return _Line(
-        full.cpu / full.count, slope, small.cpu - slope * small.count, full.count / full.wall
+        full.cpu / full.count,
+        slope,
+        small.cpu - slope * small.count,
+        full.count / full.wall,
+        (full.system - small.system) / extra,
     )
 
 
@@ -947,6 +957,11 @@ def connections_section(args: argparse.Namespace) -> list[str]:
     that round's fit; each ``vs 1`` column the median of the per-round ratios
     to the first width (``--connections``, 1 by default).  Every run is
     checked against each nsqd's ``/stats``.
+
+    A second table splits the marginal CPU a message into ``user`` (the
+    process's own work: the client's code) and ``system`` (the kernel's on
+    its behalf: reads, writes, waits, and on loopback the TCP work of handing
+    its FINs to nsqd), from the same fit of ``getrusage``'s two clocks.
     """
     widths = [int(n) for n in args.connections.split(",")]
     small = args.connections_small or max(args.messages // 100, max(widths))
@@ -1031,6 +1046,31 @@ def connections_section(args: argparse.Namespace) -> list[str]:
                 f"{1e3 * median(case, width, lambda x: x.fixed) / width:>8.3f} "
                 f"{versus(case, width, per_connection):>5.2f} "
                 f"{f'{1e3 * extra:.3f}' if width != first else '-':>9} {raw}"
+            )
+    # The marginal CPU split in two: the process's own work (Python, the
+    # client's code) and the kernel's on its behalf (each read, write and
+    # wait, and on loopback the TCP work of delivering the FINs to nsqd).
+    # At RDY 2500 / n a read and a write are shared by fewer messages as n
+    # grows, which any client pays in kernel time (the raw loop's rows).
+    print(
+        "  marginal CPU a message, split: user (the process's own work) and system "
+        "(the kernel's, for its reads, writes and waits)"
+    )
+    print(f"  {'':<8} {'nsqds':>5} {'user us':>8} {'vs 1':>5} {'system us':>10} {'vs 1':>5}")
+
+    def user(line: _Line, width: int) -> float:
+        return line.slope - line.system
+
+    def system(line: _Line, width: int) -> float:
+        return line.system
+
+    for case, label in zip(cases, ("trionsq", "raw loop"), strict=True):
+        for width in widths:
+            print(
+                f"  {label:<8} {width:>5} {1e6 * median(case, width, lambda x: user(x, 0)):>8.2f} "
+                f"{versus(case, width, user):>5.2f} "
+                f"{1e6 * median(case, width, lambda x: x.system):>10.2f} "
+                f"{versus(case, width, system):>5.2f}"
             )
     sys.stdout.flush()
     return []
