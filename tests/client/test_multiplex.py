@@ -44,6 +44,19 @@ def pubs(tag: str, count: int, size: int = 20) -> list[bytes]:
     return [commands.pub("t", f"{tag}-{i}".encode().ljust(size, b".")) for i in range(count)]
 
 
+def start_cancellable(nursery: trio.Nursery) -> tuple[Multiplexer, trio.CancelScope]:
+    """A multiplexer running in ``nursery`` and the scope that ends it."""
+    mux = Multiplexer()
+    scope = trio.CancelScope()
+
+    async def run_mux() -> None:
+        with scope:
+            await mux.run()
+
+    nursery.start_soon(run_mux)
+    return mux, scope
+
+
 @pytest.fixture
 async def mux(nursery: trio.Nursery) -> AsyncIterator[Multiplexer]:
     mux = Multiplexer()
@@ -148,14 +161,7 @@ async def test_send_waits_for_room_when_the_peer_does_not_read(
 async def test_connections_write_on_their_own_once_the_multiplexer_ends(
     nursery: trio.Nursery,
 ) -> None:
-    mux = Multiplexer()
-    scope = trio.CancelScope()
-
-    async def run_mux() -> None:
-        with scope:
-            await mux.run()
-
-    nursery.start_soon(run_mux)
+    mux, scope = start_cancellable(nursery)
     client, server = await tcp_stream_pair()
     conn = await start(nursery, client, mux)
     conn.send_nowait(commands.nop())  # on the flusher's list ...
@@ -348,14 +354,7 @@ async def test_missed_heartbeats_end_a_shared_connection(
 async def test_connections_read_on_their_own_once_the_multiplexer_ends(
     nursery: trio.Nursery,
 ) -> None:
-    mux = Multiplexer()
-    scope = trio.CancelScope()
-
-    async def run_mux() -> None:
-        with scope:
-            await mux.run()
-
-    nursery.start_soon(run_mux)
+    mux, scope = start_cancellable(nursery)
     client, server = await tcp_stream_pair()
     got = Got()
     conn = await start(nursery, client, mux, got)
