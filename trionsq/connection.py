@@ -241,6 +241,32 @@ def _greeting(config: Config) -> bytes:
     return _greeted[1]
 
 
+def _read_socket(fd: int) -> bytes | None:
+    """Read a plain TCP socket that is readable: its bytes (empty at the end
+    of the stream), or None when there is nothing after all.  Errors are
+    translated as :meth:`trio.SocketStream.receive_some` translates them."""
+    try:
+        return os.read(fd, _RECEIVE_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+            raise trio.ClosedResourceError("this socket was already closed") from None
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
+async def _close_at_once(stream: trio.abc.Stream) -> None:
+    """:func:`trio.aclose_forcefully`; a plain TCP stream is closed as it
+    would close it (the socket, then a checkpoint) without the cancelled
+    scope and the ``Cancelled`` it raises and catches: at every close of
+    every connection."""
+    if type(stream) is trio.SocketStream:
+        stream.socket.close()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    else:
+        await trio.aclose_forcefully(stream)
+
+
 M = TypeVar("M")
 
 #: Called by the reader with the messages of one read, in order (a run of them
@@ -342,7 +368,7 @@ class Connection:
             raise NSQConnectionError(f"{address}: {str(exc) or type(exc).__name__}") from exc
         finally:
             if conn is not None:  # the handshake failed: do not leak the stream
-                await trio.aclose_forcefully(conn._stream)
+                await _close_at_once(conn._stream)
         # Only the scope's own deadline ends the block without a return.
         raise NSQConnectionError(f"{address}: connect timed out")
 
@@ -356,14 +382,10 @@ class Connection:
                 # a connection); errors read as receive_some's.
                 fd = stream.socket.fileno()
                 await trio.lowlevel.wait_readable(fd)
-                try:
-                    chunk = os.read(fd, _RECEIVE_SIZE)
-                except BlockingIOError:
+                got = _read_socket(fd)
+                if got is None:
                     continue  # woken without data: wait again
-                except OSError as exc:
-                    if exc.errno in (errno.EBADF, errno.ENOTSOCK):
-                        raise trio.ClosedResourceError("this socket was already closed") from None
-                    raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+                chunk = got
             else:
                 chunk = bytes(await stream.receive_some(_RECEIVE_SIZE))
             if not chunk:
@@ -524,11 +546,7 @@ class Connection:
             self._follow(data)
         self._out += data
         if self._writer_idle:
-            self._writer_idle = False
-            if self._mux is None:
-                self._wake_writer.set()
-            else:
-                self._mux.flush_later(self)
+            self._start_writing()
 
     async def request(self, data: bytes) -> bytes:
         """Send a command and wait for its response (``OK``, ``CLOSE_WAIT``, JSON).
@@ -583,11 +601,7 @@ class Connection:
                 self._give_back(None)
             self._out += data
             if self._writer_idle:
-                self._writer_idle = False
-                if self._mux is None:
-                    self._wake_writer.set()
-                else:
-                    self._mux.flush_later(self)
+                self._start_writing()
         # pending.result(), inline: park until the reader hands the response over.
         pending._task = trio.lowlevel.current_task()
         await trio.lowlevel.wait_task_rescheduled(pending._abort)
@@ -704,11 +718,7 @@ class Connection:
             self._give_back(None)  # its response is the reader's to read
         self._out += data
         if self._writer_idle:
-            self._writer_idle = False
-            if self._mux is None:
-                self._wake_writer.set()
-            else:
-                self._mux.flush_later(self)
+            self._start_writing()
         return pending
 
     async def flush(self) -> None:
@@ -748,6 +758,16 @@ class Connection:
             else:
                 await self._stream.send_all(data)
             self._writing = False
+
+    def _start_writing(self) -> None:
+        """The first command queued while the writer is idle: have it written,
+        by the shared flusher if there is one, else by the writer task (once a
+        batch of commands, not once a command)."""
+        self._writer_idle = False
+        if self._mux is None:
+            self._wake_writer.set()
+        else:
+            self._mux.flush_later(self)
 
     def _write_now(self) -> None:
         """The shared flusher's turn (see :mod:`trionsq.multiplex`): write what
@@ -822,7 +842,7 @@ class Connection:
                 await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
         self._finish(self._reason)
         with trio.CancelScope(shield=True):
-            await trio.aclose_forcefully(self._stream)
+            await _close_at_once(self._stream)
 
     @trio.lowlevel.enable_ki_protection
     async def _guard(
@@ -980,9 +1000,9 @@ class Connection:
     def _dispatch_now(
         self, frames: list[Any], on_messages: MessagesCallback[Any]
     ) -> Awaitable[None] | None:
-        """:meth:`_dispatch` without awaiting: runs of messages to the callback,
-        the other frames handled, in order, until the callback returns an
-        awaitable; then the rest waits behind it in what is returned."""
+        """A consumer's frames handed on without awaiting: runs of messages to
+        the callback, the other frames handled, in order, until the callback
+        returns an awaitable; then the rest waits behind it in what is returned."""
         run: list[Any] = []
         handle = self._handle
         for index, frame in enumerate(frames):
@@ -1012,37 +1032,23 @@ class Connection:
             # Closed while the reader was being woken (the number may even be
             # another socket's now): the stream's own read says how.
             return None
-        try:
-            return os.read(fd, _RECEIVE_SIZE)
-        except BlockingIOError:
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.EBADF, errno.ENOTSOCK):
-                raise trio.ClosedResourceError("this socket was already closed") from None
-            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+        return _read_socket(fd)
 
     async def _dispatch(self, frames: list[Any], on_messages: MessagesCallback[Any] | None) -> None:
         """Frames of a read that are not all messages: each run of messages to
-        the callback, the others handled, all in order."""
-        run: list[Any] = []
-        handle = self._handle
-        for frame in frames:
-            kind = type(frame)
-            if kind is not Response and kind is not Error:
-                if on_messages is None:
+        the callback, the others handled, all in order (a producer's reader,
+        without a callback, ends the connection at a message)."""
+        if on_messages is None:
+            handle = self._handle
+            for frame in frames:
+                kind = type(frame)
+                if kind is not Response and kind is not Error:
                     raise ProtocolError(f"{self.address}: unexpected message frame")
-                run.append(frame)
-                continue
-            if run and on_messages is not None:
-                waiting = on_messages(run)
-                run = []
-                if waiting is not None:
-                    await waiting
-            handle(frame)
-        if run and on_messages is not None:
-            waiting = on_messages(run)
-            if waiting is not None:
-                await waiting
+                handle(frame)
+            return
+        waiting = self._dispatch_now(frames, on_messages)
+        if waiting is not None:
+            await waiting
 
     def _handle(self, frame: Response | Error) -> None:
         """A frame that is not a message: a response goes to the request it
@@ -1118,12 +1124,4 @@ class Connection:
         self._fd = -1
         self._finish(None)
         self._give_back(None)  # a reader that lent its socket sees the end
-        stream = self._stream
-        if type(stream) is trio.SocketStream:
-            # What aclose_forcefully does to it (close, then a checkpoint),
-            # without the cancelled scope and the Cancelled it raises and
-            # catches: once a connection, at every close.
-            stream.socket.close()
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        else:
-            await trio.aclose_forcefully(stream)
+        await _close_at_once(self._stream)
