@@ -183,18 +183,18 @@ class RdyController(Generic[K]):
             # nothing to send must move on, or the consumer would test forever.
             return self._rotation(now, 1)
         count = len(conns)
-        if self.max_in_flight < count:
-            targets = self._rotation(now, self.max_in_flight)
-            for key, conn in conns.items():
-                target = min(targets[key], conn.max_rdy_count)
-                targets[key] = min(target, 1) if conn.bootstrapping else target
-            return targets
-        # One pass (run as each connection joins and as each gets its first
-        # message: O(connections) each time, so its constant counts at 50).
+        # Fewer places than connections: RDY 1 rotates among them; else an
+        # even spread.  Either is then bounded by each connection's own limits.
+        rotated = self._rotation(now, self.max_in_flight) if self.max_in_flight < count else None
         base, extra = divmod(self.max_in_flight, count)
         targets = {}
+        # One pass (run as each connection joins and as each gets its first
+        # message: O(connections) each time, so its constant counts at 50).
         for index, (key, conn) in enumerate(conns.items()):
-            target = base + 1 if index < extra else base
+            if rotated is not None:
+                target = rotated[key]
+            else:
+                target = base + 1 if index < extra else base
             if target > conn.max_rdy_count:
                 target = conn.max_rdy_count
             if conn.bootstrapping and target > 1:
