@@ -313,7 +313,15 @@ async def test_a_closed_connections_socket_number_reused_at_once(
     await listener.bind(("127.0.0.1", 0))
     listener.listen()
     await conn.aclose()  # out of the reader before its socket closes
+    # The next socket takes the lowest free number: fd, unless a lower one was
+    # freed meanwhile (by another test's thread on this worker): fill those.
+    fillers = []
     client2 = trio.socket.socket()
+    while client2.fileno() < fd:
+        fillers.append(client2)
+        client2 = trio.socket.socket()
+    for filler in fillers:
+        filler.close()
     assert client2.fileno() == fd
     await client2.connect(listener.getsockname())
     server2, _ = await listener.accept()
