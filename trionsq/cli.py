@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -35,7 +36,7 @@ from .tools import GO_NAMES, TOOLS
 from .tools.common import ToolError, tune_gc
 from .tools.flags import FlagSet
 
-__all__ = ["main", "tool_flags"]
+__all__ = ["main", "plain_text", "tool_flags"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -66,12 +67,44 @@ def _module(name: str) -> ModuleType:
 def tool_flags(name: str) -> FlagSet:
     """The flags of ``trionsq NAME`` (``--version`` and ``--log-level`` included)."""
     module = _module(name)
-    flags = FlagSet(prog=f"trionsq {name}", description=module.__doc__ or "")
+    flags = FlagSet(prog=f"trionsq {name}", description=plain_text(module.__doc__ or ""))
     module.configure(flags)
     flags.bool("version", "print version string")
     if not flags.has("log-level"):
         flags.string("log-level", "", "log verbosity: debug, info, warn, error, fatal (trionsq)")
     return flags
+
+
+#: ``:role:`text``` (a Sphinx cross-reference) and ````literal````: their text.
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+
+
+def _role_text(match: re.Match[str]) -> str:
+    # ``:mod:`~a.b``` shows ``b``, as Sphinx does.
+    target = match.group(1)
+    return target.rsplit(".", 1)[-1] if "~" in match.group(0) else target
+
+
+def plain_text(doc: str) -> str:
+    """A module docstring (reStructuredText, for the API reference) as the plain
+    text a terminal shows: no markup left, the words kept.
+
+    ``--help`` prints the tool's docstring above the flags; the markup that makes
+    the rendered docs read well (````--gzip````, ``:mod:`x```, ``text::`` before
+    a literal block) is noise on a terminal.
+    """
+    text = _ROLE.sub(_role_text, doc)
+    text = _LITERAL.sub(r"\1", text)
+    lines = []
+    for line in text.splitlines():
+        stripped = line.rstrip()
+        if stripped.strip() == "::":
+            continue  # a literal block's lone marker
+        if stripped.endswith("::"):
+            stripped = stripped[:-1]  # "text::" reads "text:"
+        lines.append(stripped)
+    return "\n".join(lines)
 
 
 def _top_usage() -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fakensq import NSQD
@@ -53,6 +55,11 @@ def test_help_lists_every_flag_of_the_go_tool(tool: str, form: str) -> None:
     text = result.stdout.decode()
     assert set(TOOLS[tool].split()) <= listed_flags(text)
     assert f"Usage of trionsq {tool}:" in text
+    # The header is the tool's docstring as plain text: no reStructuredText left.
+    header = text.split("Usage of")[0]
+    assert header.startswith(f"trionsq {tool}")
+    assert "``" not in header and "::" not in header
+    assert re.search(r":[a-z]+:`", header) is None
 
 
 @pytest.mark.parametrize("tool", list(TOOLS))
