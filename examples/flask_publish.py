@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
 
 from flask import Flask, Response, current_app, jsonify, request
 
@@ -47,24 +48,29 @@ def create_app(nsqd_tcp_addresses: list[str] | None = None) -> Flask:
 
     @app.post("/publish/<topic>")
     def publish(topic: str) -> tuple[Response, int]:
-        try:
-            # Returns once nsqd acknowledged: the client knows the message is stored.
-            get_producer().publish(topic, request.get_data(), timeout=5)
-        except trionsq.BadTopicError as exc:
-            return jsonify(error=str(exc)), 400
-        except (trionsq.NSQError, TimeoutError) as exc:
-            return jsonify(error=str(exc)), 503
-        return jsonify(published=topic), 201
+        # Returns once nsqd acknowledged: the client knows the message is stored.
+        return answer(lambda: get_producer().publish(topic, request.get_data(), timeout=5), topic)
 
     @app.post("/publish-many/<topic>")
     def publish_many(topic: str) -> tuple[Response, int]:
         bodies = [line.encode() for line in request.get_data(as_text=True).splitlines()]
         if not bodies:
             return jsonify(error="no lines"), 400
-        get_producer().multi_publish(topic, bodies, timeout=5)
-        return jsonify(published=len(bodies)), 201
+        return answer(lambda: get_producer().multi_publish(topic, bodies, timeout=5), len(bodies))
 
     return app
+
+
+def answer(publish: Callable[[], None], published: object) -> tuple[Response, int]:
+    """Every view's answer to a publish: 201, or the error mapped to a status
+    (the client's mistake 400, NSQ unreachable or too slow 503)."""
+    try:
+        publish()
+    except trionsq.BadTopicError as exc:
+        return jsonify(error=str(exc)), 400
+    except (trionsq.NSQError, TimeoutError) as exc:
+        return jsonify(error=str(exc)), 503
+    return jsonify(published=published), 201
 
 
 def close_producer(app: Flask) -> None:

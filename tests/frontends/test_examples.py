@@ -52,6 +52,9 @@ def test_a_flask_view_publishes(nsqd: Any) -> None:
         assert client.post("/publish-many/clicks", data="a\nb\nc").status_code == 201
         answer = client.post("/publish/bad topic!", data=b"x")
         assert answer.status_code == 400 and "not valid" in answer.get_json()["error"]
+        # Every view maps the client's mistake alike, not one a 400, another a 500.
+        answer = client.post("/publish-many/bad!x", data="a\nb")
+        assert answer.status_code == 400 and "not valid" in answer.get_json()["error"]
         producer = app.extensions["nsq_producer"]
         assert producer.stats.published == 4
     finally:
