@@ -51,9 +51,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(rest)
 
 
+_SHIMS_USAGE: Final = """\
+usage: fakensq shims DIR
+
+Writes executable nsqd and nsqlookupd into DIR (created if needed), bound to
+this Python: fakensq's daemons under the real binaries' names, for test suites
+that start them by name.  Put DIR first on PATH where the fakes are wanted.
+"""
+
+
 def _shims_main(argv: Sequence[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: fakensq shims DIR\n")
+    # A lone DIR and nothing else: "--help" or a mistyped flag must not become
+    # a folder of that name.
+    if len(argv) == 1 and argv[0] in ("-h", "-help", "--help"):
+        sys.stderr.write(_SHIMS_USAGE)
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.stderr.write(_SHIMS_USAGE)
         return 2
     for path in write_shims(argv[0]):
         print(path)

@@ -176,6 +176,25 @@ async def test_shims(tmp_path: Path, daemons: list[Daemon]) -> None:
     assert await d.stop(signal.SIGTERM) == 0
 
 
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [(["--help"], 0), (["-h"], 0), (["-help"], 0), (["--bogus"], 2), ([], 2), (["a", "b"], 2)],
+)
+def test_shims_help_writes_nothing(
+    args: list[str],
+    status: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fakensq.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["shims", *args]) == status
+    assert "usage: fakensq shims DIR" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no folder named after the flag
+
+
 async def test_cluster_command(daemons: list[Daemon]) -> None:
     d = await Daemon.fakensq("cluster", "--nsqd=2", "-lookupd", "2")
     daemons.append(d)
