@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .version import FAKENSQ_VERSION
+
 if TYPE_CHECKING:
     from .golang.net import ListenError
     from .lookupd.daemon import NSQLookupd
@@ -34,7 +36,7 @@ __all__ = [
     "SimNetwork",
 ]
 
-__version__ = "0.1.0"
+__version__ = FAKENSQ_VERSION
 
 _MODULE_OF = {
     "NSQD": ".nsqd.node",

@@ -1,8 +1,15 @@
-"""The NSQ release fakensq reproduces, shared by nsqd, nsqlookupd and nsqadmin."""
+"""The NSQ release fakensq reproduces, shared by nsqd, nsqlookupd and nsqadmin,
+and what fakensq says it is where the real binaries name their build."""
 
-__all__ = ["GO_TOOLCHAIN", "VERSION"]
+import platform
 
-#: The NSQ version fakensq reports (IDENTIFY, /info, /ping's peers, --version).
+__all__ = ["BUILD", "FAKENSQ_VERSION", "VERSION"]
+
+#: The NSQ version fakensq reproduces (IDENTIFY, /info, /ping's peers, --version).
 VERSION = "1.3.0"
-#: The Go toolchain the reference v1.3.0 binaries name (``--version``, text /stats).
-GO_TOOLCHAIN = "go1.27.3"
+#: fakensq's own release (the package's ``fakensq.__version__``).
+FAKENSQ_VERSION = "0.1.0"
+#: The build note of ``--version``, the start-up log line and the text ``/stats``,
+#: where the real binaries write ``built w/go1.21.5``: a fake never claims to be
+#: a Go build.  The line still starts ``nsqd v1.3.0``, what scripts look for.
+BUILD = f"fakensq {FAKENSQ_VERSION}, Python {platform.python_version()}"

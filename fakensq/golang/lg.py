@@ -10,15 +10,10 @@ import logging
 from datetime import datetime
 from typing import Final
 
-from ..version import GO_TOOLCHAIN, VERSION
+from ..version import BUILD, VERSION
 from .flags import Flag, FlagSet, FlagValueError
 
-__all__ = ["GO_VERSION", "GoLogFormatter", "version_string"]
-
-
-#: What ``--version`` and the text ``/stats`` report as the Go toolchain: the
-#: reference v1.3.0 binaries' (tests/reference.py).
-GO_VERSION: Final = GO_TOOLCHAIN
+__all__ = ["GoLogFormatter", "version_string"]
 
 
 _LEVELS: Final = {
@@ -40,8 +35,10 @@ _LEVEL_NAMES: Final = {
 
 
 def version_string(app: str) -> str:
-    """``internal/version.String``: ``nsqd v1.3.0 (built w/go1.21.5)``."""
-    return f"{app} v{VERSION} (built w/{GO_VERSION})"
+    """``internal/version.String``'s shape with fakensq's build note:
+    ``nsqd v1.3.0 (fakensq 0.1.0, Python 3.11.7)`` where the real binary says
+    ``nsqd v1.3.0 (built w/go1.21.5)``."""
+    return f"{app} v{VERSION} ({BUILD})"
 
 
 class GoLogFormatter(logging.Formatter):

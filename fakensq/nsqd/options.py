@@ -14,13 +14,13 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..version import GO_TOOLCHAIN, VERSION
+from ..version import BUILD, VERSION
 
 __all__ = [
     "NSQDOptions",
     "VERSION",
     "default_node_id",
-    "GO_TOOLCHAIN",
+    "BUILD",
     "TLS_NOT_REQUIRED",
     "TLS_REQUIRED_EXCEPT_HTTP",
     "TLS_REQUIRED",

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..golang.flags import format_go_duration
-from .options import GO_TOOLCHAIN, VERSION, NSQDOptions
+from .options import BUILD, VERSION, NSQDOptions
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -172,7 +172,7 @@ def _memory_stats() -> dict[str, int]:
 
 def format_text_stats(doc: dict[str, Any]) -> str:
     """nsqd's plain-text /stats (``printStats``)."""
-    out = [f"nsqd v{doc['version']} (built w/{GO_TOOLCHAIN})\n"]
+    out = [f"nsqd v{doc['version']} ({BUILD})\n"]
     out.append(f"start_time {_rfc3339(doc['start_time'])}\n")
     out.append(f"uptime {_uptime(doc['start_time'])}\n")
     out.append(f"\nHealth: {doc['health']}\n")

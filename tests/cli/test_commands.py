@@ -43,7 +43,7 @@ async def test_nsqlookupd_serves_and_stops_on_sigterm(daemons: list[Daemon]) -> 
     addresses = await d.listening("TCP", "HTTP")
     assert not addresses["TCP"].endswith(":0")
     assert re.match(
-        r"^\[nsqlookupd\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: nsqlookupd v1\.3\.0 \(built w/go",
+        r"^\[nsqlookupd\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d{6} INFO: nsqlookupd v1\.3\.0 \(fakensq \d+\.\d+\.\d+, Python 3\.",
         d.stderr_lines[0],
     )
     async with httpx.AsyncClient() as client:
@@ -95,7 +95,12 @@ async def test_version() -> None:
     for app in ("nsqd", "nsqlookupd"):
         result = await run(app, "--version")
         assert result.returncode == 0
-        assert re.fullmatch(rf"{app} v1\.3\.0 \(built w/go1\.\d+\.\d+\)\n", result.stdout.decode())
+        # What scripts look for (the name and the NSQ release) first; then a
+        # fake's build note, never a Go build's.
+        assert re.fullmatch(
+            rf"{app} v1\.3\.0 \(fakensq \d+\.\d+\.\d+, Python \d+\.\d+\.\d+\)\n",
+            result.stdout.decode(),
+        )
 
 
 async def test_help_exits_0_with_usage_on_stderr() -> None:

@@ -165,12 +165,16 @@ async def state(http: httpx.AsyncClient) -> list[Any]:
 
 def mask_text_stats(text: str) -> str:
     """The text ``/stats`` with what varies run to run masked: the start time,
-    the uptime, memory figures and connection durations."""
+    the uptime, memory figures and connection durations; and the version line's
+    build note (``built w/go1.27.3`` for nsqd, fakensq's release for fakensq)."""
     import re
 
     lines = []
     for line in text.split("\n"):
-        if line.startswith("start_time "):
+        if re.fullmatch(r"nsqd v\S+ \(.*\)", line):
+            # The build note: Go's toolchain, or fakensq's (never a Go build).
+            line = re.sub(r"\(.*\)", "(<build>)", line)
+        elif line.startswith("start_time "):
             line = "start_time <time>"
         elif line.startswith("uptime "):
             line = "uptime <duration>"
