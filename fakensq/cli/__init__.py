@@ -1,7 +1,7 @@
 """The ``fakensq`` command, and ``nsqd``/``nsqlookupd`` stand-ins for the real binaries.
 
-- ``fakensq nsqd [flags]`` / ``nsqd [flags]``: nsqd v1.3's flags, Go flag semantics;
-- ``fakensq nsqlookupd [flags]`` / ``nsqlookupd [flags]``: nsqlookupd v1.3's flags;
+- ``fakensq nsqd [flags]``: nsqd v1.3's flags, Go flag semantics;
+- ``fakensq nsqlookupd [flags]``: nsqlookupd v1.3's flags;
 - ``fakensq cluster [-nsqd N] [-lookupd M] [-base-port P]``: a whole cluster, with
   its addresses printed on stdout;
 - ``fakensq shims DIR``: writes executable ``nsqd`` and ``nsqlookupd`` into DIR,

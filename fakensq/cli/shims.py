@@ -7,8 +7,9 @@ daemons with the real ones' flags; put DIR first on ``PATH``.  The scripts
 ``exec`` nothing: the Python process *is* the daemon, so signals sent to its pid
 (SIGTERM, SIGINT) reach it directly.
 
-The ``nsqd`` and ``nsqlookupd`` console scripts (``fakensq.cli:nsqd_main`` and
-``fakensq.cli:nsqlookupd_main``) do the same when fakensq is installed.
+Installing the package puts no ``nsqd`` or ``nsqlookupd`` on ``PATH`` (only
+``fakensq`` and ``trionsq``): the real binaries' names are taken only where
+asked, in the folder given here.
 """
 
 from __future__ import annotations
