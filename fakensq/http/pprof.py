@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import html
 import math
+import re
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ Route = Callable[[Request], Awaitable[Response]]
 AddRoute = Callable[[str, str, Route], None]
 
 _NOSNIFF = ("X-Content-Type-Options", "nosniff")
+_DECIMAL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _TEXT = ("Content-Type", "text/plain; charset=utf-8")
 
 #: The profiles a Go program lists, with the index page's descriptions.
@@ -255,6 +257,15 @@ def encode_profile(
 # --- handlers ----------------------------------------------------------------
 
 
+def _parse_int(text: str) -> int | None:
+    """``strconv.ParseInt(text, 10, 64)``: None where Go's fails (no spaces, no
+    underscores, within int64)."""
+    if not _DECIMAL.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(1 << 63) <= value < (1 << 63) else None
+
+
 def _form_int(request: Request, name: str) -> int:
     """``strconv.Atoi(r.FormValue(name))`` with the error ignored (0)."""
     raw = request.arg(name) or ""
@@ -361,10 +372,7 @@ def _binary(name: str, data: bytes, filename: str) -> Response:
 
 
 async def _delta(name: str, request: Request, seconds: str) -> Response:
-    try:
-        value = int(seconds)
-    except ValueError:
-        value = 0
+    value = _parse_int(seconds) or 0
     if value <= 0:
         return _error(400, 'invalid value for "seconds" - must be a positive integer')
     if name not in _DELTA_PROFILES:
@@ -372,7 +380,10 @@ async def _delta(name: str, request: Request, seconds: str) -> Response:
     if _form_int(request, "debug"):
         return _error(400, "seconds and debug params are incompatible")
     before = _samples(name)
-    await trio.sleep(value)
+    with trio.move_on_after(value):
+        await request.peer_gone.wait()
+        # Go's answer when the request's context ends first (the client left).
+        return _error(500, "context canceled")
     after = _samples(name)
     # What changed over the interval: values subtracted stack by stack.
     delta: dict[tuple[Frame, ...], list[int]] = {}
@@ -518,16 +529,20 @@ def _cycles_per_second() -> int:
 
 _SAMPLE_HZ = 100
 
+#: Held while a CPU profile runs: one at a time in the process, as Go's
+#: runtime allows one (``pprof.StartCPUProfile``: "cpu profiling already in use").
+_CPU_PROFILING = threading.Lock()
+
 
 def _sample_cpu(seconds: float, stop: threading.Event) -> list[tuple[list[Frame], list[int]]]:
-    """Every thread's stack at each tick, weighted by the CPU time it used."""
+    """Every thread's stack at each tick, weighted by the CPU time it used,
+    until ``seconds`` have passed or ``stop`` is set (within a tick)."""
     me = threading.get_ident()
     last: dict[int, int] = {}
     weights: Counter[tuple[Frame, ...]] = Counter()
     counts: Counter[tuple[Frame, ...]] = Counter()
     deadline = time.monotonic() + seconds
-    while not stop.is_set() and time.monotonic() < deadline:
-        time.sleep(1 / _SAMPLE_HZ)
+    while not stop.wait(1 / _SAMPLE_HZ) and time.monotonic() < deadline:
         for ident, frame in sys._current_frames().items():
             if ident == me:
                 continue
@@ -545,26 +560,42 @@ def _sample_cpu(seconds: float, stop: threading.Event) -> list[tuple[list[Frame]
     return [(list(key), [counts[key], weights[key]]) for key in weights]
 
 
-async def _cpu_profile(request: Request) -> Response:
-    raw = request.arg("seconds") or ""
+async def _stop_when_gone(request: Request, stop: threading.Event) -> None:
+    # The profile ends when the client does (Go's sleep(r, d) returns on
+    # r.Context().Done()), and when the server stops (cancelled here).
     try:
-        seconds = int(raw)
-    except ValueError:
-        seconds = 0
-    if seconds <= 0:
-        seconds = 30
-    stop = threading.Event()
-    try:
-        samples = await trio.to_thread.run_sync(
-            _sample_cpu, float(seconds), stop, abandon_on_cancel=True
-        )
+        await request.peer_gone.wait()
     finally:
         stop.set()
+
+
+async def _cpu_profile(request: Request) -> Response:
+    seconds = _parse_int(request.arg("seconds") or "") or 0
+    if seconds <= 0:
+        seconds = 30
+    if not _CPU_PROFILING.acquire(blocking=False):
+        return _error(500, "Could not enable CPU profiling: cpu profiling already in use")
+    try:
+        stop = threading.Event()
+        started = time.monotonic_ns()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_when_gone, request, stop)
+            # Its own limiter: the sampler never waits for (nor takes) a token
+            # of Trio's default one, which other work of the process shares.
+            # Not abandoned on cancel: the sampler ends within a tick once
+            # ``stop`` is set, and no thread outlives the request.
+            samples = await trio.to_thread.run_sync(
+                _sample_cpu, float(seconds), stop, limiter=trio.CapacityLimiter(1)
+            )
+            nursery.cancel_scope.cancel()
+        elapsed = time.monotonic_ns() - started
+    finally:
+        _CPU_PROFILING.release()
     data = encode_profile(
         [("samples", "count"), ("cpu", "nanoseconds")],
         samples,
         period_type=("cpu", "nanoseconds"),
         period=math.floor(1e9 / _SAMPLE_HZ),
-        duration_ns=seconds * 1_000_000_000,
+        duration_ns=min(elapsed, seconds * 1_000_000_000),
     )
     return _binary("profile", data, "profile")

@@ -39,7 +39,9 @@ class Request:
     reports for the raw query (a bad escape, a semicolon), or ``None``.
     ``body`` stops after the server's ``max_body_size`` (Go's handlers read
     through a ``LimitReader`` of their own bound).  ``params`` are the route's
-    ``:name`` segments (:mod:`fakensq.router`).
+    ``:name`` segments (:mod:`fakensq.router`).  ``peer_gone`` is set when the
+    client closes its end while the handler runs (Go's ``r.Context().Done()``):
+    a handler that waits (a profile) stops then; the others answer as usual.
     """
 
     method: str
@@ -52,6 +54,7 @@ class Request:
     raw_query: str = ""
     query_error: str | None = None
     params: dict[str, str] = field(default_factory=dict)
+    peer_gone: trio.Event = field(default_factory=trio.Event)
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """The first value of query parameter ``name`` (Go's ``Query().Get``)."""
@@ -165,15 +168,13 @@ class HTTPServer:
                     # Go's server answers "OPTIONS *" itself.
                     response = Response(200, b"", [])
                 else:
-                    try:
-                        response = await self.handler(request)
-                    except Exception:
-                        log.exception("HTTP handler failed for %s %s", request.method, request.path)
-                        response = Response.json({"message": "INTERNAL_ERROR"}, 500)
+                    response = await self._handle(stream, conn, request)
                 if request.method == "CONNECT":
                     # Go's server closes a connection after a CONNECT it answered.
                     response.headers.append(("Connection", "close"))
                 await self._send(stream, conn, response, head=request.method == "HEAD")
+                if request.peer_gone.is_set():
+                    return  # (the client closed its end: no next request)
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return
                 try:
@@ -191,6 +192,37 @@ class HTTPServer:
             log.debug("TLS error from %s: %s", remote, exc)
         finally:
             await trio.aclose_forcefully(stream)
+
+    async def _handle(
+        self, stream: trio.abc.Stream, conn: h11.Connection, request: Request
+    ) -> Response:
+        """The handler's answer, the peer watched meanwhile.
+
+        As Go's server does once a request is read, one read waits in the
+        background: EOF (or a broken connection) sets ``request.peer_gone``;
+        bytes (a pipelined request) go to h11 for the next cycle and the watch
+        ends there, as Go's stops at the first byte.
+        """
+
+        async def watch() -> None:
+            try:
+                data = await stream.receive_some(_READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
+                data = b""
+            if data:
+                conn.receive_data(bytes(data))
+            else:
+                request.peer_gone.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            try:
+                return await self.handler(request)
+            except Exception:
+                log.exception("HTTP handler failed for %s %s", request.method, request.path)
+                return Response.json({"message": "INTERNAL_ERROR"}, 500)
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _read_request(
         self, stream: trio.abc.Stream, conn: h11.Connection, remote: str, tls: bool

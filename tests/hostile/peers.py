@@ -1,0 +1,117 @@
+"""What hostile-peer tests share: raw HTTP exchanges, memory and thread counts.
+
+Memory is measured in-process with :mod:`tracemalloc` (fakensq runs in the
+test's process): :func:`traced_peak` gives the peak of what was allocated
+while a case ran, above what was allocated when it began.
+"""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import h11
+import trio
+
+from trionsq.transport import parse_address
+
+#: How long one exchange may take on a loaded machine (nothing here waits on time).
+TIMEOUT = 20.0
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Peak:
+    """The peak traced memory of a case, in bytes above its start (set at its end)."""
+
+    bytes: int = 0
+
+    @property
+    def mib(self) -> float:
+        return self.bytes / MiB
+
+
+@contextmanager
+def traced_peak() -> Iterator[Peak]:
+    """Trace allocations while the block runs; the peak above the start."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    peak = Peak()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        yield peak
+        peak.bytes = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
+def thread_names() -> list[str]:
+    return sorted(t.name for t in threading.enumerate())
+
+
+async def connect(address: str) -> trio.SocketStream:
+    host, port = parse_address(address)
+    return await trio.open_tcp_stream(host, port)
+
+
+def get(path: str) -> bytes:
+    """A GET request's bytes."""
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+async def read_answer(stream: trio.abc.Stream, conn: h11.Connection | None = None) -> Answer:
+    """One HTTP response off ``stream`` (``conn``: the client's h11 state, when
+    the caller sent through it; else a GET is assumed)."""
+    if conn is None:
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+        conn.send(h11.EndOfMessage())
+    status = 0
+    headers: dict[str, str] = {}
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(bytes(await stream.receive_some(65536)))
+            continue
+        if isinstance(event, h11.Response):
+            status = event.status_code
+            headers = {k.decode().lower(): v.decode() for k, v in event.headers}
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+            return Answer(status, headers, bytes(body))
+
+
+async def ask(address: str, request: bytes) -> Answer:
+    """One request on a new connection; its answer."""
+    stream = await connect(address)
+    try:
+        await stream.send_all(request)
+        return await read_answer(stream)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def closed_by_peer(stream: trio.abc.Stream) -> bool:
+    """Read until EOF (or a reset); True then.  Callers bound it with fail_after."""
+    try:
+        while await stream.receive_some(65536):
+            pass
+    except trio.BrokenResourceError:
+        pass
+    return True
