@@ -1,7 +1,8 @@
 """What the Go daemons share below their own code: Go's formats as
 ``encoding/json`` writes them (:mod:`.json`), the ``flag`` package and
 ``time.Duration`` (:mod:`.flags`), ``net``'s host:port (:mod:`.net`),
-``crypto/tls``'s cipher-suite names and preferences (:mod:`.tls`), and nsq's
+``crypto/tls``'s cipher-suite names and preferences (:mod:`.tls`) and client
+auth types (:mod:`.tlsconfig`), and nsq's
 ``internal/lg`` and ``internal/version`` (:mod:`.lg`: log lines, levels, the
 version string, the flags every daemon has).
 

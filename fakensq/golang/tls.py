@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import ssl
 
-__all__ = ["prefer_go_cipher_suites", "cipher_suite_text", "GO_TLS12_SUITES"]
+__all__ = ["prefer_go_cipher_suites", "cipher_suite_text", "ssl_ctx_pointer", "GO_TLS12_SUITES"]
 
 #: Go's default TLS 1.0-1.2 cipher suites in its order of preference (with AES
 #: hardware; since go1.22 no RSA key exchange, since go1.23 no 3DES): IANA id,
@@ -55,7 +55,8 @@ _ID_BY_OPENSSL = {
 }
 
 
-def _ssl_ctx_pointer(ctx: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
+def ssl_ctx_pointer(ctx: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
+    """The ``SSL_CTX*`` of ``ctx`` (for calls Python's ``ssl`` lacks), or None."""
     # CPython's context object is PyObject_HEAD followed by its SSL_CTX*.
     pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
     if not pointer:
@@ -72,7 +73,7 @@ def _set_tls13_suites(ctx: ssl.SSLContext, suites: str) -> bool:
         import _ssl
 
         lib = ctypes.CDLL(_ssl.__file__)
-        pointer = _ssl_ctx_pointer(ctx, lib)
+        pointer = ssl_ctx_pointer(ctx, lib)
         if pointer is None:
             return False
         set_suites = lib.SSL_CTX_set_ciphersuites

@@ -21,6 +21,7 @@ import h11
 import trio
 
 from ..golang import json as gojson
+from ..golang.tlsconfig import server_handshake
 
 __all__ = ["Request", "Response", "Handler", "HTTPServer"]
 
@@ -152,7 +153,12 @@ class HTTPServer:
         remote = _remote_addr(stream)
         tls = False
         if self.ssl_context is not None:
-            stream = trio.SSLStream(stream, self.ssl_context, server_side=True)
+            try:
+                # (a refused client gets the alert Go would send, not a bare EOF)
+                stream = await server_handshake(stream, self.ssl_context)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await trio.aclose_forcefully(stream)
+                return
             tls = True
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEADER_SIZE)
         try:

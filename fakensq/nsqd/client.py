@@ -56,6 +56,7 @@ from trionsq.protocol.states import ConnState
 
 from ..golang import json as gojson
 from ..golang.tls import cipher_suite_text
+from ..golang.tlsconfig import server_handshake
 from .auth import AuthError, AuthState, query_auth
 from .options import TLS_NOT_REQUIRED, VERSION
 
@@ -467,10 +468,9 @@ class ClientConnection:
                 log.info("client %s: bytes sent before the upgrade are lost", self.remote_address)
             if tls_v1:
                 assert self.nsqd.tls_context is not None
-                tls_stream = trio.SSLStream(self.stream, self.nsqd.tls_context, server_side=True)
                 try:
-                    await tls_stream.do_handshake()
-                except (*_STREAM_ERRORS,) as exc:
+                    tls_stream = await server_handshake(self.stream, self.nsqd.tls_context)
+                except _STREAM_ERRORS as exc:
                     log.info("client %s: TLS handshake failed: %s", self.remote_address, exc)
                     raise _Closed from None
                 self.stream = tls_stream

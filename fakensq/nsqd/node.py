@@ -18,7 +18,6 @@ import random
 import socket
 import ssl
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import trio
 from trionsq.protocol.names import is_ephemeral
 
 from ..golang.net import check_listen, split_address
-from ..golang.tls import prefer_go_cipher_suites
+from ..golang.tlsconfig import server_context
 from ..serving import ServingNode
 from .auth import AuthHandler
 from .channel import Channel
@@ -41,7 +40,7 @@ from .http_api import NSQDHTTP
 from .listeners import UNIX_REMOTE_ADDRESS, is_unix_stream, open_listeners
 from .lookup_peer import run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
-from .options import NSQDOptions
+from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, NSQDOptions
 from .persist import load_state, metadata_writer, save_state, write_metadata
 from .stats import build_stats
 from .statsd import run_statsd
@@ -162,6 +161,9 @@ class NSQD(ServingNode):
     ) -> None:
         base = options if options is not None else NSQDOptions()
         self.options: NSQDOptions = base.replace(**fields) if fields else base
+        if self.options.tls_client_auth_policy and self.options.tls_required == TLS_NOT_REQUIRED:
+            # nsqd.New: a client auth policy requires TLS.
+            self.options = self.options.replace(tls_required=TLS_REQUIRED)
         self.auth_handler = auth_handler
         self.requeue_on_disconnect = requeue_on_disconnect
         self.exact_timers = exact_timers
@@ -300,37 +302,13 @@ class NSQD(ServingNode):
         opts = self.options
         if not (opts.tls_cert or opts.tls_key):
             return None
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
-        # nsqd is a Go server: it picks the cipher suite in Go's order.
-        prefer_go_cipher_suites(ctx)
-        versions = {
-            "ssl3.0": ssl.TLSVersion.TLSv1,
-            "tls1.0": ssl.TLSVersion.TLSv1,
-            "tls1.1": ssl.TLSVersion.TLSv1_1,
-            "tls1.2": ssl.TLSVersion.TLSv1_2,
-            "tls1.3": ssl.TLSVersion.TLSv1_3,
-        }
-        try:
-            with warnings.catch_warnings():
-                # nsqd's default floor is TLS 1.0, which Python flags as deprecated;
-                # honouring the option must not warn in the tests of fakensq's users.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                ctx.minimum_version = versions.get(
-                    opts.tls_min_version.lower(), ssl.TLSVersion.TLSv1
-                )
-        except ValueError:  # an OpenSSL that refuses old versions
-            pass
-        policy = opts.tls_client_auth_policy
-        if opts.tls_root_ca_file:
-            ctx.load_verify_locations(opts.tls_root_ca_file)
-        if policy == "require-verify":
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        elif policy == "require":
-            # Go's RequireAnyClientCert; Python cannot require a certificate
-            # without verifying it, so verify when a CA is given.
-            ctx.verify_mode = ssl.CERT_REQUIRED if opts.tls_root_ca_file else ssl.CERT_OPTIONAL
-        return ctx
+        return server_context(
+            opts.tls_cert,
+            opts.tls_key,
+            min_version=opts.tls_min_version,
+            client_auth_policy=opts.tls_client_auth_policy,
+            root_ca_file=opts.tls_root_ca_file,
+        )
 
     # --- registry ---
 

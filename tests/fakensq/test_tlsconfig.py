@@ -1,0 +1,133 @@
+"""fakensq.golang.tlsconfig: Go's client auth types on an OpenSSL server context.
+
+Checked in memory, without nsqd: tests/conformance/test_tcp_tls.py compares
+the same matrix with the real nsqd.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+import trustme
+
+from fakensq.golang.tlsconfig import server_context, server_handshake
+
+VERSIONS = [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder: Path = tmp_path_factory.mktemp("pki")
+    ca, other = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    paths = {k: str(folder / f"{k}.pem") for k in ("cert", "key", "ca", "client", "other")}
+    server.cert_chain_pems[0].write_to_path(paths["cert"])
+    server.private_key_pem.write_to_path(paths["key"])
+    ca.cert_pem.write_to_path(paths["ca"])
+    ca.issue_cert("c", common_name="mine").private_key_and_cert_chain_pem.write_to_path(
+        paths["client"]
+    )
+    other.issue_cert("o", common_name="theirs").private_key_and_cert_chain_pem.write_to_path(
+        paths["other"]
+    )
+    return paths
+
+
+async def _connect(
+    server_ctx: ssl.SSLContext, pki: dict[str, str], cert: str, version: ssl.TLSVersion
+) -> str:
+    """What the client sees: "ok <server's view of its CN>" or the alert."""
+    client_ctx = ssl.create_default_context(cafile=pki["ca"])
+    client_ctx.maximum_version = version
+    if cert:
+        client_ctx.load_cert_chain(pki[cert])
+    left, right = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(right, client_ctx, server_hostname="127.0.0.1")
+    seen: list[str] = []
+
+    async def serve() -> None:
+        try:
+            tls = await server_handshake(left, server_ctx)
+        except trio.BrokenResourceError:
+            await left.aclose()
+            return
+        peer = tls.getpeercert() or {}
+        names = [v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"]
+        seen.extend(names)
+        await tls.send_all(b"hello")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        try:
+            with trio.fail_after(10):
+                await client.do_handshake()
+                data = await client.receive_some(5)
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__
+            why = cause.reason if isinstance(cause, ssl.SSLError) else repr(cause)
+            return f"refused {why}"
+    assert data == b"hello"
+    return f"ok {','.join(seen)}"
+
+
+async def _matrix(ctx: ssl.SSLContext, pki: dict[str, str]) -> dict[tuple[str, str], str]:
+    return {
+        (cert or "none", v.name): await _connect(ctx, pki, cert, v)
+        for cert in ("", "client", "other")
+        for v in VERSIONS
+    }
+
+
+NO_CERT_REFUSED = {
+    ("none", "TLSv1_2"): "refused SSLV3_ALERT_HANDSHAKE_FAILURE",
+    ("none", "TLSv1_3"): "refused TLSV13_ALERT_CERTIFICATE_REQUIRED",
+}
+
+
+async def test_no_policy_asks_for_no_certificate(pki: dict[str, str]) -> None:
+    for root in ("", pki["ca"]):
+        ctx = server_context(pki["cert"], pki["key"], root_ca_file=root)
+        assert set((await _matrix(ctx, pki)).values()) == {"ok "}  # (none sent, none seen)
+
+
+async def test_require_takes_any_certificate(pki: dict[str, str]) -> None:
+    for root in ("", pki["ca"]):
+        ctx = server_context(
+            pki["cert"], pki["key"], client_auth_policy="require", root_ca_file=root
+        )
+        assert await _matrix(ctx, pki) == {
+            **NO_CERT_REFUSED,
+            ("client", "TLSv1_2"): "ok mine",
+            ("client", "TLSv1_3"): "ok mine",
+            ("other", "TLSv1_2"): "ok theirs",
+            ("other", "TLSv1_3"): "ok theirs",
+        }
+
+
+async def test_require_verify_checks_the_chain(pki: dict[str, str]) -> None:
+    ctx = server_context(
+        pki["cert"], pki["key"], client_auth_policy="require-verify", root_ca_file=pki["ca"]
+    )
+    assert await _matrix(ctx, pki) == {
+        **NO_CERT_REFUSED,
+        ("client", "TLSv1_2"): "ok mine",
+        ("client", "TLSv1_3"): "ok mine",
+        ("other", "TLSv1_2"): "refused TLSV1_ALERT_UNKNOWN_CA",
+        ("other", "TLSv1_3"): "refused TLSV1_ALERT_UNKNOWN_CA",
+    }
+    # Without a root CA file, the system's roots: a test CA is unknown.
+    ctx = server_context(pki["cert"], pki["key"], client_auth_policy="require-verify")
+    outcomes = await _matrix(ctx, pki)
+    assert outcomes[("client", "TLSv1_3")] == "refused TLSV1_ALERT_UNKNOWN_CA"
+
+
+async def test_a_policy_in_process_requires_tls(pki: dict[str, str]) -> None:
+    import fakensq
+    from fakensq.nsqd.options import TLS_REQUIRED
+
+    node = fakensq.NSQD(tls_cert=pki["cert"], tls_key=pki["key"], tls_client_auth_policy="require")
+    assert node.options.tls_required == TLS_REQUIRED
