@@ -92,6 +92,30 @@ class BackoffPolicy:
             raise ValueError("backoff max must be >= backoff base")
 
 
+#: Config fields whose values never show (repr, logs, errors)
+_SECRETS = frozenset({"auth_secret", "tls_key_password"})
+
+
+class KeyPasswordMissing(ValueError):
+    """``tls_key`` is encrypted and no ``tls_key_password`` was given."""
+
+
+def load_client_certificate(context: ssl.SSLContext, config: Config) -> None:
+    """Load ``config``'s client certificate into ``context`` (one of
+    trionsq's own).  OpenSSL is never left to prompt for a key's password on
+    the terminal: an encrypted key without ``tls_key_password`` raises
+    :class:`KeyPasswordMissing`."""
+    password = config.tls_key_password
+
+    def give_password() -> str | bytes:
+        if password is None:
+            raise KeyPasswordMissing("tls_key is encrypted: set tls_key_password")
+        return password
+
+    assert config.tls_cert is not None
+    context.load_cert_chain(config.tls_cert, config.tls_key, password=give_password)
+
+
 def _is_http_transport(value: object) -> bool:
     import httpx
 
@@ -126,8 +150,10 @@ class Config:
         ``client_id``, ``hostname``, ``user_agent``, ``heartbeat_interval``
         (``None``: no heartbeats), ``msg_timeout``, ``output_buffer_size``,
         ``output_buffer_timeout``, ``sample_rate`` (0-99 %), ``tls`` (True for
-        the system's trust store, or an :class:`ssl.SSLContext`), ``tls_cert`` /
-        ``tls_key`` (a client certificate), ``snappy``, ``deflate``,
+        the system's trust store, or an :class:`ssl.SSLContext` of yours, used
+        as it is: never changed), ``tls_cert`` / ``tls_key`` /
+        ``tls_key_password`` (a client certificate, with ``tls=True``: loaded
+        into a context of trionsq's own), ``snappy``, ``deflate``,
         ``deflate_level``, ``auth_secret`` (sent when nsqd requires AUTH).
     Limits
         ``read_timeout`` (silence after which a connection is considered dead;
@@ -135,7 +161,8 @@ class Config:
         ``publish_window`` (a Producer's requests awaiting responses at once).
 
     Unknown keywords raise :class:`TypeError`; bad values raise :class:`ValueError`
-    or :class:`TypeError` naming the option.
+    or :class:`TypeError` naming the option.  Secrets (``auth_secret``,
+    ``tls_key_password``) never show in a repr or an error message.
     """
 
     nsqd_tcp_addresses: tuple[str, ...] = ()
@@ -146,6 +173,8 @@ class Config:
     tls: bool | ssl.SSLContext = False
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: the password of an encrypted ``tls_key`` (never prompted for)
+    tls_key_password: str | bytes | None = None
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 6
@@ -197,16 +226,7 @@ class Config:
             object.__setattr__(self, name, addresses)
         _check_int("max_in_flight", self.max_in_flight, minimum=0)
         _check_int("max_attempts", self.max_attempts, minimum=0, maximum=65535)
-        if not isinstance(self.tls, bool | ssl.SSLContext):
-            raise TypeError("tls must be True, False or an ssl.SSLContext")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("tls_cert and tls_key must be given together")
-        if self.tls_cert is not None and self.tls is False:
-            raise ValueError("tls_cert/tls_key need tls enabled")
-        for name in ("tls_cert", "tls_key"):
-            path = getattr(self, name)
-            if path is not None and not os.path.isfile(path):
-                raise ValueError(f"{name}: no such file {path!r}")
+        self._check_tls()
         for flag in ("snappy", "deflate"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be a bool")
@@ -252,6 +272,54 @@ class Config:
             raise TypeError("http_transport must be an httpx.AsyncBaseTransport")
         if not callable(self.connector):
             raise TypeError("connector must be an async callable (host, port) -> Stream")
+
+    def _check_tls(self) -> None:
+        if not isinstance(self.tls, bool | ssl.SSLContext):
+            raise TypeError("tls must be True, False or an ssl.SSLContext")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+        password = self.tls_key_password
+        if password is not None and not isinstance(password, str | bytes):
+            raise TypeError("tls_key_password must be a str or bytes")
+        if password is not None and self.tls_key is None:
+            raise ValueError("tls_key_password needs tls_key")
+        if self.tls_cert is None:
+            return
+        if self.tls is False:
+            raise ValueError("tls_cert/tls_key need tls enabled")
+        if isinstance(self.tls, ssl.SSLContext):
+            # Loading the certificate would change the caller's context, which
+            # may be shared (another client would then present this
+            # certificate), and an SSLContext cannot be copied.
+            raise ValueError(
+                "tls_cert/tls_key go with tls=True (trionsq loads them into a "
+                "context of its own); trionsq never changes an ssl.SSLContext it "
+                "is given: load the certificate into yours (context.load_cert_chain) "
+                "and pass only tls=context"
+            )
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if not os.path.isfile(path):
+                raise ValueError(f"{name}: no such file {path!r}")
+        # Load them once now: a wrong password or a key that does not match
+        # fails here, naming the option, rather than at every connection.
+        try:
+            load_client_certificate(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), self)
+        except ssl.SSLError as exc:
+            raise ValueError(
+                f"tls_cert/tls_key: cannot load the certificate and key ({exc.reason or exc}; "
+                "a wrong tls_key_password, or a key that is not the certificate's?)"
+            ) from None
+
+    def __repr__(self) -> str:
+        # The dataclass repr, with secrets masked: a Config is logged, shown
+        # in tracebacks and debuggers.
+        parts = []
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            shown = "'***'" if item.name in _SECRETS and value is not None else repr(value)
+            parts.append(f"{item.name}={shown}")
+        return f"Config({', '.join(parts)})"
 
     @property
     def backoff_policy(self) -> BackoffPolicy | None:

@@ -44,7 +44,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 
 import trio
 
-from .config import Config
+from .config import Config, KeyPasswordMissing, load_client_certificate
 from .message import cancel_may_be_pending
 from .multiplex import Multiplexer
 from .protocol import codecs, commands, states
@@ -219,11 +219,17 @@ class PendingResponse:
 
 
 def _ssl_context(config: Config) -> ssl.SSLContext:
-    context = config.tls if isinstance(config.tls, ssl.SSLContext) else None
-    if context is None:
-        context = ssl.create_default_context()
+    """The context a TLS connection uses: the caller's own, as it is (never
+    changed: it may be shared, and another client would then present what
+    was loaded into it; Config refuses a client certificate with one), or a
+    new one of trionsq's for ``tls=True``, with the client certificate if
+    any (a context per connection: a renewed certificate file is picked up
+    at the next connection)."""
+    if isinstance(config.tls, ssl.SSLContext):
+        return config.tls
+    context = ssl.create_default_context()
     if config.tls_cert is not None:
-        context.load_cert_chain(config.tls_cert, config.tls_key)
+        load_client_certificate(context, config)
     return context
 
 
@@ -361,6 +367,8 @@ class Connection:
                     await conn._request_now(then)
                 opened, conn = conn, None
                 return opened
+        except KeyPasswordMissing as exc:  # the key file changed since Config checked it
+            raise NSQConnectionError(f"{address}: TLS failed: {exc}") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
             if isinstance(cause, ssl.SSLError):

@@ -89,13 +89,11 @@ async def test_tls_with_snappy_and_client_certificate(
     cert.cert_chain_pems[0].write_to_path(str(cert_path))
     cert.private_key_pem.write_to_path(str(key_path))
     node = MiniNSQD(nursery, tls_context=server_context(ca, require_client_cert=True))
-    await round_trip(
-        node,
-        tls=client_context(ca),
-        tls_cert=str(cert_path),
-        tls_key=str(key_path),
-        snappy=True,
-    )
+    # The caller's own context carries its certificate (trionsq never loads
+    # one into a context it is given: see tests/client/test_tls_secrets).
+    context = client_context(ca)
+    context.load_cert_chain(str(cert_path), str(key_path))
+    await round_trip(node, tls=context, snappy=True)
     stream = node.conns[0].stream
     assert isinstance(stream, CodecStream) and isinstance(stream.inner, trio.SSLStream)
 

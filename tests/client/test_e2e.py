@@ -198,8 +198,15 @@ def client_context(certificates: dict[str, Any]) -> ssl.SSLContext:
     return context
 
 
-@pytest.mark.parametrize("variant", ["tls", "tls+snappy", "client-certificate"])
-async def test_tls(daemons: Daemons, certificates: dict[str, Any], variant: str) -> None:
+@pytest.mark.parametrize(
+    "variant", ["tls", "tls+snappy", "client-certificate", "client-certificate-tls-true"]
+)
+async def test_tls(
+    daemons: Daemons,
+    certificates: dict[str, Any],
+    variant: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     flags = [
         f"--tls-cert={certificates['server_cert']}",
         f"--tls-key={certificates['server_key']}",
@@ -209,13 +216,24 @@ async def test_tls(daemons: Daemons, certificates: dict[str, Any], variant: str)
     options: dict[str, Any] = {"tls": client_context(certificates)}
     if variant == "tls+snappy":
         options["snappy"] = True
-    if variant == "client-certificate":
+    if variant.startswith("client-certificate"):
         flags += [
             "--tls-client-auth-policy=require-verify",
             f"--tls-root-ca-file={certificates['ca']}",
         ]
-        options["tls_cert"] = certificates["client_cert"]
-        options["tls_key"] = certificates["client_key"]
+    if variant == "client-certificate-tls-true":
+        # trionsq's own context (the system's trust store, here made to
+        # trust the test CA), with the certificate loaded into it.
+        monkeypatch.setenv("SSL_CERT_FILE", certificates["ca"])
+        options = {
+            "tls": True,
+            "tls_cert": certificates["client_cert"],
+            "tls_key": certificates["client_key"],
+        }
+    elif variant == "client-certificate":
+        # The caller's own context carries its certificate (trionsq never
+        # loads one into a context it is given).
+        options["tls"].load_cert_chain(certificates["client_cert"], certificates["client_key"])
     nsqd = await daemons.nsqd(*flags)
     async with trionsq.Producer([nsqd.tcp_address], **options) as producer:
         await producer.multi_publish("topic", [b"secret-1", b"secret-2"])

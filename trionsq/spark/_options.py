@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Config
+from ..config import Config, load_client_certificate
 from ..protocol.names import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
@@ -244,10 +244,19 @@ class ConnectionOptions:
         if self.client_id is not None:
             keywords["client_id"] = self.client_id
         keywords.update(extra)
+        # A client certificate with tls_ca_file: the context is this
+        # method's own, so the certificate is loaded into it (Config refuses
+        # one with a caller's context: it never changes those).
+        own = isinstance(tls, ssl.SSLContext) and keywords.get("tls_cert") is not None
         try:
-            return Config(**keywords)
+            config = Config(**({**keywords, "tls": True} if own else keywords))
         except (TypeError, ValueError) as exc:
             raise NSQOptionError(str(exc)) from None
+        if not own:
+            return config
+        assert isinstance(tls, ssl.SSLContext)
+        load_client_certificate(tls, config)
+        return config.replace(tls=tls, tls_cert=None, tls_key=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import ssl
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import BackoffPolicy, Config
+from ..config import BackoffPolicy, Config, load_client_certificate
 from ..connection import Connection, NegotiationError
 from ..protocol.errors import NSQError
 from ..protocol.names import is_valid_channel_name, is_valid_topic_name
@@ -295,10 +295,20 @@ def tls_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _valid(options: dict[str, Any]) -> dict[str, Any]:
+    context = options.get("tls")
+    # A client certificate with --tls-root-ca-file: the context is the tool's
+    # own (made by _tls_config), so the certificate is loaded into it here
+    # (Config refuses one with a caller's context: it never changes those).
+    own = isinstance(context, ssl.SSLContext) and options.get("tls_cert") is not None
     try:
-        Config(**options)
+        config = Config(**({**options, "tls": True} if own else options))
     except (ValueError, TypeError) as exc:
         raise ToolError(str(exc)) from None
+    if own:
+        assert isinstance(context, ssl.SSLContext)
+        load_client_certificate(context, config)
+        for name in ("tls_cert", "tls_key", "tls_key_password"):
+            options.pop(name, None)
     return options
 
 
