@@ -63,3 +63,44 @@ def test_tail_with_tls_root_ca_and_auth_secret(
     no_auth = run_tool(*base, "--tls-insecure-skip-verify")
     assert no_auth.returncode == 1
     assert b"auth_secret" in no_auth.stderr
+
+
+def test_tail_with_tls_root_ca_and_a_client_certificate(
+    nsqd_factory: Callable[..., NSQD], tmp_path: Path
+) -> None:
+    """The tool loads the certificate into the context it made from
+    --tls-root-ca-file (trionsq never changes a context it is given)."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    server.verify_mode = ssl.CERT_REQUIRED
+    ca.configure_trust(server)
+    client = ca.issue_cert("client")
+    files = {name: tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem")}
+    ca.cert_pem.write_to_path(str(files["ca.pem"]))
+    client.cert_chain_pems[0].write_to_path(str(files["cert.pem"]))
+    client.private_key_pem.write_to_path(str(files["key.pem"]))
+
+    def auth(query: dict[str, str]) -> dict[str, Any]:
+        allowed = query["secret"] == "open-sesame"
+        every = [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe"]}]
+        return {"ttl": 3600, "identity": "tester", "authorizations": every if allowed else []}
+
+    nsqd = nsqd_factory(ssl_context=server, auth_handler=auth)
+    publish(nsqd.http_address, "secure", [b"for certified eyes"])
+    base = ["tail", "--topic", "secure", "--channel", "c", "-n", "1"]
+    base += ["--nsqd-tcp-address", nsqd.tcp_address, "--tls-root-ca-file", str(files["ca.pem"])]
+    certificate = ["--tls-cert", str(files["cert.pem"]), "--tls-key", str(files["key.pem"])]
+
+    ok = run_tool(*base, *certificate, "--auth-secret", "open-sesame")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == b"for certified eyes\n"
+
+    # No certificate: refused by the server's TLS.
+    refused = run_tool(*base, "--auth-secret", "open-sesame")
+    assert refused.returncode == 1
+
+    # A wrong secret: told, never shown.
+    wrong = run_tool(*base, *certificate, "--auth-secret", "not-the-S3CR3T")
+    assert wrong.returncode == 1
+    assert b"AUTH" in wrong.stderr and b"not-the-S3CR3T" not in wrong.stderr
