@@ -31,6 +31,21 @@ async def test_plain_lines_every_interval(autojump_clock: trio.testing.MockClock
     assert summary.startswith("job done: done=3 failed=0") and "elapsed=" in summary
 
 
+def test_a_status_line_every_n_however_the_count_comes() -> None:
+    err = io.StringIO()
+    progress = Progress("to-nsq", ["published"], every=250, live=False, stderr=err)
+    # Batches of 200 acknowledged at once, as MPUBs are, then one of 600.
+    for amount in (200, 200, 200, 200, 200, 600, 1):
+        progress.add("published", amount)
+    shown = [
+        int(line.split("published=")[1].split()[0].replace(",", ""))
+        for line in err.getvalue().splitlines()
+    ]
+    # The documented --status-every: the 250th, the 500th... (not the batch ends
+    # 400, 600, 800: a line every ~200).
+    assert shown == [250, 500, 750, 1000, 1250, 1500]
+
+
 async def test_rich_table_on_a_terminal(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -65,10 +65,17 @@ class Progress:
         count = self.counts.get(name, 0) + amount
         self.counts[name] = count
         if self.every and name == self.rate_of and count >= self._next_line:
-            self._next_line = count - count % self.every + self.every
+            # One line at each multiple of ``every`` (the Go tools' --status-every
+            # N: a line every N messages), however the count came: a batch of 200
+            # acknowledged at once that passes 250 gives the line of the 250th,
+            # and one that passes two multiples gives two lines.
             if not self.live:
                 self._update_rate()
-                print(self.line(timings=True), file=self.stderr, flush=True)
+            while count >= self._next_line:
+                if not self.live:
+                    line = self.line(timings=True, at=self._next_line)
+                    print(line, file=self.stderr, flush=True)
+                self._next_line += self.every
             self._timings.clear()
 
     def time(self, seconds: float) -> None:
@@ -85,17 +92,21 @@ class Progress:
         self._last = (now, current)
         return self._rate
 
-    def _fields(self) -> list[tuple[str, str]]:
-        fields = [(name, f"{value:,}") for name, value in self.counts.items()]
+    def _fields(self, at: int | None = None) -> list[tuple[str, str]]:
+        counts = dict(self.counts)
+        if at is not None:
+            counts[self.rate_of] = at
+        fields = [(name, f"{value:,}") for name, value in counts.items()]
         fields.append((f"{self.rate_of}/s", f"{self._rate:,.1f}"))
         if self.backlog is not None:
             fields.append(("backlog", f"{self.backlog():,}"))
         fields.extend(self.info.items())
         return fields
 
-    def line(self, timings: bool = False) -> str:
-        """The plain-text form: ``title: name=value name=value ...``."""
-        text = f"{self.title}: " + " ".join(f"{k}={v}" for k, v in self._fields())
+    def line(self, timings: bool = False, at: int | None = None) -> str:
+        """The plain-text form: ``title: name=value name=value ...`` (``at``: the
+        ``rate_of`` counter shown at that count, a status line's multiple)."""
+        text = f"{self.title}: " + " ".join(f"{k}={v}" for k, v in self._fields(at))
         if timings and self._timings:
             ordered = sorted(self._timings)
             p99, p95 = (ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.99, 0.95))
