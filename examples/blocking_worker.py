@@ -3,9 +3,11 @@
 Each message is a job; the handler does blocking work (here: hashing the body a
 number of times) on one of ``--concurrency`` threads.  Returning finishes the
 message, raising requeues it with backoff.  SIGTERM (what systemd, Docker or
-Kubernetes send) and Ctrl-C stop it cleanly: nothing more is taken, the jobs
-running get ``close_timeout`` seconds (none on Ctrl-C), and every job not done
-is requeued for another worker.
+Kubernetes send) and Ctrl-C (SIGINT) stop it cleanly, alike: nothing more is
+taken, the jobs running get ``close_timeout`` seconds, every job not done is
+requeued for another worker, and the last line says how many were done (exit
+0).  A second signal stops at once, without waiting for running jobs (their
+messages are requeued too; exit 130).
 
     python examples/blocking_worker.py --nsqd 127.0.0.1:4150 --topic jobs --channel workers
 
@@ -18,12 +20,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import signal
 import sys
 import threading
-from types import FrameType
 
 from trionsq import blocking
+from trionsq.stopping import EXIT_ABORTED, StopOnSignals
 
 log = logging.getLogger("worker")
 
@@ -74,14 +75,17 @@ def run(
         lookupd_http_addresses=lookupd,
     )
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        consumer.stop()  # safe in a signal handler
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    with consumer:
-        print("ready", flush=True)
-        consumer.run()
-    print(f"stopped after {done} job(s)", flush=True)
+    # The first SIGINT or SIGTERM: consumer.stop() (safe in a signal handler);
+    # a second: KeyboardInterrupt, and the with closes without waiting.
+    try:
+        with consumer, StopOnSignals(consumer.stop) as signals:
+            print("ready", flush=True)
+            consumer.run()
+    except KeyboardInterrupt:
+        print(f"aborted after {done} job(s)", flush=True)
+        return EXIT_ABORTED
+    how = f", on {signals.received}" if signals.received else ""
+    print(f"stopped after {done} job(s){how}", flush=True)
     return 0
 
 

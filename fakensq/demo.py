@@ -33,6 +33,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ import trio
 
 import fakensq
 import trionsq
+from trionsq.stopping import EXIT_ABORTED, TrioStopSignals
 from trionsq.tools.progress import Progress
 
 TOPIC = "demo"
@@ -82,6 +84,8 @@ class Ledger:
     #: quarter-second samples of a consumer in backoff (paused or testing)
     backoff_samples: int = 0
     seconds: float = 0.0
+    #: the signal that stopped the run before its end ("SIGINT"), or None
+    stopped_by: str | None = None
 
     @property
     def missing(self) -> set[bytes]:
@@ -204,8 +208,13 @@ async def _inject_fault(
     healthy[victim] = True
 
 
-async def run(settings: Settings) -> Ledger:
-    """Run the whole job and return its ledger."""
+async def run(settings: Settings, signals: TrioStopSignals | None = None) -> Ledger:
+    """Run the whole job and return its ledger.
+
+    With ``signals`` (installed around the ``trio.run``), the first SIGINT or
+    SIGTERM ends the run cleanly where it is (the consumers leave, requeueing
+    what they hold; the ledger says so in ``stopped_by``), a second at once.
+    """
     ledger = Ledger()
     failures = Failures(settings.seed, settings.fail_rate, settings.poison_rate)
     progress = Progress(
@@ -218,8 +227,6 @@ async def run(settings: Settings) -> Ledger:
     )
     all_done = trio.Event()
     publishing_over = trio.Event()
-    healthy = [True] * settings.nsqds
-    half_published = trio.Event()
     fault_over = trio.Event()
 
     def check_done() -> None:
@@ -249,6 +256,44 @@ async def run(settings: Settings) -> Ledger:
 
     backoff = trionsq.BackoffPolicy(base=0.02, max=0.2, multiplier=2.0, jitter=0.3)
     started = time.monotonic()
+    stop = trio.Event()
+    with trio.CancelScope() as everything:
+        if signals is not None:
+            signals.attach(stop, everything)
+        await _run_cluster(
+            settings,
+            ledger,
+            progress,
+            handler,
+            give_up,
+            backoff,
+            stop,
+            all_done,
+            check_done,
+            publishing_over,
+            fault_over,
+        )
+    if signals is not None:
+        ledger.stopped_by = signals.received
+    ledger.seconds = time.monotonic() - started
+    return ledger
+
+
+async def _run_cluster(
+    settings: Settings,
+    ledger: Ledger,
+    progress: Progress,
+    handler: Callable[[trionsq.Message], Awaitable[None]],
+    give_up: Callable[[trionsq.Message], None],
+    backoff: trionsq.BackoffPolicy,
+    stop: trio.Event,
+    all_done: trio.Event,
+    check_done: Callable[[], None],
+    publishing_over: trio.Event,
+    fault_over: trio.Event,
+) -> None:
+    healthy = [True] * settings.nsqds
+    half_published = trio.Event()
     async with fakensq.Cluster(nsqd=settings.nsqds, lookupd=1) as cluster:
         progress.info["cluster"] = f"{settings.nsqds} nsqd, 1 lookupd"
         async with trio.open_nursery() as nursery:
@@ -292,7 +337,12 @@ async def run(settings: Settings) -> Ledger:
                 publishing_over.set()
                 check_done()
 
+            async def stop_on_signal() -> None:
+                await stop.wait()
+                all_done.set()  # the workers leave as at the end: cleanly
+
             async with trio.open_nursery() as work:
+                work.start_soon(stop_on_signal)
                 for i in range(settings.consumers):
                     await work.start(worker, i)
                 work.start_soon(publish)
@@ -314,8 +364,6 @@ async def run(settings: Settings) -> Ledger:
                 all_done.set()  # on a timeout too: the workers leave
                 work.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
-    ledger.seconds = time.monotonic() - started
-    return ledger
 
 
 def report(ledger: Ledger, settings: Settings) -> str:
@@ -329,7 +377,13 @@ def report(ledger: Ledger, settings: Settings) -> str:
         ("requeued", ledger.failed_attempts, "handler failures, each REQ'd with backoff"),
         ("given up", len(ledger.given_up), f"past --max-attempts ({poison} poison)"),
         ("duplicates", ledger.duplicates, "processed again (at-least-once)"),
-        ("missing", len(ledger.missing), "published, never finished nor given up"),
+        (
+            "missing",
+            len(ledger.missing),
+            f"not processed yet: stopped by {ledger.stopped_by}"
+            if ledger.stopped_by
+            else "published, never finished nor given up",
+        ),
     ]
     lines = ["", f"{'':2}{'outcome':<12}{'count':>8}   meaning", f"{'':2}{'-' * 64}"]
     for name, count, meaning in rows:
@@ -388,8 +442,19 @@ def main(argv: list[str] | None = None) -> int:
         # Handler failures are the point of the demo: counted, not logged one by one.
         logging.getLogger("trionsq").setLevel(logging.ERROR)
     settings = Settings(**{k: v for k, v in vars(args).items() if k != "verbose"})
-    ledger = trio.run(run, settings)
+    signals = TrioStopSignals()
+    with signals.installed():
+        ledger = trio.run(run, settings, signals)
     print(report(ledger, settings))
+    if ledger.stopped_by is not None:
+        # Cut short: the table is the run so far, and there is no verdict.
+        left = len(ledger.published) - len(ledger.done)
+        how = "aborted by a second signal" if signals.aborted else "stopped cleanly"
+        print(
+            f"\n{how} on {ledger.stopped_by} before the end: {left} published message(s)"
+            " not yet processed (they were in the embedded nsqds, gone with them)"
+        )
+        return EXIT_ABORTED
     if ledger.missing:
         print(
             f"\nMISSING {len(ledger.missing)} message(s): published, never processed nor given up"

@@ -19,19 +19,18 @@ value that does not parse), 130 after a second SIGINT/SIGTERM.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import re
-import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import trio
 
 from . import __version__
+from .stopping import EXIT_ABORTED, TrioStopSignals
 from .tools import GO_NAMES, TOOLS
 from .tools.common import ToolError, tune_gc
 from .tools.flags import FlagSet
@@ -124,14 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     # From the start: a SIGTERM while the command is still starting makes it
     # stop as soon as it runs (exit 0), rather than kill it half-started.
-    signals = _Signals()
+    signals = TrioStopSignals()
     with signals.installed():
         if argv is None:
             return _main(sys.argv[1:], signals, own_process=True)
         return _main(list(argv), signals)
 
 
-def _main(args: list[str], signals: _Signals, own_process: bool = False) -> int:
+def _main(args: list[str], signals: TrioStopSignals, own_process: bool = False) -> int:
     level = "warn"
     while args and args[0].startswith("-"):
         option, _, value = args.pop(0).lstrip("-").partition("=")
@@ -187,78 +186,21 @@ def _main(args: list[str], signals: _Signals, own_process: bool = False) -> int:
         print(f"trionsq {name}: error: {error}", file=sys.stderr)
         return 1
     if signals.aborted:
-        return 130
+        return EXIT_ABORTED
     return status
-
-
-class _Signals:
-    """SIGINT and SIGTERM, for the whole life of the command.
-
-    The first sets the run's ``stop`` event, a second cancels the run.  Our own
-    handlers, installed before the run and kept until it is over, so that a
-    signal arriving as the tool finishes by itself (stdin closed and SIGTERM
-    sent together, say) is simply absorbed, never redelivered to a default
-    handler that would kill the process half-way through its exit.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.aborted = False
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._scope: trio.CancelScope | None = None
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        previous = {sig: signal.signal(sig, self._handler) for sig in _SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _handler(self, signum: int, frame: object) -> None:
-        self.count += 1
-        token = self._token
-        if token is None:
-            return  # before the run: seen when it starts
-        try:
-            token.run_sync_soon(self._deliver, signum)
-        except trio.RunFinishedError:
-            pass  # the tool is done: nothing left to stop
-
-    def attach(self, stop: trio.Event, scope: trio.CancelScope) -> None:
-        self._stop, self._scope = stop, scope
-        self._token = trio.lowlevel.current_trio_token()
-        if self.count:
-            self._deliver(signal.SIGTERM)
-
-    def _deliver(self, signum: int) -> None:
-        assert self._stop is not None and self._scope is not None
-        log = logging.getLogger("trionsq.tools")
-        if not self._stop.is_set():
-            log.info("received %s: stopping", signal.Signals(signum).name)
-            self._stop.set()
-        elif self.count > 1 and not self.aborted:
-            log.info("second signal: aborting")
-            self.aborted = True
-            self._scope.cancel()
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 async def _run(
     run: Callable[[Any, Any, trio.Event], Awaitable[int]],
     args: Any,
     prepared: Any,
-    signals: _Signals,
+    signals: TrioStopSignals,
 ) -> int:
     """Run a tool with a ``stop`` event set on the first SIGINT/SIGTERM; a second
     signal cancels it all (what it held is still requeued: the consumers
     requeue on cancellation)."""
     stop = trio.Event()
-    status = 130
+    status = EXIT_ABORTED
     with trio.CancelScope() as scope:
         signals.attach(stop, scope)
         status = await run(args, prepared, stop)
