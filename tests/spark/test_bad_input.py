@@ -59,7 +59,7 @@ def ask(path: str, data: bytes) -> None:
 def still_serves(identity: ExecutorIdentity) -> None:
     with connect_agent(identity, 10) as sock:
         framing.send_sync(sock, {"op": "nonsense"})
-        header, _ = framing.receive_sync(sock)
+        header, _ = framing.receive_sync(sock, framing.Limits(65536))
     assert header == {"error": "unknown operation 'nonsense'"}
 
 
@@ -73,7 +73,7 @@ def test_garbage_to_the_agent(agent: ExecutorIdentity, data: bytes) -> None:
 def test_a_read_without_options_is_refused(agent: ExecutorIdentity) -> None:
     with connect_agent(agent, 10) as sock:
         framing.send_sync(sock, {"op": "read", "token": "t"}, b"not a pickle")
-        header, _ = framing.receive_sync(sock)
+        header, _ = framing.receive_sync(sock, framing.Limits(65536))
     assert "error" in header
     still_serves(agent)
 
@@ -125,7 +125,7 @@ def test_a_hello_with_the_wrong_token_is_refused(nsqd_address: str) -> None:
     reader, address = nsqd_address_reader(nsqd_address)
     with socket.create_connection(address, timeout=10) as sock:
         framing.send_sync(sock, {"op": "hello", "id": 0, "token": "guess", "agent": "x"})
-        header, _ = framing.receive_sync(sock)
+        header, _ = framing.receive_sync(sock, framing.Limits(65536))
     assert header == {"re": 0, "error": "not this query's agent"}
     loop, coordinator = reader._started()
     assert loop.run_sync(lambda: list(coordinator.agents)) == []

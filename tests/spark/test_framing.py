@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from trionsq.spark import _framing as framing
 
+ANY = framing.Limits(header=1 << 16, payload=1 << 20)
+
 headers = st.dictionaries(
     st.text(max_size=8),
     st.one_of(st.integers(), st.text(max_size=20), st.none(), st.lists(st.integers(), max_size=3)),
@@ -25,13 +27,13 @@ def test_blocking_round_trip(header: dict[str, object], payload: bytes) -> None:
     left, right = socket.socketpair()
     with left, right:
         framing.send_sync(left, header, payload)
-        assert framing.receive_sync(right) == (header, payload)
+        assert framing.receive_sync(right, ANY) == (header, payload)
 
 
 async def test_trio_round_trip_of_several_frames() -> None:
     left, right = trio.testing.memory_stream_pair()
     frames = [({"op": "a", "n": 1}, b""), ({"op": "b"}, b"x" * 200_000), ({"op": "c"}, b"y")]
-    receive = framing.FrameReceiver(right)
+    receive = framing.FrameReceiver(right, ANY)
     async with trio.open_nursery() as nursery:
 
         async def writer() -> None:
@@ -53,7 +55,7 @@ def test_garbage_is_a_frame_or_a_framing_error_never_a_crash(data: bytes) -> Non
         await left.send_all(data)
         await left.aclose()
         try:
-            header, payload = await framing.receive(right)
+            header, payload = await framing.receive(right, ANY)
         except (framing.FramingError, EOFError):
             return
         assert isinstance(header, dict) and isinstance(payload, bytes)
@@ -64,14 +66,56 @@ def test_garbage_is_a_frame_or_a_framing_error_never_a_crash(data: bytes) -> Non
 def test_oversized_lengths_are_refused_before_reading() -> None:
     left, right = socket.socketpair()
     with left, right:
-        left.sendall(struct.pack(">I", framing.MAX_HEADER + 1))
+        left.sendall(b"TQS1" + struct.pack(">IQ", ANY.header + 1, 0))
         with pytest.raises(framing.FramingError, match="too big"):
-            framing.receive_sync(right)
+            framing.receive_sync(right, ANY)
+
+
+@pytest.mark.parametrize("length", [1, 2**40, 2**63, 2**64 - 1])
+def test_a_payload_beyond_its_frames_limit_is_refused_before_reading(length: int) -> None:
+    limits = framing.Limits(header=100, payload=lambda header: 0 if header["op"] == "hello" else 1)
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(b"TQS1" + struct.pack(">IQ", 14, length) + b'{"op":"hello"}')
+        with pytest.raises(framing.FramingError, match="carries at most 0 payload bytes"):
+            framing.receive_sync(right, limits)
+
+
+def test_a_frame_must_start_with_the_magic() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        with pytest.raises(framing.FramingError, match="not a frame"):
+            framing.receive_sync(right, ANY)
 
 
 def test_a_header_must_be_a_json_object() -> None:
     left, right = socket.socketpair()
     with left, right:
-        left.sendall(struct.pack(">I", 2) + b"[]" + struct.pack(">I", 0))
+        left.sendall(b"TQS1" + struct.pack(">IQ", 2, 0) + b"[]")
         with pytest.raises(framing.FramingError, match="not a JSON object"):
-            framing.receive_sync(right)
+            framing.receive_sync(right, ANY)
+
+
+async def test_reads_ask_for_bounded_chunks_whatever_the_length() -> None:
+    """A payload's bytes are asked for CHUNK at a time, never by its length."""
+    asked: list[int] = []
+
+    class Recording(trio.abc.ReceiveStream):
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        async def receive_some(self, max_bytes: int | None = None) -> bytes:
+            assert max_bytes is not None
+            asked.append(max_bytes)
+            chunk, self.data = self.data[:max_bytes], self.data[max_bytes:]
+            return chunk
+
+        async def aclose(self) -> None:
+            pass
+
+    payload = b"p" * (3 * framing.CHUNK + 5)
+    data = b"".join(framing.encode({"op": "x"}, payload))
+    header, got = await framing.receive(Recording(data), framing.Limits(100, len(payload)))
+    assert (header, got) == ({"op": "x"}, payload)
+    assert max(asked) <= framing.CHUNK

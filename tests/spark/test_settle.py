@@ -7,7 +7,7 @@ refill the agents" (a loaded machine) must not count.  On virtual time.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import trio
 import trio.testing
@@ -16,7 +16,7 @@ from trionsq.spark._executor import ExecutorIdentity
 from trionsq.spark._link import Link
 from trionsq.spark._options import parse_source_options
 from trionsq.spark.agent import Agent, QueryRun
-from trionsq.spark.coordinator import AgentInfo, Coordinator
+from trionsq.spark.coordinator import LINK_LIMITS, AgentInfo, Coordinator
 
 OPTIONS = parse_source_options(
     {
@@ -30,7 +30,7 @@ OPTIONS = parse_source_options(
 
 def linked_agent(coordinator: Coordinator) -> AgentInfo:
     stream, _ = trio.testing.memory_stream_pair()
-    link = Link(cast(trio.SocketStream, stream))
+    link = Link(stream, LINK_LIMITS)
     agent = AgentInfo("a#1", "0", "127.0.0.1", 1, ("127.0.0.1", 1), link, slots=1)
     coordinator.agents[agent.id] = agent
     return agent

@@ -25,6 +25,8 @@ from typing import Any
 
 from . import _framing as framing
 from ._executor import ExecutorIdentity, process_start_time
+from ._held import ipc_limit
+from ._options import SourceOptions
 
 __all__ = ["AgentUnavailableError", "agent_socket_path", "read_from_agent"]
 
@@ -124,10 +126,10 @@ def connect_agent(identity: ExecutorIdentity, timeout: float) -> socket.socket:
 
 
 def read_from_agent(
-    identity: ExecutorIdentity, request: dict[str, Any], options: object, timeout: float
+    identity: ExecutorIdentity, request: dict[str, Any], options: SourceOptions, timeout: float
 ) -> tuple[dict[str, Any], bytes]:
     """Send one read request; the agent's answer (header, Arrow IPC bytes)."""
     sock = connect_agent(identity, timeout)
     with sock:
         framing.send_sync(sock, request, pickle.dumps(options))
-        return framing.receive_sync(sock)
+        return framing.receive_sync(sock, framing.Limits(64 << 10, ipc_limit(options)))

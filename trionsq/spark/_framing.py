@@ -1,16 +1,21 @@
-"""Frames on the source's own sockets: a JSON header and an optional binary payload.
+"""Frames on the source's own sockets: a fixed prefix, a JSON header, a payload.
 
-The nsq source's processes talk over plain sockets: tasks to their executor's
-agent (a Unix socket), agents to the driver's coordinator and to each other (TCP).
-Every frame is::
+The nsq source's processes talk over their own sockets: tasks to their
+executor's agent (a Unix socket), agents to the driver's coordinator and to each
+other (TCP, under TLS: see :mod:`._secure`).  Every frame is::
 
-    header length (4 bytes, big-endian) | header (UTF-8 JSON object)
-    payload length (8 bytes, big-endian) | payload (bytes, often empty)
+    prefix (16 bytes): magic b"TQS1" | header length (4 bytes) | payload length (8 bytes)
+    header (UTF-8 JSON object) | payload (bytes, often empty)
 
-Headers carry the small things (operations, ids, counts, errors); payloads carry
-Arrow data and pickled options.  Both sides of every socket are trionsq code of
-the same version, so there is no negotiation; sizes are still checked, so a
-stray client or a corrupt stream fails one connection with a clear error.
+both lengths unsigned, big-endian.  Headers carry the small things (operations,
+ids, counts, errors); payloads carry Arrow data and pickled options.
+
+Every receiver states its :class:`Limits`: how big a header may be, and how big a
+payload each kind of frame may carry.  Both are checked before a byte of the
+header or the payload is read, so a peer that lies about a length costs nothing;
+reads go in bounded chunks, so a payload costs memory only as it arrives; and
+what nobody has proven to be a peer (a first frame) may carry no payload at all,
+so authentication always comes before any payload is read.
 """
 
 from __future__ import annotations
@@ -18,81 +23,104 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 __all__ = [
-    "MAX_HEADER",
-    "MAX_PAYLOAD",
+    "CHUNK",
+    "MAGIC",
     "FramingError",
+    "Limits",
     "encode",
+    "FrameReceiver",
     "receive",
     "receive_sync",
     "send",
     "send_sync",
 ]
 
-#: Headers are small JSON objects; anything bigger is a stray client.
-MAX_HEADER = 1 << 20
-#: A payload is one partition's Arrow data: bounded by what a slot holds.
-MAX_PAYLOAD = 1 << 40
-
-_LENGTH = struct.Struct(">I")
-_PAYLOAD_LENGTH = struct.Struct(">Q")
+MAGIC = b"TQS1"
+_PREFIX = struct.Struct(">4sIQ")
+#: The most one read asks the kernel (or TLS) for: a lying length never becomes
+#: one big allocation, and a payload takes memory only as its bytes come.
+CHUNK = 1 << 18
 
 
 class FramingError(ConnectionError):
-    """The peer sent something that is not a frame, or closed mid-frame."""
+    """The peer sent something that is not an acceptable frame, or closed mid-frame."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a receiver accepts: ``header`` bytes of JSON at most, and for each
+    frame at most ``payload(header)`` bytes of payload (an int: for every frame)."""
+
+    header: int
+    payload: int | Callable[[dict[str, Any]], int] = 0
+
+    def payload_for(self, header: dict[str, Any]) -> int:
+        return self.payload if isinstance(self.payload, int) else self.payload(header)
 
 
 def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:
     """A frame, as the pieces to write (a payload is not copied)."""
     data = json.dumps(header, separators=(",", ":")).encode()
-    if len(data) > MAX_HEADER:
-        raise FramingError(f"frame header of {len(data)} bytes is too big")
-    if len(payload) > MAX_PAYLOAD:
-        raise FramingError(f"frame payload of {len(payload)} bytes is too big")
-    return [_LENGTH.pack(len(data)) + data + _PAYLOAD_LENGTH.pack(len(payload)), payload]
+    return [_PREFIX.pack(MAGIC, len(data), len(payload)) + data, payload]
 
 
-def _header(data: bytes) -> dict[str, Any]:
+def _prefix(data: bytes, limits: Limits) -> tuple[int, int]:
+    magic, header_size, payload_size = _PREFIX.unpack(data)
+    if magic != MAGIC:
+        raise FramingError(f"not a frame of the nsq source (starts with {magic!r})")
+    if header_size > limits.header:
+        raise FramingError(f"frame header of {header_size} bytes is too big")
+    return int(header_size), int(payload_size)
+
+
+def _header(data: bytes, payload_size: int, limits: Limits) -> dict[str, Any]:
     try:
         header = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise FramingError(f"frame header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise FramingError("frame header is not a JSON object")
+    cap = limits.payload_for(header)
+    if payload_size > cap:
+        what = header.get("op", "reply" if "re" in header else "?")
+        raise FramingError(
+            f"a {str(what)[:20]!r} frame carries at most {cap} payload bytes, not {payload_size}"
+        )
     return header
-
-
-def _length(data: bytes, limit: int, what: str) -> int:
-    (length,) = (_LENGTH if len(data) == 4 else _PAYLOAD_LENGTH).unpack(data)
-    if length > limit:
-        raise FramingError(f"frame {what} of {length} bytes is too big")
-    return int(length)
 
 
 # --- Trio ----------------------------------------------------------------------
 
 
 class _Reader:
-    """Exact reads from a Trio stream (receive_some returns what has arrived)."""
+    """Exact reads from a Trio stream, never asking for more than :data:`CHUNK`."""
 
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self.stream = stream
         self.buffer = bytearray()
 
     async def exactly(self, count: int) -> bytes:
-        while len(self.buffer) < count:
-            chunk = await self.stream.receive_some(max(65536, count - len(self.buffer)))
+        buffer = self.buffer
+        while len(buffer) < count:
+            chunk = await self.stream.receive_some(CHUNK)
             if not chunk:
-                if self.buffer:
+                if buffer:
                     raise FramingError("connection closed in the middle of a frame")
                 raise EOFError
-            self.buffer += chunk
-        data = bytes(self.buffer[:count])
-        del self.buffer[:count]
+            buffer += chunk
+        if len(buffer) == count:
+            data = bytes(buffer)
+            buffer.clear()
+        else:
+            data = bytes(memoryview(buffer)[:count])
+            del buffer[:count]
         return data
 
 
@@ -107,27 +135,27 @@ async def send(stream: trio.abc.SendStream, header: dict[str, Any], payload: byt
 
 
 class FrameReceiver:
-    """Reads frames one after the other from a Trio stream."""
+    """Reads frames one after the other from a Trio stream, within ``limits``."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, limits: Limits) -> None:
         self._reader = _Reader(stream)
+        self.limits = limits
 
     async def __call__(self) -> tuple[dict[str, Any], bytes]:
         """The next frame; :class:`EOFError` at a clean end of stream."""
-        reader = self._reader
-        size = _length(await reader.exactly(4), MAX_HEADER, "header")
-        header = _header(await reader.exactly(size))
+        reader, limits = self._reader, self.limits
+        header_size, payload_size = _prefix(await reader.exactly(_PREFIX.size), limits)
         try:
-            size = _length(await reader.exactly(8), MAX_PAYLOAD, "payload")
+            header = _header(await reader.exactly(header_size), payload_size, limits)
+            payload = await reader.exactly(payload_size) if payload_size else b""
         except EOFError:
             raise FramingError("connection closed in the middle of a frame") from None
-        payload = await reader.exactly(size) if size else b""
         return header, payload
 
 
-async def receive(stream: trio.abc.ReceiveStream) -> tuple[dict[str, Any], bytes]:
+async def receive(stream: trio.abc.ReceiveStream, limits: Limits) -> tuple[dict[str, Any], bytes]:
     """One frame from a stream that carries just one (a request or an answer)."""
-    return await FrameReceiver(stream)()
+    return await FrameReceiver(stream, limits)()
 
 
 # --- blocking sockets (the task side) ---------------------------------------------
@@ -141,19 +169,18 @@ def send_sync(sock: socket.socket, header: dict[str, Any], payload: bytes = b"")
 
 
 def _exactly_sync(sock: socket.socket, count: int) -> bytes:
-    view = memoryview(bytearray(count))
-    got = 0
-    while got < count:
-        n = sock.recv_into(view[got:], min(count - got, 1 << 20))
-        if n == 0:
+    # Grown as bytes come (not allocated from the length), in bounded reads.
+    data = bytearray()
+    while len(data) < count:
+        chunk = sock.recv(min(count - len(data), CHUNK))
+        if not chunk:
             raise FramingError("connection closed in the middle of a frame")
-        got += n
-    return view.tobytes()
+        data += chunk
+    return bytes(data)
 
 
-def receive_sync(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
-    size = _length(_exactly_sync(sock, 4), MAX_HEADER, "header")
-    header = _header(_exactly_sync(sock, size))
-    size = _length(_exactly_sync(sock, 8), MAX_PAYLOAD, "payload")
-    payload = _exactly_sync(sock, size) if size else b""
+def receive_sync(sock: socket.socket, limits: Limits) -> tuple[dict[str, Any], bytes]:
+    header_size, payload_size = _prefix(_exactly_sync(sock, _PREFIX.size), limits)
+    header = _header(_exactly_sync(sock, header_size), payload_size, limits)
+    payload = _exactly_sync(sock, payload_size) if payload_size else b""
     return header, payload

@@ -6,8 +6,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..message import Message
+from ._options import SourceOptions
 
-__all__ = ["Held", "arrow_schema", "chunks", "from_ipc", "to_arrow", "to_ipc"]
+__all__ = ["Held", "arrow_schema", "chunks", "from_ipc", "ipc_limit", "to_arrow", "to_ipc"]
 
 
 def _pyarrow() -> Any:
@@ -93,3 +94,10 @@ def from_ipc(data: bytes) -> list[Any]:
     pa = _pyarrow()
     with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
         return list(reader)
+
+
+def ipc_limit(options: SourceOptions) -> int:
+    """The most bytes one set's Arrow rows may take on the wire: four times what a
+    slot may hold in bodies (its RDY follows the bodies' average size, so a set can
+    overshoot), and 64 MiB for the other columns."""
+    return 4 * options.max_bytes_in_flight + (64 << 20)

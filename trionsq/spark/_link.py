@@ -2,7 +2,10 @@
 
 The coordinator and each agent keep one TCP connection per query; either side
 sends requests (a header with an ``id``) and notifications (no ``id``), and
-replies carry the request's id back in ``re``.
+replies carry the request's id back in ``re``.  Frames in are held to the
+receiver's :class:`~._framing.Limits`; a frame out that the peer does not take
+within ``send_timeout`` (it stopped reading) breaks the link: a half-written frame
+leaves nothing to go on with.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ class ReadError(Exception):
 class Link:
     """Frames to and from one peer over a stream: requests with ids, and replies."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, limits: framing.Limits, send_timeout: float = 15.0
+    ) -> None:
         self.stream = stream
-        self.receive = framing.FrameReceiver(stream)
+        self.receive = framing.FrameReceiver(stream, limits)
+        self.send_timeout = send_timeout
         self._send_lock = trio.Lock()
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[trio.Event, list[dict[str, Any]]]] = {}
@@ -36,7 +42,15 @@ class Link:
 
     async def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         async with self._send_lock:
-            await framing.send(self.stream, header, payload)
+            if self.closed:
+                raise trio.ClosedResourceError("link closed")
+            try:
+                with trio.fail_after(self.send_timeout):
+                    await framing.send(self.stream, header, payload)
+            except trio.TooSlowError:
+                self.fail_pending()
+                await trio.aclose_forcefully(self.stream)
+                raise trio.BrokenResourceError("the peer stopped reading") from None
 
     async def request(self, header: dict[str, Any], patience: float = math.inf) -> dict[str, Any]:
         """Send ``header`` with a new id and wait for the reply carrying it back."""

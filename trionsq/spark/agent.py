@@ -32,6 +32,7 @@ import pickle
 import secrets
 import signal
 import socket
+import struct
 import sys
 from typing import Any
 
@@ -42,9 +43,10 @@ from .. import __version__
 from ..lookupd import lookup
 from . import _framing as framing
 from ._executor import ExecutorIdentity, process_start_time
-from ._held import Held, to_ipc
+from ._held import Held, ipc_limit, to_ipc
 from ._link import Link, ReadError
 from ._options import SourceOptions
+from ._peers import Gate, serve
 from ._slot import NoConnectionError, Slot
 
 __all__ = ["Agent", "main"]
@@ -60,6 +62,20 @@ SLOT_IDLE = 30.0
 IDLE_EXIT = 60.0
 #: How long a stopping agent gives its connections to requeue and close.
 SHUTDOWN_GRACE = 3.0
+#: A task's request, a peer's fetch: each must arrive within this, and at most this
+#: many connections may be waiting to (a slow or half-open peer holds little, briefly).
+REQUEST_TIMEOUT = 30.0
+MAX_UNPROVEN = 64
+#: How long a task or a peer agent may take to read the rows it asked for.
+REPLY_TIMEOUT = 120.0
+#: A task's read request: a small header, the pickled source options as payload.
+TASK_LIMITS = framing.Limits(
+    header=64 << 10, payload=lambda header: 1 << 20 if header.get("op") == "read" else 0
+)
+#: A peer agent's fetch: a small header, no payload (and the answer to ours).
+FETCH_LIMITS = framing.Limits(header=4096)
+#: What the coordinator sends: a resolve lists set ids; nothing carries a payload.
+COORDINATOR_LIMITS = framing.Limits(header=1 << 20)
 
 
 class QueryRun:
@@ -112,7 +128,7 @@ class QueryRun:
             self.finished.set()
             self.agent.queries.pop(self.token, None)
             return
-        link = self.link = Link(stream)
+        link = self.link = Link(stream, COORDINATOR_LIMITS, send_timeout=LINK_TIMEOUT)
         try:
             if await self._hello(link):
                 async with trio.open_nursery() as nursery:
@@ -126,6 +142,9 @@ class QueryRun:
                     with trio.move_on_after(SHUTDOWN_GRACE):
                         await self._release_everything()
                     nursery.cancel_scope.cancel()
+        except Exception as exc:  # the query ends here; the agent serves the others
+            log.exception("query %s: ended by a failure", self.token[:8])
+            self._error = f"the query's state on this executor failed: {exc!r}"
         finally:
             link.fail_pending()
             self._ready.set()
@@ -225,7 +244,7 @@ class QueryRun:
                     log.warning("coordinator sent an unknown operation %r", op)
         except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
             log.info("query %s: coordinator link ended (%r)", self.token[:8], exc)
-        except trio.BrokenResourceError:
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             link.fail_pending()
@@ -471,8 +490,16 @@ class QueryRun:
                 stream = await trio.open_tcp_stream(host, int(port))
                 async with stream:
                     await framing.send(stream, {"op": "fetch", "token": self.token, "set": set_id})
-                    header, payload = await framing.receive(stream)
-        except (OSError, EOFError, framing.FramingError, trio.TooSlowError) as exc:
+                    limits = framing.Limits(FETCH_LIMITS.header, ipc_limit(self.options))
+                    header, payload = await framing.receive(stream, limits)
+        except (
+            OSError,
+            EOFError,
+            framing.FramingError,
+            trio.TooSlowError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+        ) as exc:
             raise ReadError(
                 f"cannot replay message set {set_id} from the agent at {host}:{port}: {exc}"
             ) from None
@@ -480,17 +507,25 @@ class QueryRun:
             raise ReadError(str(header["error"]))
         return {"rows": header.get("rows", 0), "set": set_id, "replayed": True}, payload
 
-    def serve_fetch(self, set_id: int) -> tuple[dict[str, Any], bytes]:
-        entry = None if self.ended.is_set() else self.sets.get(set_id)
+    def serve_fetch(self, set_id: object) -> tuple[dict[str, Any], bytes]:
+        entry = None
+        if isinstance(set_id, int) and not self.ended.is_set():
+            entry = self.sets.get(set_id)
         if entry is None:
-            return {"error": f"message set {set_id} is not held by {self.agent.id}"}, b""
+            return {"error": f"message set {set_id!r:.30} is not held by {self.agent.id}"}, b""
         return {"rows": len(entry[1])}, to_ipc(self.options.topic, entry[1])
 
 
 class Agent:
     """The agent process (see the module docstring)."""
 
-    def __init__(self, identity: ExecutorIdentity, socket_path: str, anchor_start: int | None):
+    def __init__(
+        self,
+        identity: ExecutorIdentity,
+        socket_path: str,
+        anchor_start: int | None,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ):
         self.identity = identity
         self.socket_path = socket_path
         self.anchor_start = anchor_start
@@ -500,6 +535,8 @@ class Agent:
         self._nursery: trio.Nursery | None = None
         self._leave = trio.Event()
         self.pyarrow_ready = trio.Event()
+        self._task_gate = Gate(MAX_UNPROVEN, request_timeout)
+        self._peer_gate = Gate(MAX_UNPROVEN, request_timeout)
 
     async def main(self) -> None:
         unix = _bind_unix(self.socket_path)
@@ -512,8 +549,8 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 tasks = [trio.SocketListener(trio.socket.from_stdlib_socket(unix))]
-                nursery.start_soon(trio.serve_listeners, self._serve_task, tasks)
-                nursery.start_soon(trio.serve_listeners, self._serve_peer, peers)
+                nursery.start_soon(serve, self._serve_task, tasks, f"agent {self.id} tasks")
+                nursery.start_soon(serve, self._serve_peer, peers, f"agent {self.id} peers")
                 nursery.start_soon(self._watchdog)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._import_pyarrow)
@@ -574,53 +611,55 @@ class Agent:
         return run
 
     async def _serve_task(self, stream: trio.SocketStream) -> None:
-        async with stream:
+        """A task's read (failures end this connection only: see :func:`._peers.serve`)."""
+        if not _same_user(stream.socket):
+            log.warning("agent %s: refused a task connection from another user", self.id)
+            return
+        with self._task_gate.unproven():
+            header, payload = await framing.receive(stream, TASK_LIMITS)
+        reply: dict[str, Any]
+        try:
+            if header.get("op") != "read":
+                raise ReadError(f"unknown operation {header.get('op')!r:.40}")
             try:
-                header, payload = await framing.receive(stream)
-            except (EOFError, OSError, framing.FramingError, trio.BrokenResourceError):
-                return
-            reply: dict[str, Any]
-            try:
-                if header.get("op") != "read":
-                    raise ReadError(f"unknown operation {header.get('op')!r}")
                 options = pickle.loads(payload)
-                if not isinstance(options, SourceOptions):
-                    raise ReadError("the read request carries no source options")
-                host, port = header["coordinator"]
-                run = await self._query(str(header["token"]), (str(host), int(port)), options)
-                reply, data = await run.read(header)
-            except ReadError as exc:
-                reply, data = {"error": str(exc)}, b""
-            except Exception as exc:  # one task's failure must not end the agent
-                log.exception("read failed")
-                reply, data = {"error": f"{type(exc).__name__}: {exc}"}, b""
-            try:
+            except Exception:  # a task of another version, or not a task at all
+                options = None
+            if not isinstance(options, SourceOptions):
+                raise ReadError("the read request carries no source options")
+            host, port = header["coordinator"]
+            run = await self._query(str(header["token"]), (str(host), int(port)), options)
+            reply, data = await run.read(header)
+            limit = ipc_limit(options)
+            if len(data) > limit:
+                raise ReadError(
+                    f"the partition's rows take {len(data)} bytes, more than a task takes "
+                    f"({limit}: four times max_bytes_in_flight, and 64 MiB)"
+                )
+        except ReadError as exc:
+            reply, data = {"error": str(exc)}, b""
+        except Exception as exc:  # one task's failure must not end the agent
+            log.exception("read failed")
+            reply, data = {"error": f"{type(exc).__name__}: {exc}"}, b""
+        try:
+            with trio.fail_after(REPLY_TIMEOUT):
                 await framing.send(stream, reply, data)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                log.info("a task left before its rows were sent")
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            log.info("a task left before its rows were sent")
 
     async def _serve_peer(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            try:
-                with trio.fail_after(30):
-                    header, _ = await framing.receive(stream)
-            except (
-                EOFError,
-                OSError,
-                framing.FramingError,
-                trio.TooSlowError,
-                trio.BrokenResourceError,
-            ):
-                return
-            run = self.queries.get(str(header.get("token")))
-            if header.get("op") != "fetch" or run is None:
-                reply, data = {"error": f"{self.id} holds nothing of that query"}, b""
-            else:
-                reply, data = run.serve_fetch(int(header.get("set", -1)))
-            try:
-                await framing.send(stream, reply, data)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        """Another agent's fetch of a set this one holds (a retried task's replay)."""
+        with self._peer_gate.unproven():
+            header, _ = await framing.receive(stream, FETCH_LIMITS)
+        token = header.get("token")
+        # A lookup by hash: how long it takes says nothing about the tokens held.
+        run = self.queries.get(token) if isinstance(token, str) else None
+        if header.get("op") != "fetch" or run is None:
+            reply, data = {"error": f"{self.id} holds nothing of that query"}, b""
+        else:
+            reply, data = run.serve_fetch(header.get("set"))
+        with trio.fail_after(REPLY_TIMEOUT):
+            await framing.send(stream, reply, data)
 
 
 async def _probe(address: str, seconds: float) -> str:
@@ -639,6 +678,20 @@ async def _probe(address: str, seconds: float) -> str:
     except OSError as exc:
         return exc.strerror or str(exc)
     return "reachable, but the handshake or SUB failed (see the executor's log)"
+
+
+def _same_user(sock: trio.socket.SocketType) -> bool:
+    """Whether the peer of a Unix socket runs as this user (Linux's SO_PEERCRED;
+    elsewhere the socket's folder, mode 0700, is the only guard)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return True
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    except OSError:
+        return True
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return bool(uid == os.getuid())
 
 
 def _alive(pid: int, start: int | None) -> bool:
@@ -679,6 +732,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", required=True, help="the Unix socket tasks connect to")
     parser.add_argument("--identity", required=True, help="the executor (JSON, see _executor)")
     parser.add_argument("--anchor-start", type=int, default=None)
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT,
+        help="how long a task's request or a peer's fetch may take to arrive (seconds)",
+    )
     args = parser.parse_args(argv)
     level = os.environ.get("TRIONSQ_SPARK_AGENT_LOG", "WARNING").upper()
     logging.basicConfig(
@@ -687,7 +746,7 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     identity = ExecutorIdentity(**json.loads(args.identity))
-    agent = Agent(identity, args.socket, args.anchor_start)
+    agent = Agent(identity, args.socket, args.anchor_start, args.request_timeout)
     trio.run(agent.main)
 
 

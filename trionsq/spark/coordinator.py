@@ -19,6 +19,7 @@ micro-batches.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import secrets
@@ -32,6 +33,7 @@ from . import _framing as framing
 from ._ledger import LateReadError, Ledger, SetState
 from ._link import Link, ReadError
 from ._options import SourceOptions
+from ._peers import Gate, serve
 
 __all__ = ["Coordinator", "default_host"]
 
@@ -45,6 +47,14 @@ SETTLE_LIMIT = 30.0
 LINK_TIMEOUT = 15.0
 #: How long committing or stopping waits for the agents' acknowledgements.
 ACK_TIMEOUT = 10.0
+#: A connection must say hello (the query's token) within this, and at most this
+#: many may be trying at once: a peer that has not proven itself costs little, briefly.
+HELLO_TIMEOUT = 15.0
+MAX_UNPROVEN = 64
+#: The first frame is a hello: small, no payload.  A linked agent's frames
+#: (status, read, ready, void, replies) are small too, and never carry a payload.
+HELLO_LIMITS = framing.Limits(header=4096)
+LINK_LIMITS = framing.Limits(header=64 << 10)
 
 
 def default_host() -> str:
@@ -109,7 +119,7 @@ class Coordinator:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.token = secrets.token_hex(16)
+        self.token = secrets.token_urlsafe(32)
         self.ledger = Ledger()
         self.agents: dict[str, AgentInfo] = {}
         self.address: tuple[str, int] | None = None
@@ -119,6 +129,7 @@ class Coordinator:
         self._status_seen = trio.Event()
         self._changes: dict[int, trio.Event] = {}
         self._stopped = False
+        self._gate = Gate(MAX_UNPROVEN, HELLO_TIMEOUT)
 
     # --- serving ---
 
@@ -131,49 +142,64 @@ class Coordinator:
         self.address = (host, port)
         log.info("nsq source coordinator on %s:%d", host, port)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+            nursery.start_soon(serve, self._handle, listeners, "nsq source coordinator")
             nursery.start_soon(self._tick)
             task_status.started(self.address)
 
     async def _tick(self) -> None:
         while True:
             await trio.sleep(TICK)
-            for agent in list(self.agents.values()):
-                try:
-                    await agent.link.send({"op": "tick"})
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+            # Each on its own: an agent that stops reading delays nobody else's tick
+            # (its link breaks after LINK_TIMEOUT).
+            async with trio.open_nursery() as nursery:
+                for agent in list(self.agents.values()):
+                    nursery.start_soon(self._send_quietly, agent.link, {"op": "tick"})
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        link = Link(stream)
-        agent: AgentInfo | None = None
+    @staticmethod
+    async def _send_quietly(link: Link, header: dict[str, Any]) -> None:
         try:
-            async with stream:
-                agent = await self._hello(link)
-                if agent is None:
-                    return
-                async with trio.open_nursery() as nursery:
-                    await self._receive(agent, nursery)
-                    nursery.cancel_scope.cancel()
+            await link.send(header)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        """One agent's link, from its hello to its end (failures end it alone: see
+        :func:`._peers.serve`)."""
+        link = Link(stream, HELLO_LIMITS, send_timeout=LINK_TIMEOUT)
+        agent: AgentInfo | None = None
+        try:
+            with self._gate.unproven():
+                header, _ = await link.receive()
+                refusal = self._refusal(header)
+                if refusal is not None:
+                    await link.send({"re": _ident(header), "error": refusal})
+                    return
+            # Proven: the same receiver reads on (it may hold the next frame already).
+            link.receive.limits = LINK_LIMITS
+            agent = self._admit(link, header)
+            await link.send({"re": _ident(header), "ok": True})
+            async with trio.open_nursery() as nursery:
+                await self._receive(agent, nursery)
+                nursery.cancel_scope.cancel()
         finally:
             link.fail_pending()
             if agent is not None:
                 self._agent_lost(agent)
 
-    async def _hello(self, link: Link) -> AgentInfo | None:
-        try:
-            with trio.fail_after(LINK_TIMEOUT):
-                header, _ = await link.receive()
-        except (EOFError, OSError, framing.FramingError, trio.TooSlowError):
-            return None
-        if header.get("op") != "hello" or header.get("token") != self.token:
-            await link.send({"re": header.get("id"), "error": "not this query's agent"})
-            return None
+    def _refusal(self, header: dict[str, Any]) -> str | None:
+        """Why a hello is refused (None: it is this query's agent)."""
+        token = header.get("token")
+        if (
+            header.get("op") != "hello"
+            or not isinstance(token, str)
+            or not hmac.compare_digest(token.encode(), self.token.encode())
+        ):
+            return "not this query's agent"
         if self._stopped:
-            await link.send({"re": header.get("id"), "error": "the query is stopping"})
-            return None
+            return "the query is stopping"
+        return None
+
+    def _admit(self, link: Link, header: dict[str, Any]) -> AgentInfo:
         peer = header.get("peer") or ["", 0]
         agent = AgentInfo(
             id=str(header["agent"]),
@@ -187,7 +213,6 @@ class Coordinator:
         self.agents[agent.id] = agent
         self.ledger.agent_joined(agent.id)
         log.info("nsq source: agent %s (executor %s) linked", agent.id, agent.executor)
-        await link.send({"re": header.get("id"), "ok": True})
         return agent
 
     async def _receive(self, agent: AgentInfo, nursery: trio.Nursery) -> None:
@@ -269,10 +294,7 @@ class Coordinator:
                 "peer": list(holder.peer) if holder is not None else None,
             }
             break
-        try:
-            await agent.link.send({"re": header.get("id"), **reply})
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        await self._send_quietly(agent.link, {"re": header.get("id"), **reply})
 
     # --- Spark's calls ---
 
@@ -360,7 +382,14 @@ class Coordinator:
     async def _tell(self, agent: AgentInfo, header: dict[str, Any]) -> None:
         try:
             reply = await agent.link.request(header, patience=ACK_TIMEOUT)
-        except (OSError, ConnectionError, ReadError, trio.TooSlowError) as exc:
+        except (
+            OSError,
+            ConnectionError,
+            ReadError,
+            trio.TooSlowError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+        ) as exc:
             log.warning("nsq source: agent %s did not answer %s: %r", agent.id, header["op"], exc)
             return
         if header["op"] == "resolve":
@@ -396,3 +425,9 @@ class Coordinator:
             for a in self.agents.values()
         }
         return self.stats
+
+
+def _ident(header: dict[str, Any]) -> int | None:
+    """A request's id, to answer it (only an int: nothing else is echoed back)."""
+    ident = header.get("id")
+    return ident if isinstance(ident, int) else None
