@@ -10,10 +10,15 @@ tests/reference.py); CI has them.
 from __future__ import annotations
 
 import gzip
+import http.server
+import json
 import re
 import signal
 import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -432,6 +437,102 @@ def test_to_file_topic_pattern_picks_up_new_topics_as_nsq_to_file(tmp_path: Path
         go, py = (sorted(p.name.split(".")[0] for p in out.iterdir()) for out in dirs)
         assert py == go == ["logs_a", "logs_b"]
         assert file_contents(dirs[1]) == file_contents(dirs[0])
+
+
+class ListingLookupd:
+    """An nsqlookupd in front of a real one that also lists ``extra`` topics
+    in ``/topics`` (the real nsqlookupd refuses an invalid name on REGISTER
+    and on /topic/create, but a client takes what any lookupd answers)."""
+
+    def __init__(self, upstream: str, extra: list[object]) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                # The Accept header chooses nsqlookupd's answer's shape (go-nsq
+                # asks for the one without the pre-1.0 envelope).
+                accept = self.headers["Accept"]
+                request = urllib.request.Request(
+                    f"http://{upstream}{self.path}", headers={"Accept": accept} if accept else {}
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+                        status, headers, body = answer.status, answer.headers, answer.read()
+                except urllib.error.HTTPError as error:
+                    status, headers, body = error.code, error.headers, error.read()
+                if self.path.split("?")[0] == "/topics" and status == 200:
+                    doc = json.loads(body)
+                    inner = doc.get("data", doc)  # the envelope's, or the document
+                    inner["topics"] = [*inner["topics"], *extra]
+                    body = json.dumps(doc).encode()
+                self.send_response(status)
+                # go-nsq reads the body's shape from X-NSQ-Content-Type.
+                for name in ("Content-Type", "X-NSQ-Content-Type"):
+                    if headers[name]:
+                        self.send_header(name, headers[name])
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http_address = f"127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def test_to_file_skips_a_bad_topic_name_from_lookupd_as_nsq_to_file(tmp_path: Path) -> None:
+    """A name nsqlookupd lists that cannot be consumed is logged and left
+    out; the other topics are archived, found later ones too, and the tool
+    goes on (it ended with a ValueError traceback, archiving nothing more)."""
+    reference.require("nsqlookupd")
+    with (
+        reference.running("nsqlookupd") as real,
+        reference.running(
+            "nsqd", [f"--lookupd-tcp-address={real.tcp_address}", "--log-level=warn"]
+        ) as nsqd,
+    ):
+        lookupd = ListingLookupd(real.http_address, ["logs_bad name!"])
+        fill(nsqd, "logs_a", [b"logs_a 1"], ["go", "py"])
+        dirs, processes = start_both(
+            tmp_path,
+            lambda channel, out: [
+                "--topic-pattern=^logs_",
+                "--topic-refresh=500ms",
+                f"--channel={channel}",
+                f"--lookupd-http-address={lookupd.http_address}",
+                f"--output-dir={out}",
+                "--sync-interval=100ms",
+                "--datetime-format=x",
+            ],
+        )
+        try:
+            for channel in ("go", "py"):
+                wait_for(
+                    lambda channel=channel: drained(nsqd.http_address, "logs_a", channel, 1),
+                    what=f"logs_a archived by {channel}",
+                )
+            fill(nsqd, "logs_b", [b"logs_b 1"], ["go", "py"])  # found at a later refresh
+            for channel in ("go", "py"):
+                wait_for(
+                    lambda channel=channel: drained(nsqd.http_address, "logs_b", channel, 1),
+                    what=f"logs_b archived by {channel}",
+                )
+        finally:
+            results = [stop(process) for process in processes]
+            lookupd.close()
+        go, py = (sorted(p.name.split(".")[0] for p in out.iterdir()) for out in dirs)
+        assert py == go == ["logs_a", "logs_b"]
+        assert file_contents(dirs[1]) == file_contents(dirs[0])
+        for status, _, err in results:
+            assert status == 0, err
+            assert b"couldn't create logger for new topic logs_bad name!" in err, err
+            assert b"Traceback" not in err
 
 
 # --- nsq_to_nsq ----------------------------------------------------------------

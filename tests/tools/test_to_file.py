@@ -9,7 +9,10 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from fakensq import NSQD
+from trionsq.tools.to_file import _topic_list
 
 from .helpers import (
     channel_stats,
@@ -159,3 +162,17 @@ def test_sigterm_mid_stream_loses_nothing(nsqd: NSQD, tmp_path: Path) -> None:
     )
     assert set(archived) | set(rest.stdout.splitlines()) == set(bodies)
     assert os.listdir(tmp_path)
+
+
+def test_a_topics_answer_is_read_as_nsq_to_file_reads_it() -> None:
+    """A list of strings (in the pre-1.0 envelope too); anything else is
+    that nsqlookupd's error (Go's decoding into []string fails), never a
+    crash of the tool; names are checked when archiving starts."""
+    assert _topic_list({"topics": ["a", "bad name!"]}) == ["a", "bad name!"]
+    assert _topic_list({"status_code": 200, "data": {"topics": ["a"]}}) == ["a"]
+    assert _topic_list({}) == _topic_list({"topics": None}) == []
+    for bad in ({"topics": "a"}, {"topics": ["a", 1]}, {"topics": [None]}, {"topics": {}}):
+        with pytest.raises(ValueError, match="not a list of strings"):
+            _topic_list(bad)
+    with pytest.raises(ValueError, match="not a JSON object"):
+        _topic_list(["a"])

@@ -37,6 +37,7 @@ import trio
 from ..config import Config
 from ..consumer import Consumer
 from ..message import Message
+from ..protocol.names import is_valid_topic_name
 from .common import (
     ToolError,
     add_consumer_flags,
@@ -667,6 +668,14 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
                         )
                         archived.add(topic)
                         continue
+                    if not is_valid_topic_name(topic):
+                        # What nsqlookupd listed cannot be consumed: told, and
+                        # the others go on (nsq_to_file logs it at every
+                        # refresh too, never adding it).
+                        log.error(
+                            "couldn't create logger for new topic %s: invalid topic name", topic
+                        )
+                        continue
                     archived.add(topic)
                     log.info("archiving topic %s", topic)
                     nursery.start_soon(
@@ -713,14 +722,26 @@ async def _discover(
                 try:
                     response = await client.get(f"{base}/topics")
                     response.raise_for_status()
-                    doc = response.json()
+                    topics.update(dict.fromkeys(_topic_list(response.json())))
                 except (httpx.HTTPError, ValueError) as exc:
                     errors.append(f"{address}: {exc or type(exc).__name__}")
-                    continue
-                if "topics" not in doc and isinstance(doc.get("data"), dict):
-                    doc = doc["data"]
-                topics.update(dict.fromkeys(doc.get("topics") or []))
             if errors and len(errors) == len(args.lookupd_http_address):
                 log.error("could not retrieve topic list: %s", "; ".join(errors))
             start(sorted(topics))
             await trio.sleep(args.topic_refresh)
+
+
+def _topic_list(doc: Any) -> list[str]:
+    """The topics of a ``/topics`` answer (the pre-1.0 envelope too); a
+    ValueError for anything else, as nsq_to_file's decoding into a list of
+    strings fails (that nsqlookupd's answer is then left out)."""
+    if isinstance(doc, dict) and "topics" not in doc and isinstance(doc.get("data"), dict):
+        doc = doc["data"]
+    if not isinstance(doc, dict):
+        raise ValueError("the answer is not a JSON object")
+    topics = doc.get("topics")
+    if topics is None:
+        return []
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise ValueError("topics is not a list of strings")
+    return topics
