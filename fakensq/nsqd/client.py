@@ -86,6 +86,9 @@ _OK_FRAME: Final = encode_response(OK)
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+# The most one write joins of the output (beyond one frame): what is buffered
+# for a client that does not read is referenced, not copied, past that.
+_WRITE_CHUNK = 256 * 1024
 
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError)
 
@@ -159,6 +162,10 @@ class ClientConnection:
         self._flush_now = False
         self._flush_deadline = math.inf
         self._next_heartbeat = math.inf
+        self._read_deadline = math.inf
+        # A write in progress, and a channel turned away meanwhile.
+        self._writing = False
+        self._starved = False
         self._wake = trio.Event()
         self._scope = trio.CancelScope()
 
@@ -205,6 +212,7 @@ class ClientConnection:
 
     async def _reader_loop(self) -> None:
         parser = self.parser
+        self._read_deadline = self._next_read_deadline()
         while True:
             try:
                 go_on = await self._execute_buffered()
@@ -217,6 +225,11 @@ class ClientConnection:
                 return
             data = await self._receive()
             if not data:
+                # EOF or the read deadline inside a command's body: nsqd's
+                # reader of that part fails, and nsqd says so as it closes.
+                error = parser.cut_short()
+                if error is not None:
+                    await self._send_error(error)
                 return
             if self._decoder is not None:
                 data = self._decoder.decode(data)
@@ -235,6 +248,7 @@ class ClientConnection:
         second fails, the message not being in flight yet).
         """
         parser = self.parser
+        progressed = False
         while True:
             try:
                 command = parser.next_command()
@@ -245,7 +259,12 @@ class ClientConnection:
                 return False
             if command is None:
                 self._deliver_pending()
+                if progressed:
+                    self._read_deadline = self._next_read_deadline()
                 return True
+            # (an MPUB's line alone does not: its body is read under the
+            # deadline set before the line)
+            progressed = progressed or type(command) is not cmds.MPubHead
             try:
                 if type(command) is cmds.FinRun:
                     # The hot path, kept out of a coroutine call; new messages
@@ -308,10 +327,16 @@ class ClientConnection:
                 topic = self.nsqd.get_topic(topic.name)
             topic.put_many(msgs, admitted=True)
 
+    def _next_read_deadline(self) -> float:
+        """nsqd's read deadline, set before it reads each command: two heartbeat
+        intervals, for the whole command (its line and its body), so a peer
+        that trickles a command in meets it as a silent one does."""
+        hb = self.heartbeat_interval
+        return trio.current_time() + 2 * hb if hb > 0 else math.inf
+
     async def _receive(self) -> bytes:
-        # nsqd's read deadline: two heartbeats missed and the client is gone.
-        if self.heartbeat_interval > 0:
-            with trio.move_on_after(self.heartbeat_interval * 2):
+        if self._read_deadline < math.inf:
+            with trio.move_on_at(self._read_deadline):
                 return bytes(await self.stream.receive_some(_READ_SIZE))
             log.info("client %s: read timeout", self.remote_address)
             return b""
@@ -616,6 +641,13 @@ class ClientConnection:
         channel = self.channel
         if channel is None or channel.paused:
             return False
+        if self._writing:
+            # nsqd's messagePump takes no message while it writes, so a peer
+            # that does not read holds it there: what is handed out is bounded
+            # by what its socket took, not by its RDY.  (Asked again once the
+            # write is done.)
+            self._starved = True
+            return False
         return 0 < self.ready_count and self.in_flight_count < self.ready_count
 
     def is_producer(self) -> bool:
@@ -628,16 +660,18 @@ class ClientConnection:
             return
         self.in_flight_count += n
         self.message_count += n
-        # The batch's frames in one piece: one join, not two list items a message.
+        # Each frame as its head and the body itself: no copy of a body until
+        # the writer joins a piece of the output (at most _WRITE_CHUNK bytes
+        # beyond one frame), however many messages RDY lets through.
         pack = _MESSAGE_FRAME_HEADER.pack
-        frames = b"".join(
-            [
-                pack(len(m.body) + 30, FRAME_TYPE_MESSAGE, m.timestamp, m.attempts, m.id) + m.body
-                for m in batch
-            ]
-        )
-        self._out.append(frames)
-        self._out_size += len(frames)
+        add = self._out.append
+        size = 0
+        for m in batch:
+            body = m.body
+            add(pack(len(body) + 30, FRAME_TYPE_MESSAGE, m.timestamp, m.attempts, m.id))
+            add(body)
+            size += len(body)
+        self._out_size += size + 34 * n
         if self._out_size >= self.output_buffer_size or not self.is_ready_for_messages():
             if not self._flush_now:
                 self._flush_now = True
@@ -665,11 +699,36 @@ class ClientConnection:
         """Send bytes (caller holds the send lock), with nsqd's write deadline."""
         if self._encoder is not None:
             data = self._encoder.encode(data)
-        if self.heartbeat_interval > 0:
-            with trio.fail_after(self.heartbeat_interval):
+        self._writing = True
+        try:
+            if self.heartbeat_interval > 0:
+                with trio.fail_after(self.heartbeat_interval):
+                    await self.stream.send_all(data)
+            else:
                 await self.stream.send_all(data)
-        else:
-            await self.stream.send_all(data)
+        finally:
+            self._writing = False
+        if self._starved:
+            self._starved = False
+            if self.channel is not None:
+                self.channel.dispatch()
+
+    def _take_chunk(self) -> bytes | None:
+        """The output's first _WRITE_CHUNK bytes (or a little more: whole
+        items), when more than that is buffered; else None (the rest goes in
+        one piece, with what follows it)."""
+        out = self._out
+        total = 0
+        for n, part in enumerate(out, 1):
+            total += len(part)
+            if total >= _WRITE_CHUNK:
+                if n == len(out):
+                    return None
+                data = b"".join(out[:n])
+                del out[:n]
+                self._out_size = max(0, self._out_size - total)
+                return data
+        return None
 
     def _take_buffered(self) -> bytes:
         data = b"".join(self._out)
@@ -691,6 +750,8 @@ class ClientConnection:
         """Send ``frame`` now, after everything before it (one stream, in order)."""
         self._deliver_pending()
         async with self._send_lock:
+            while (chunk := self._take_chunk()) is not None:
+                await self._write(chunk)
             await self._write(self._take_buffered() + frame if self._out else frame)
 
     async def _send_response(self, data: bytes) -> None:
@@ -717,6 +778,8 @@ class ClientConnection:
                 now = trio.current_time()
                 if self._out and (self._flush_now or now >= self._flush_deadline):
                     async with self._send_lock:
+                        while (chunk := self._take_chunk()) is not None:
+                            await self._write(chunk)
                         if self._out:
                             await self._write(self._take_buffered())
                 elif not self._out:

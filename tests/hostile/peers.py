@@ -115,3 +115,33 @@ async def closed_by_peer(stream: trio.abc.Stream) -> bool:
     except trio.BrokenResourceError:
         pass
     return True
+
+
+async def drain(address: str, topic: str, channel: str, count: int) -> list[bytes]:
+    """Subscribe, read ``count`` messages (FIN each), return their bodies; for
+    outcomes where which connection got which message, in which order, is the
+    scheduler's choice on both daemons (nothing of it recorded)."""
+    from trionsq.protocol import commands as cmds
+    from trionsq.protocol.frames import Error, FrameParser, MessageFrame
+
+    stream = await connect(address)
+    parser = FrameParser()
+    bodies: list[bytes] = []
+    try:
+        await stream.send_all(cmds.MAGIC_V2 + cmds.sub(topic, channel) + cmds.rdy(count))
+        while len(bodies) < count:
+            data = await stream.receive_some(256 * 1024)
+            if not data:
+                raise EOFError(f"closed after {len(bodies)} of {count} messages")
+            fins = []
+            for frame in parser.feed(bytes(data)):
+                if isinstance(frame, Error):
+                    raise AssertionError(frame.data)
+                if isinstance(frame, MessageFrame):
+                    bodies.append(frame.body)
+                    fins.append(cmds.fin(frame.id))
+            if fins:
+                await stream.send_all(b"".join(fins))
+    finally:
+        await trio.aclose_forcefully(stream)
+    return bodies

@@ -29,6 +29,7 @@ from .errors import (
     BadTopicError,
     InvalidError,
     LineTooLong,
+    NSQErrorResponse,
 )
 from .frames import MSG_ID_LENGTH
 from .names import go_quote, is_valid_channel_name, is_valid_topic_name
@@ -303,7 +304,11 @@ Precheck = Callable[[bytes], None]
 
 
 class _NeedMore(Exception):
-    """Internal: the buffer does not hold the whole command yet."""
+    """Internal: the buffer does not hold the whole command yet.
+
+    Its args, when given, are the error class and text nsqd sends if the
+    stream ends there (what its reader of that part says it failed to read).
+    """
 
 
 class CommandParser:
@@ -350,6 +355,8 @@ class CommandParser:
         self.fin_runs = fin_runs
         # A command whose line is parsed and prechecked, waiting for its body.
         self._pending: Callable[[], Command] | None = None
+        # What nsqd says if the stream ends inside that body (see cut_short).
+        self._cut: tuple[Any, ...] = ()
         # PUB's fast path: topic names seen valid, as on the wire (bounded).
         self._pub_topics: dict[bytes, str] = {}
 
@@ -418,10 +425,22 @@ class CommandParser:
                 return MPubHead(_text(params[1]))
         try:
             command = self._pending()
-        except _NeedMore:
+        except _NeedMore as exc:
+            self._cut = exc.args
             return None
         self._pending = None
         return command
+
+    def cut_short(self) -> NSQErrorResponse | None:
+        """The error nsqd sends when the stream ends (EOF, or its read
+        deadline passes) inside a command's body: "PUB failed to read message
+        body", "MPUB failed to read message count"...; None between commands
+        or inside a line, where nsqd closes without a word."""
+        if self._pending is None or not self._cut:
+            return None
+        kind, text = self._cut
+        error: NSQErrorResponse = kind(text)
+        return error
 
     def _fast_pub(self, buf: bytearray, pos: int) -> Pub | bool | None:
         """PUB, exactly ``PUB <valid topic>\n``: the same checks and errors as
@@ -447,8 +466,9 @@ class CommandParser:
             self.precheck(b"PUB")
         try:
             return Pub(topic, self._message_body("PUB"))
-        except _NeedMore:
+        except _NeedMore as exc:
             self._pending = lambda: Pub(topic, self._message_body("PUB"))
+            self._cut = exc.args
             return False
 
     # --- lines and bodies ---
@@ -466,12 +486,12 @@ class CommandParser:
             line = line[:-1]
         return line.split(b" ")
 
-    def _need(self, offset: int, size: int) -> None:
+    def _need(self, offset: int, size: int, kind: type[NSQErrorResponse], text: str) -> None:
         if len(self._buffer) - self._pos < offset + size:
-            raise _NeedMore
+            raise _NeedMore(kind, text)
 
-    def _int32_at(self, offset: int) -> int:
-        self._need(offset, 4)
+    def _int32_at(self, offset: int, kind: type[NSQErrorResponse], text: str) -> int:
+        self._need(offset, 4, kind, text)
         value: int = _LEN.unpack_from(self._buffer, self._pos + offset)[0]
         return value
 
@@ -490,12 +510,12 @@ class CommandParser:
 
     def _identify(self, params: list[bytes]) -> Callable[[], Command]:
         def read() -> Command:
-            size = self._int32_at(0)
+            size = self._int32_at(0, BadBodyError, "IDENTIFY failed to read body size")
             if size > self.max_body_size:
                 raise BadBodyError(f"IDENTIFY body too big {size} > {self.max_body_size}")
             if size <= 0:
                 raise BadBodyError(f"IDENTIFY invalid body size {size}")
-            self._need(4, size)
+            self._need(4, size, BadBodyError, "IDENTIFY failed to read body")
             return Identify(self._consume(4 + size)[4:])
 
         return read
@@ -505,12 +525,12 @@ class CommandParser:
             raise InvalidError("AUTH invalid number of parameters")
 
         def read() -> Command:
-            size = self._int32_at(0)
+            size = self._int32_at(0, BadBodyError, "AUTH failed to read body size")
             if size > self.max_body_size:
                 raise BadBodyError(f"AUTH body too big {size} > {self.max_body_size}")
             if size <= 0:
                 raise BadBodyError(f"AUTH invalid body size {size}")
-            self._need(4, size)
+            self._need(4, size, BadBodyError, "AUTH failed to read body")
             return Auth(self._consume(4 + size)[4:])
 
         return read
@@ -536,7 +556,7 @@ class CommandParser:
     def _message_body(self, verb: str) -> bytes:
         buf, pos = self._buffer, self._pos
         if len(buf) - pos < 4:
-            raise _NeedMore
+            raise _NeedMore(BadMessageError, f"{verb} failed to read message body size")
         size: int = _LEN.unpack_from(buf, pos)[0]
         if size <= 0:
             raise BadMessageError(f"{verb} invalid message body size {size}")
@@ -544,7 +564,7 @@ class CommandParser:
             raise BadMessageError(f"{verb} message too big {size} > {self.max_msg_size}")
         end = pos + 4 + size
         if len(buf) < end:
-            raise _NeedMore
+            raise _NeedMore(BadMessageError, f"{verb} failed to read message body")
         self._pos = end
         return bytes(buf[pos + 4 : end])
 
@@ -577,12 +597,12 @@ class CommandParser:
         def read() -> Command:
             nonlocal count, offset
             if not count:
-                size = self._int32_at(0)
+                size = self._int32_at(0, BadBodyError, "MPUB failed to read body size")
                 if size <= 0:
                     raise BadBodyError(f"MPUB invalid body size {size}")
                 if size > self.max_body_size:
                     raise BadBodyError(f"MPUB body too big {size} > {self.max_body_size}")
-                announced = self._int32_at(4)
+                announced = self._int32_at(4, BadBodyError, "MPUB failed to read message count")
                 # 4 bytes of count, and at least 5 bytes (size + 1) a message
                 max_messages = (self.max_body_size - 4) // 5
                 if announced <= 0 or announced > max_messages:
@@ -597,7 +617,9 @@ class CommandParser:
             body_limit = self.max_body_size + 4
             while len(spans) < count:
                 if have < offset + 4:
-                    raise _NeedMore
+                    raise _NeedMore(
+                        BadMessageError, f"MPUB failed to read message({len(spans)}) body size"
+                    )
                 msg_size: int = unpack(buf, pos + offset)[0]
                 if msg_size <= 0:
                     i = len(spans)
@@ -610,7 +632,7 @@ class CommandParser:
                         f"MPUB body too big {offset + msg_size - 4} > {self.max_body_size}"
                     )
                 if have < offset + 4 + msg_size:
-                    raise _NeedMore
+                    raise _NeedMore(BadMessageError, "MPUB failed to read message body")
                 spans.append((offset + 4, msg_size))
                 offset += 4 + msg_size
             data = self._consume(offset)
