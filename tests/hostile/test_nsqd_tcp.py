@@ -165,7 +165,7 @@ HUGE = [
     (b"MPUB t\n" + size(5 * 1024 * 1024) + size(2) + size(2**31 - 1), "mpub_message_max_int32"),
     (b"MPUB t\n" + size(5 * 1024 * 1024) + size(2) + size(-1), "mpub_message_negative"),
     (b"IDENTIFY\n" + size(2**31 - 1), "identify_max_int32"),
-    (b"IDENTIFY\n" + size(-2**31), "identify_min_int32"),
+    (b"IDENTIFY\n" + size(-(2**31)), "identify_min_int32"),
     (b"AUTH\n" + size(2**31 - 1), "auth_max_int32"),
 ]
 
