@@ -223,6 +223,11 @@ class ClientConnection:
                 await self._send_frame(b"")
             if not go_on:
                 return
+            decoder = self._decoder
+            if isinstance(decoder, DeflateDecoder) and decoder.pending:
+                # The rest of what the last read inflates to, a piece at a time.
+                parser.feed(decoder.decode_some(b"", _READ_SIZE))
+                continue
             data = await self._receive()
             if not data:
                 # EOF or the read deadline inside a command's body: nsqd's
@@ -231,8 +236,12 @@ class ClientConnection:
                 if error is not None:
                     await self._send_error(error)
                 return
-            if self._decoder is not None:
-                data = self._decoder.decode(data)
+            if isinstance(decoder, DeflateDecoder):
+                # (nsqd reads inflated data through its 16 KiB buffer: a line
+                # too long ends the connection before the rest is inflated)
+                data = decoder.decode_some(data, _READ_SIZE)
+            elif decoder is not None:
+                data = decoder.decode(data)
             parser.feed(data)
 
     async def _execute_buffered(self) -> bool:

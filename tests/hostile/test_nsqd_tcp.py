@@ -9,17 +9,25 @@ while the case runs, printed for the report).
 
 from __future__ import annotations
 
+import logging
 import struct
+import zlib
 from typing import Any
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import fakensq
 from trionsq.protocol import commands as cmds
+from trionsq.protocol.codecs import SnappyEncoder
 
 from ..conformance.conftest import AuthServer, Conformance, Target
 from ..conformance.polling import poll_until
 from ..conformance.tcp import body, node_state
+from ..fakensq.helpers import memory_client
+from ..fakensq.test_fuzz import _check_frames, _Fail, _run_session
 from .peers import TIMEOUT, MiB, drain, traced_peak
 
 
@@ -256,3 +264,108 @@ async def test_consumer_that_never_reads(conformance: Conformance) -> None:
 
     _, complete = await conformance.nsqd(scenario)
     assert complete
+
+
+# --- garbage at every byte offset ----------------------------------------------------
+
+#: A valid session of every kind of command; hypothesis spoils it at one offset.
+VALID_SESSION = b"".join(
+    [
+        cmds.MAGIC_V2,
+        cmds.identify({"feature_negotiation": True, "heartbeat_interval": 1000}),
+        cmds.pub("t", b"one"),
+        cmds.mpub("t", [b"two", b"three"]),
+        cmds.dpub("t", 10, b"four"),
+        cmds.sub("t", "c"),
+        cmds.rdy(3),
+        cmds.nop(),
+        cmds.fin(b"0" * 16),
+        cmds.touch(b"1" * 16),
+        cmds.req(b"2" * 16, 0),
+        cmds.cls(),
+    ]
+)
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    offset=st.integers(0, len(VALID_SESSION)),
+    how=st.sampled_from(["replace", "insert", "truncate", "garbage_tail"]),
+    garbage=st.binary(min_size=1, max_size=64),
+    chunk=st.integers(1, 512),
+)
+async def test_garbage_at_every_offset(offset: int, how: str, garbage: bytes, chunk: int) -> None:
+    """The valid session spoiled at one offset (a byte replaced, bytes
+    inserted, cut there, or garbage from there on), sent in chunks, then EOF:
+    only well-formed frames come back, a fatal error last; nothing logs an
+    internal error; a well-behaved producer and consumer on the same node
+    meanwhile lose nothing."""
+    if how == "replace":
+        data = VALID_SESSION[:offset] + garbage[:1] + VALID_SESSION[offset + 1 :]
+    elif how == "insert":
+        data = VALID_SESSION[:offset] + garbage + VALID_SESSION[offset:]
+    elif how == "truncate":
+        data = VALID_SESSION[:offset]
+    else:
+        data = VALID_SESSION[:offset] + garbage
+    handler = _Fail()
+    logging.getLogger("fakensq").addHandler(handler)
+    try:
+        async with fakensq.NSQD(tcp_address="", http_address="") as nsqd:
+            with trio.fail_after(TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    consumer = await memory_client(nsqd, nursery)
+                    await consumer.sub("good", "c", rdy=5)
+                    producer = await memory_client(nsqd, nursery)
+                    frames = await _run_session(nsqd, [data], chunk)
+                    for i in range(5):
+                        await producer.pub("good", b"%d" % i)
+                    got = [(await consumer.read_message()).body for _ in range(5)]
+                    nursery.cancel_scope.cancel()
+            _check_frames(frames)
+            assert sorted(got) == [b"0", b"1", b"2", b"3", b"4"]
+        assert not handler.records, [r.getMessage() for r in handler.records]
+    finally:
+        logging.getLogger("fakensq").removeHandler(handler)
+
+
+# --- compression bombs ------------------------------------------------------------------
+
+
+def _compressed_line(codec: str) -> bytes:
+    """64 MiB of "A" as the first bytes of a compressed stream."""
+    if codec == "deflate":
+        z = zlib.compressobj(6, zlib.DEFLATED, -15)
+        return b"".join(z.compress(b"A" * MiB) for _ in range(64)) + z.flush(zlib.Z_SYNC_FLUSH)
+    encoder = SnappyEncoder()
+    return b"".join(encoder.encode(b"A" * MiB) for _ in range(64))
+
+
+@pytest.mark.parametrize("codec", ["deflate", "snappy"])
+async def test_compressed_line_without_newline(conformance: Conformance, codec: str) -> None:
+    """64 MiB of one byte, no newline, compressed (deflate: 64 KiB on the
+    wire): nsqd reads the decompressed stream into its 16 KiB line buffer and
+    closes without a word once it is full, never decompressing the rest;
+    fakensq's memory stays as bounded as for the plain line."""
+
+    async def scenario(t: Target) -> Any:
+        with traced_peak() as peak:
+            c = await t.connect()
+            await c.identify(feature_negotiation=True, **{codec: True})
+            with trio.fail_after(TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(c.read_until_closed)
+                    # (sent raw, in one piece: the server reads 64 KiB of it at once)
+                    await _flood(c, 64 * MiB, _compressed_line(codec))
+            p = await t.connect("p")
+            await p.call(cmds.pub("t", b"served"))
+        if t.fake is not None:
+            print(f"PEAK nsqd tcp {codec} 64 MiB line: {peak.mib:.2f} MiB")
+            assert peak.bytes < 8 * MiB
+        return await node_state(t)
+
+    await conformance.nsqd(scenario)

@@ -65,13 +65,26 @@ class DeflateDecoder:
         self._z = zlib.decompressobj(-15)
 
     def decode(self, data: bytes) -> bytes:
-        try:
-            out = self._z.decompress(data, _MAX_DECODED_PER_FEED)
-        except zlib.error as exc:
-            raise CompressionError(f"invalid deflate stream: {exc}") from None
+        if self._z.unconsumed_tail:
+            raise CompressionError("decode() while decode_some() has input pending")
+        out = self.decode_some(data, _MAX_DECODED_PER_FEED)
         if self._z.unconsumed_tail:
             raise CompressionError("deflate data expands beyond the allowed size")
         return out
+
+    def decode_some(self, data: bytes, limit: int) -> bytes:
+        """At most ``limit`` bytes of output; what ``data`` holds beyond them
+        stays :attr:`pending` (``decode_some(b"", limit)`` goes on), so a
+        reader takes a small input's large output a piece at a time."""
+        try:
+            return self._z.decompress(self._z.unconsumed_tail + data, limit)
+        except zlib.error as exc:
+            raise CompressionError(f"invalid deflate stream: {exc}") from None
+
+    @property
+    def pending(self) -> bool:
+        """Input fed that :meth:`decode_some` has not decompressed yet."""
+        return bool(self._z.unconsumed_tail)
 
 
 _STREAM_IDENTIFIER: Final = b"\xff\x06\x00\x00sNaPpY"
