@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import sys
 
 import pytest
@@ -59,3 +60,58 @@ async def test_rich_table_on_a_terminal(
         nursery.cancel_scope.cancel()
     text = out.getvalue()
     assert "job" in text and "published" in text and "1,234" in text
+
+
+class _Terminal(io.StringIO):
+    """What a terminal is to rich and to logging: a stream that is a TTY."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_logs_show_above_the_live_table_and_its_last_frame_is_whole(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pyte = pytest.importorskip("pyte")
+    terminal = _Terminal()
+    # stdout and stderr are the one terminal, as in a shell.
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "80")
+    # A tool's logging is set up before the table starts (basicConfig on stderr).
+    handler = logging.StreamHandler(sys.stderr)
+    log = logging.getLogger("tests.progress.tool")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        progress = Progress("to-file t", ["written", "open"], live=True, stderr=terminal)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(progress.run)
+            progress.add("written", 10)
+            await trio.sleep(1)
+            log.info("[t] opening /tmp/out/t.log")
+            progress.add("open")
+            await trio.sleep(1)
+            log.info("[t] still writing")
+            await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+    finally:
+        log.removeHandler(handler)
+    # What a person sees: the output played on a terminal emulator (a newline
+    # is a carriage return and a line feed on a terminal).
+    screen = pyte.Screen(80, 40)
+    pyte.Stream(screen).feed(terminal.getvalue().replace("\n", "\r\n"))
+    lines = [line.rstrip() for line in screen.display]
+    shown = "\n".join(lines)
+    # The log lines are on the screen, above the table, each once.
+    opening = [i for i, line in enumerate(lines) if "[t] opening /tmp/out/t.log" in line]
+    still = [i for i, line in enumerate(lines) if "[t] still writing" in line]
+    title = [i for i, line in enumerate(lines) if line.startswith("to-file t")]
+    assert len(opening) == 1 and len(still) == 1 and len(title) == 1, shown
+    assert opening[0] < still[0] < title[0], shown
+    # One table, whole, with the last counts: nothing half drawn around it.
+    assert sum(1 for line in lines if line.startswith("┏") or line.startswith("┌")) == 1, shown
+    bottom = [i for i, line in enumerate(lines) if line.startswith("└")]
+    assert len(bottom) == 1 and bottom[0] > title[0], shown
+    assert any("open" in line and "1" in line for line in lines[title[0] : bottom[0]]), shown

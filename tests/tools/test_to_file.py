@@ -86,7 +86,7 @@ def test_rotation_by_size_with_gzip(nsqd: NSQD, tmp_path: Path) -> None:
     err = stop_when_drained(process, nsqd.http_address, "logs", "nsq_to_file", 400)
     files = sorted(tmp_path.iterdir())
     assert len(files) >= 4  # 20,400 bytes in files of ~5,000
-    assert f"files={len(files)}" in err  # counted as each is closed
+    assert f"open=0 closed={len(files)}" in err  # counted as each is closed
     assert [f.name for f in files[:2]] == [
         f"logs-{HOST}-000000.log.gz",
         f"logs-{HOST}-000001.log.gz",
@@ -176,3 +176,29 @@ def test_a_topics_answer_is_read_as_nsq_to_file_reads_it() -> None:
             _topic_list(bad)
     with pytest.raises(ValueError, match="not a JSON object"):
         _topic_list(["a"])
+
+
+async def test_the_table_counts_open_files_and_closed_ones(nsqd: NSQD, tmp_path: Path) -> None:
+    # The live table said "files 0" while a file of 200,000 lines was open: it
+    # counted closed files only.  Now it shows both.
+    import trio
+
+    from trionsq.tools.progress import Progress
+    from trionsq.tools.to_file import FileOptions, _archive
+
+    publish(nsqd.http_address, "logs", [b"a", b"b", b"c"])
+    progress = Progress("to-file logs", ["written", "finished", "open", "closed"], live=False)
+    stop = trio.Event()
+    options = {"nsqd_tcp_addresses": [nsqd.tcp_address], "max_in_flight": 10}
+    out = str(tmp_path / "out")  # tmp_path also holds the nsqd's data
+    os.mkdir(out)
+    files = FileOptions(output_dir=out, work_dir=out)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_archive, "logs", "archive", options, files, 0.05, stop, progress)
+        with trio.fail_after(30):
+            while progress.counts["finished"] < 3:  # noqa: ASYNC110 (counters have no event)
+                await trio.sleep(0.01)
+        assert (progress.counts["open"], progress.counts["closed"]) == (1, 0)
+        stop.set()
+    assert (progress.counts["open"], progress.counts["closed"]) == (0, 1)
+    assert len(os.listdir(out)) == 1

@@ -73,7 +73,7 @@ class GatedLogger(FileLogger):
 
 def archiver(tmp_path: Path, log: list[str], rdy: int = 4) -> tuple[_Archiver, GatedLogger]:
     logger = GatedLogger(FileOptions(output_dir=str(tmp_path), work_dir=str(tmp_path)), log)
-    progress = Progress("test", ["written", "finished", "files", "syncs"], live=False)
+    progress = Progress("test", ["written", "finished", "open", "closed", "syncs"], live=False)
     return _Archiver(FakeConsumer(rdy), logger, 100, progress), logger  # type: ignore[arg-type]
 
 

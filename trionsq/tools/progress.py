@@ -11,10 +11,12 @@ every ``every`` counts of the ``rate_of`` counter (the Go tools'
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
 
@@ -24,6 +26,45 @@ if TYPE_CHECKING:
 __all__ = ["Progress"]
 
 _REFRESH = 0.25
+
+
+@contextlib.contextmanager
+def _logging_through_live() -> Iterator[None]:
+    """Log handlers writing to the terminal write through the live display
+    while it lasts, so that their lines appear above the table.
+
+    The display redraws itself in place: a line written to the terminal behind
+    its back is drawn over at the next refresh (the tools' INFO lines vanished
+    while the table ran) and leaves the frame half drawn.  ``Live`` sends
+    ``sys.stdout`` and ``sys.stderr`` through its console while it runs; a
+    ``logging.StreamHandler`` set up before keeps the stream it was given, so it
+    is pointed at the redirected one for as long as the display lasts.
+    """
+    from rich.file_proxy import FileProxy
+
+    # The terminal's streams as they were, each to its redirected stand-in.
+    streams = {
+        id(current.rich_proxied_file): current
+        for current in (sys.stdout, sys.stderr)
+        if isinstance(current, FileProxy)
+    }
+    moved: list[tuple[logging.StreamHandler[Any], Any]] = []
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        if not isinstance(logger, logging.Logger):
+            continue  # a placeholder of the logger tree
+        for handler in logger.handlers:
+            if type(handler) is not logging.StreamHandler:
+                continue  # a file, a socket...: not the terminal
+            redirected = streams.get(id(handler.stream))
+            if redirected is not None:
+                moved.append((handler, handler.stream))
+                handler.setStream(redirected)
+    try:
+        yield
+    finally:
+        for handler, stream in moved:
+            handler.setStream(stream)
 
 
 class Progress:
@@ -134,7 +175,15 @@ class Progress:
             from rich.live import Live
 
             console = Console(file=sys.stdout)
-            with Live(self.table(), console=console, auto_refresh=False, transient=False) as live:
+            live = Live(
+                self.table(),
+                console=console,
+                auto_refresh=False,
+                transient=False,
+                redirect_stdout=True,
+                redirect_stderr=True,
+            )
+            with live, _logging_through_live():
                 try:
                     while True:
                         await trio.sleep(_REFRESH)

@@ -231,6 +231,9 @@ class FileLogger:
         self._current = ""
         self._check_at = 0.0  # when (time.time()) to ask needs_rotation again
         self._size_limit = opts.rotate_size if opts.rotate_size > 0 else math.inf
+        #: called with +1 when a file is opened, -1 when it is closed (or dropped
+        #: empty): the files open now, which the progress table shows
+        self.on_open_count: Callable[[int], None] | None = None
         #: called with each file's final path once it is closed (and moved)
         self.on_closed: Callable[[Path], None] | None = None
         #: called after each sync
@@ -297,6 +300,8 @@ class FileLogger:
         self.written = 0
         self._check_at = 0.0
         self._gzip = None  # opened by the first write
+        if self.on_open_count is not None:
+            self.on_open_count(1)
 
     def _new_gzip(self) -> gzip.GzipFile:
         assert self._raw is not None
@@ -370,6 +375,8 @@ class FileLogger:
         os.fsync(raw.fileno())
         raw.close()
         self._raw = None
+        if self.on_open_count is not None:
+            self.on_open_count(-1)
         if self.opts.skip_empty_files and self.written == 0 and path.stat().st_size == 0:
             path.unlink()
             return
@@ -581,7 +588,8 @@ async def _archive(
     progress: Progress,
 ) -> None:
     logger = FileLogger(files, topic)
-    logger.on_closed = lambda path: progress.add("files")
+    logger.on_open_count = lambda change: progress.add("open", change)
+    logger.on_closed = lambda path: progress.add("closed")
     logger.on_synced = lambda: progress.add("syncs")
     try:
         async with Consumer(topic, channel, **options) as consumer:
@@ -647,7 +655,8 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
     await check_sources(Config(**options))
     progress = Progress(
         f"to-file {','.join(args.topics) or args.topic_pattern}",
-        ["written", "finished", "files", "syncs"],
+        # "open": files being written now; "closed": files done (and moved)
+        ["written", "finished", "open", "closed", "syncs"],
         rate_of="written",
         backlog=lambda: progress.counts["written"] - progress.counts["finished"],
     )
