@@ -28,7 +28,12 @@ __all__ = ["Request", "Response", "Handler", "HTTPServer"]
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 64 * 1024
-_MAX_HEADER_SIZE = 1024 * 1024  # Go's http.DefaultMaxHeaderBytes
+# Go's http.DefaultMaxHeaderBytes, and the 4096 bytes its server adds: a
+# request line and headers of more bytes than that get a 431.
+_MAX_HEAD = 1024 * 1024 + 4096
+# Go's maxPostHandlerReadBytes: what its server reads of a body a handler left
+# unread, before it answers, to keep the connection; past that it closes.
+_MAX_POST_HANDLER_READ = 256 * 1024
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: How much of a request's body its handler reads (given the request's head).
+BodyLimit = Callable[[Request], int]
 
 
 class HTTPServer:
@@ -96,9 +103,15 @@ class HTTPServer:
         max_body_size: int = 5 * 1024 * 1024,
         ssl_context: ssl.SSLContext | None = None,
         server_name: str | None = None,
+        body_limit: BodyLimit | None = None,
     ) -> None:
         self.handler = handler
         self.max_body_size = max_body_size
+        #: What of a body the handler for a request reads before it answers
+        #: (Go's handlers read through an io.LimitReader, or not at all: then
+        #: 0); the server reads that much, runs the handler, then treats the
+        #: rest as Go's does (:meth:`_finish_body`).  Default: max_body_size.
+        self.body_limit = body_limit
         self.ssl_context = ssl_context
         self.server_name = server_name
         self.address: tuple[str, int] | None = None
@@ -160,27 +173,36 @@ class HTTPServer:
                 await trio.aclose_forcefully(stream)
                 return
             tls = True
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEADER_SIZE)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=2 * _MAX_HEAD)
         try:
             while True:
                 try:
-                    request = await self._read_request(stream, conn, remote, tls)
+                    read = await self._read_request(stream, conn, remote, tls)
                 except BadRequest as exc:
                     await stream.send_all(exc.raw_response())
+                    await _close_write_and_wait(stream)
                     return
-                if request is None:
+                if read is None:
                     return
+                request, unread = read
                 if request.method == "OPTIONS" and request.path == "*":
                     # Go's server answers "OPTIONS *" itself.
                     response = Response(200, b"", [])
                 else:
-                    response = await self._handle(stream, conn, request)
+                    response = await self._handle(stream, conn, request, watch=unread is None)
+                if unread is not None:
+                    # (h11 adds "Connection: close" when the body is left unread)
+                    await self._finish_body(stream, conn, unread)
                 if request.method == "CONNECT":
                     # Go's server closes a connection after a CONNECT it answered.
                     response.headers.append(("Connection", "close"))
                 await self._send(stream, conn, response, head=request.method == "HEAD")
                 if request.peer_gone.is_set():
                     return  # (the client closed its end: no next request)
+                if conn.their_state is h11.SEND_BODY:
+                    # A body left unread: what follows is none of ours.
+                    await _close_write_and_wait(stream)
+                    return
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return
                 try:
@@ -200,7 +222,7 @@ class HTTPServer:
             await trio.aclose_forcefully(stream)
 
     async def _handle(
-        self, stream: trio.abc.Stream, conn: h11.Connection, request: Request
+        self, stream: trio.abc.Stream, conn: h11.Connection, request: Request, *, watch: bool
     ) -> Response:
         """The handler's answer, the peer watched meanwhile.
 
@@ -210,7 +232,7 @@ class HTTPServer:
         ends there, as Go's stops at the first byte.
         """
 
-        async def watch() -> None:
+        async def watch_peer() -> None:
             try:
                 data = await stream.receive_some(_READ_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
@@ -221,7 +243,8 @@ class HTTPServer:
                 request.peer_gone.set()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
+            if watch:  # (Go's starts once the body is read: never, for a body left unread)
+                nursery.start_soon(watch_peer)
             try:
                 return await self.handler(request)
             except Exception:
@@ -230,42 +253,110 @@ class HTTPServer:
             finally:
                 nursery.cancel_scope.cancel()
 
+    async def _receive(self, stream: trio.abc.Stream, conn: h11.Connection) -> bool:
+        """Feed h11 one read; False at EOF or a broken connection while no
+        request has begun (h11 is told of the EOF either way)."""
+        try:
+            data = await stream.receive_some(_READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data and conn.their_state is h11.IDLE:
+            return False
+        conn.receive_data(bytes(data))
+        return True
+
+    async def _next_event(self, stream: trio.abc.Stream, conn: h11.Connection) -> Any:
+        """h11's next event, reading as it needs (ConnectionClosed at EOF or a
+        broken connection)."""
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if not await self._receive(stream, conn):
+                return h11.ConnectionClosed()
+
+    async def _read_head(self, stream: trio.abc.Stream, conn: h11.Connection) -> Any:
+        """The request's head (or ConnectionClosed), its size bounded as Go
+        bounds it: more than _MAX_HEAD bytes of request line and headers (the
+        blank line included) get a 431, however the bytes were cut."""
+        held = len(conn.trailing_data[0])  # (bytes of it already here: pipelined)
+        fed = 0
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                if isinstance(event, h11.Request):
+                    if held + fed - len(conn.trailing_data[0]) > _MAX_HEAD:
+                        raise BadRequest("431 Request Header Fields Too Large")
+                return event
+            if len(conn.trailing_data[0]) > _MAX_HEAD:
+                raise BadRequest("431 Request Header Fields Too Large")
+            before = len(conn.trailing_data[0])
+            if not await self._receive(stream, conn):
+                return h11.ConnectionClosed()
+            fed += len(conn.trailing_data[0]) - before
+
     async def _read_request(
         self, stream: trio.abc.Stream, conn: h11.Connection, remote: str, tls: bool
-    ) -> Request | None:
-        """The next request, or None when the client has gone.  Raises
-        :class:`BadRequest` for a request Go's server would refuse."""
-        head: h11.Request | None = None
+    ) -> tuple[Request, int | None] | None:
+        """The next request, and None when its body was read whole, else how
+        much of it is left (-1: unknown, chunked); None when the client has
+        gone.  Raises :class:`BadRequest` for a request Go's server would
+        refuse.  The body is read as far as the handler reads it
+        (:attr:`body_limit`), as Go's server runs a handler once the head is
+        read."""
+        try:
+            head = await self._read_head(stream, conn)
+        except h11.RemoteProtocolError as exc:
+            raise BadRequest.from_h11(exc) from None
+        if not isinstance(head, h11.Request):
+            return None
+        request = _build_request(head, b"", remote, tls)
+        limit = self.max_body_size if self.body_limit is None else self.body_limit(request)
         body = bytearray()
         while True:
             try:
-                event = conn.next_event()
+                if len(body) >= limit:
+                    # The handler's share is here: what h11 holds already,
+                    # without reading more (the end of the body, maybe).
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        length = request.headers.get("content-length", "")
+                        request.body = bytes(body)
+                        return request, int(length) - len(body) if length.isdigit() else -1
+                else:
+                    event = await self._next_event(stream, conn)
             except h11.RemoteProtocolError as exc:
-                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    raise BadRequest.from_h11(exc) from None
-                return None
-            if event is h11.NEED_DATA:
-                try:
-                    data = await stream.receive_some(_READ_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return None
-                conn.receive_data(bytes(data))
-                if not data and conn.their_state is h11.IDLE:
-                    return None
-                continue
-            if isinstance(event, h11.Request):
-                head = event
-            elif isinstance(event, h11.Data):
-                # Keep what a handler may read (its own bound is lower); the
-                # rest is read and dropped, as Go's server discards an unread body.
-                room = self.max_body_size - len(body)
+                raise BadRequest.from_h11(exc) from None
+            if isinstance(event, h11.Data):
+                # Keep what the handler reads; the rest is dropped, as Go's
+                # server discards an unread body.
+                room = limit - len(body)
                 if room > 0:
                     body += event.data[:room]
             elif isinstance(event, h11.EndOfMessage):
-                assert head is not None
-                return _build_request(head, bytes(body), remote, tls)
-            elif isinstance(event, h11.ConnectionClosed):
+                request.body = bytes(body)
+                return request, None
+            else:  # ConnectionClosed: gone in the middle of the body
                 return None
+
+    async def _finish_body(self, stream: trio.abc.Stream, conn: h11.Connection, left: int) -> None:
+        """What Go's server does with a body its handler left unread, before
+        it answers: more than _MAX_POST_HANDLER_READ left (by Content-Length),
+        nothing; else it reads and drops up to that much more, and the
+        connection goes on if the body ended there.  Otherwise h11 still
+        expects the body, and the answer closes the connection."""
+        if left >= _MAX_POST_HANDLER_READ:
+            return
+        budget = _MAX_POST_HANDLER_READ + 1
+        while budget > 0:
+            try:
+                event = await self._next_event(stream, conn)
+            except h11.RemoteProtocolError:
+                return
+            if isinstance(event, h11.Data):
+                budget -= len(event.data)
+            else:
+                return  # the end of the body (or of the connection)
 
     async def _send(
         self, stream: trio.abc.Stream, conn: h11.Connection, response: Response, head: bool
@@ -299,6 +390,28 @@ class HTTPServer:
             out += conn.send(h11.Data(data=response.body))
         out += conn.send(h11.EndOfMessage())
         await stream.send_all(out)
+
+
+#: Go's rstAvoidanceDelay: how long its server waits, its sending side shut,
+#: before it closes a connection whose peer may still be sending.
+_RST_AVOIDANCE_DELAY = 0.5
+
+
+async def _close_write_and_wait(stream: trio.abc.Stream) -> None:
+    """Go's closeWriteAndWait: shut the sending side after an answer to a
+    peer that may still be sending (a refused head, a body left unread), and
+    give the peer a moment to read it; closing at once with its bytes unread
+    resets the connection, and the peer loses the answer.  What it sends
+    meanwhile is read and dropped."""
+    if not isinstance(stream, trio.SocketStream):
+        return
+    try:
+        await stream.send_eof()
+        with trio.move_on_after(_RST_AVOIDANCE_DELAY):
+            while await stream.receive_some(_READ_SIZE):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
 
 
 class _CloseAfterResponse(Exception):

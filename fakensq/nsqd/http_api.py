@@ -149,6 +149,7 @@ class NSQDHTTP:
             # that tells "too big".
             max_body_size=max(opts.max_body_size, opts.max_msg_size) + 1,
             ssl_context=nsqd.tls_context if tls else None,
+            body_limit=self._body_limit,
         )
         self.router = Router(
             not_found=lambda _request: respond_v1(404, "NOT_FOUND"),
@@ -248,6 +249,29 @@ class NSQDHTTP:
             return int(request.headers.get("content-length", "-1"))
         except ValueError:
             return -1
+
+    def _body_limit(self, request: Request) -> int:
+        """What nsqd's handler of ``request`` reads of its body before it
+        answers (through an io.LimitReader): /pub the largest message and one
+        byte, /mpub the largest body and one, PUT /config the largest message
+        and one, none where the Content-Length is refused first; the other
+        handlers read none (the symbol lookup all, bounded here)."""
+        opts = self.nsqd.options
+        path = request.path
+        if opts.legacy_http_aliases:
+            path = LEGACY_ALIASES.get(path, path)
+        route = (request.method, path)
+        if route == ("POST", "/pub"):
+            too_big = self._content_length(request) > opts.max_msg_size
+            return 0 if too_big else opts.max_msg_size + 1
+        if route == ("POST", "/mpub"):
+            too_big = self._content_length(request) > opts.max_body_size
+            return 0 if too_big else opts.max_body_size + 1
+        if request.method == "PUT" and request.path.startswith("/config/"):
+            return opts.max_msg_size + 1
+        if route == ("POST", "/debug/pprof/symbol"):
+            return self.server.max_body_size
+        return 0
 
     # --- handlers ---
 

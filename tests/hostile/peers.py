@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 import tracemalloc
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 import h11
 import trio
@@ -145,3 +146,40 @@ async def drain(address: str, topic: str, channel: str, count: int) -> list[byte
     finally:
         await trio.aclose_forcefully(stream)
     return bodies
+
+
+async def exchange(address: str, data: bytes, *, then: bytes = b"") -> tuple[Any, ...]:
+    """Send ``data`` on a new connection (the send goes on in the background:
+    the server may answer, and close, before it has read it all); the first
+    answer, then what becomes of the connection: ``then`` sent on it and its
+    answer's status, or "closed".  Returns ``(status, headers, body, after)``
+    with the headers that say what an answer is (not its date)."""
+    stream = await connect(address)
+    try:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+
+                async def send() -> None:
+                    with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        await stream.send_all(data)
+
+                nursery.start_soon(send)
+                try:
+                    answer = await read_answer(stream)
+                except trio.BrokenResourceError:
+                    answer = Answer(0, {}, b"")
+                nursery.cancel_scope.cancel()
+            after: Any = "closed"
+            if answer.headers.get("connection") != "close" and then:
+                try:
+                    await stream.send_all(then)
+                    after = (await read_answer(stream)).status
+                except (trio.BrokenResourceError, h11.RemoteProtocolError):
+                    after = "closed"
+            elif answer.headers.get("connection") == "close":
+                await closed_by_peer(stream)
+    finally:
+        await trio.aclose_forcefully(stream)
+    keep = ("content-type", "content-length", "connection", "x-nsq-content-type")
+    headers = {k: v for k, v in sorted(answer.headers.items()) if k in keep}
+    return answer.status, headers, answer.body, after
