@@ -50,6 +50,13 @@ def check_body(verb: str, body: bytes) -> bytes:
     return data
 
 
+def _naming(address: str, exc: BaseException) -> str:
+    """``ADDRESS: what failed``, the address said once (a connection's error
+    may name it already)."""
+    text = str(exc)
+    return text if text.startswith(f"{address}: ") else f"{address}: {text}"
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerStats:
     """A snapshot of a producer's counters (see :attr:`Producer.stats`).
@@ -194,12 +201,13 @@ class Producer:
                 try:
                     conn = await Connection.open(addresses[index], self.config)
                 except (NSQConnectionError, NegotiationError, ProtocolError) as exc:
-                    log.warning("cannot connect to %s: %s", addresses[index], exc)
-                    failures.append(f"{addresses[index]}: {exc}")
+                    failure = _naming(addresses[index], exc)
+                    log.warning("cannot connect to %s", failure)
+                    failures.append(failure)
                     continue
                 except NSQErrorResponse as exc:
                     log.warning("%s refused the connection: %s", addresses[index], exc)
-                    failures.append(f"{addresses[index]}: {exc}")
+                    failures.append(_naming(addresses[index], exc))
                     refusals.append(exc)
                     continue
                 self._index = index

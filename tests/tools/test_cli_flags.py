@@ -270,3 +270,14 @@ def test_unreachable_nodes_exit_1(args: list[str], nsqd: NSQD, tmp_path: object)
     err = result.stderr.decode()
     assert f"trionsq {args[0]}: error:" in err
     assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith(f"trionsq {args[0]}: error:")]
+    # The address once, and what the operating system said (as Go's tools:
+    # "dial tcp 127.0.0.1:4150: connect: connection refused").
+    if args[0] != "pub":
+        assert line.count(dead) == 1, line
+        assert line.endswith(": connection refused") or "connection refused)" in line, line
+    else:
+        # pub connects through the Producer, whose text is the connection's
+        # own (trionsq/connection.py: its messages are being changed apart);
+        # the Producer no longer adds the address a second time.
+        assert f"{dead}: {dead}" not in line, line

@@ -30,6 +30,8 @@ from urllib.parse import SplitResult, urlsplit
 import httptools
 import trio
 
+from .common import reason
+
 __all__ = ["Endpoint", "HTTPConnection", "HTTPError"]
 
 _RECEIVE_SIZE = 64 * 1024
@@ -212,7 +214,7 @@ class HTTPConnection:
         except trio.TooSlowError:
             raise HTTPError(f"connect to {endpoint.authority}: timed out") from None
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            raise HTTPError(f"connect to {endpoint.authority}: {exc}") from None
+            raise HTTPError(f"connect to {endpoint.authority}: {reason(exc)}") from None
         self._stream = stream
         self._answer = _Answer()
 

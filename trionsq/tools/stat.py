@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
 
-from .common import ToolError, add_http_client_flags
+from .common import ToolError, add_http_client_flags, reason
 from .flags import FlagSet, explained, go_int
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ async def _producers(client: httpx.AsyncClient, args: argparse.Namespace) -> lis
             response.raise_for_status()
             doc = response.json()
         except (_http_error(), ValueError) as exc:
-            errors.append(f"{address}: {exc or type(exc).__name__}")
+            errors.append(f"{address}: {reason(exc, address)}")
             continue
         if "producers" not in doc and isinstance(doc.get("data"), dict):
             doc = doc["data"]
@@ -168,7 +168,9 @@ async def _poll(client: httpx.AsyncClient, args: argparse.Namespace) -> ChannelT
             response.raise_for_status()
             doc = response.json()
         except (_http_error(), ValueError) as exc:
-            raise ToolError(f"failed to get nsqd stats - {address}: {exc}") from None
+            raise ToolError(
+                f"failed to get nsqd stats - {address}: {reason(exc, address)}"
+            ) from None
         if "topics" not in doc and isinstance(doc.get("data"), dict):
             doc = doc["data"]
         for topic in doc.get("topics") or []:
