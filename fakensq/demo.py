@@ -21,8 +21,12 @@ or given up, at least once.  Progress is live while it runs (rich on a
 terminal, plain lines on stderr otherwise).  Exit 0 when nothing is missing, 1
 otherwise.
 
-fakensq's nsqd keeps messages in memory only, so the node is drained before it
-is stopped; with a disk-backed nsqd, ``--no-drain`` stops it under load.
+The node is stopped cleanly: like a real nsqd, fakensq's writes what it holds to
+its data path and reads it back at the restart.  It is drained first anyway;
+``--no-drain`` stops it under load (nothing is lost either way).
+
+The first SIGINT (Ctrl-C) or SIGTERM stops the run where it is: the table so
+far, a line saying so, exit 130; a second one stops it at once.
 """
 
 from __future__ import annotations

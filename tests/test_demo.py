@@ -64,3 +64,14 @@ def test_demo_rejects_bad_arguments() -> None:
     )
     assert result.returncode == 2
     assert "must be positive" in result.stderr
+
+
+def test_no_drain_loses_nothing_across_the_clean_restart() -> None:
+    # The stopped nsqd writes what it holds to its data path and reads it back
+    # (as a real nsqd): stopped under load, nothing goes missing (the quickstart
+    # says so).
+    settings = demo.Settings(messages=600, batch=30, drain=False, live=False, publish_rate=2000)
+    ledger = trio.run(demo.run, settings)
+    assert any("stopped" in event for event in ledger.fault_log)
+    assert not ledger.missing
+    assert len(ledger.published) == 600
