@@ -46,6 +46,7 @@ import trio
 import fakensq
 import trionsq
 from trionsq.stopping import EXIT_ABORTED, TrioStopSignals
+from trionsq.tools.flags import plain_text
 from trionsq.tools.progress import Progress
 
 TOPIC = "demo"
@@ -406,7 +407,7 @@ def report(ledger: Ledger, settings: Settings) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fakensq.demo",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d = Settings()

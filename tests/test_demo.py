@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import trio
 
 from fakensq import demo
@@ -56,6 +57,17 @@ def test_in_process_run_gives_poison_up_and_misses_nothing() -> None:
     poison = {b for b in ledger.published if demo.Failures(1, 0, 0.05).is_poison(b)}
     assert poison and poison <= ledger.given_up
     assert ledger.failed_attempts > 0
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    # The module docstring is reStructuredText for the API pages; --help shows
+    # its words without the markup (as every trionsq tool's --help does).
+    with pytest.raises(SystemExit) as exited:
+        demo.main(["--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert "python -m fakensq.demo starts an embedded fakensq.Cluster" in text
+    assert "``" not in text and "**" not in text and ":class:" not in text
 
 
 def test_demo_rejects_bad_arguments() -> None:

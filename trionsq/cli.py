@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
@@ -33,9 +32,9 @@ from . import __version__
 from .stopping import EXIT_ABORTED, TrioStopSignals
 from .tools import GO_NAMES, TOOLS
 from .tools.common import ToolError, tune_gc
-from .tools.flags import FlagSet
+from .tools.flags import FlagSet, plain_text
 
-__all__ = ["main", "plain_text", "tool_flags"]
+__all__ = ["main", "tool_flags"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -72,38 +71,6 @@ def tool_flags(name: str) -> FlagSet:
     if not flags.has("log-level"):
         flags.string("log-level", "", "log verbosity: debug, info, warn, error, fatal (trionsq)")
     return flags
-
-
-#: ``:role:`text``` (a Sphinx cross-reference) and ````literal````: their text.
-_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
-_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
-
-
-def _role_text(match: re.Match[str]) -> str:
-    # ``:mod:`~a.b``` shows ``b``, as Sphinx does.
-    target = match.group(1)
-    return target.rsplit(".", 1)[-1] if "~" in match.group(0) else target
-
-
-def plain_text(doc: str) -> str:
-    """A module docstring (reStructuredText, for the API reference) as the plain
-    text a terminal shows: no markup left, the words kept.
-
-    ``--help`` prints the tool's docstring above the flags; the markup that makes
-    the rendered docs read well (````--gzip````, ``:mod:`x```, ``text::`` before
-    a literal block) is noise on a terminal.
-    """
-    text = _ROLE.sub(_role_text, doc)
-    text = _LITERAL.sub(r"\1", text)
-    lines = []
-    for line in text.splitlines():
-        stripped = line.rstrip()
-        if stripped.strip() == "::":
-            continue  # a literal block's lone marker
-        if stripped.endswith("::"):
-            stripped = stripped[:-1]  # "text::" reads "text:"
-        lines.append(stripped)
-    return "\n".join(lines)
 
 
 def _top_usage() -> str:

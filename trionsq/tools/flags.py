@@ -42,6 +42,7 @@ __all__ = [
     "go_duration",
     "go_int",
     "format_duration",
+    "plain_text",
 ]
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -356,3 +357,37 @@ def _shown_default(flag: _Flag) -> str:
     if isinstance(default, float) and default.is_integer():
         return str(int(default))
     return str(default)
+
+
+#: ``:role:`text``` (a Sphinx cross-reference) and ````literal````: their text.
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
+_STRONG = re.compile(r"\*\*(.+?)\*\*", re.DOTALL)
+
+
+def _role_text(match: re.Match[str]) -> str:
+    # ``:mod:`~a.b``` shows ``b``, as Sphinx does.
+    target = match.group(1)
+    return target.rsplit(".", 1)[-1] if "~" in match.group(0) else target
+
+
+def plain_text(doc: str) -> str:
+    """A module docstring (reStructuredText, for the API reference) as the plain
+    text a terminal shows: no markup left, the words kept.
+
+    ``--help`` prints the tool's docstring above the flags; the markup that makes
+    the rendered docs read well (````--gzip````, ``:mod:`x```, ``**bold**``,
+    ``text::`` before a literal block) is noise on a terminal.
+    """
+    text = _ROLE.sub(_role_text, doc)
+    text = _LITERAL.sub(r"\1", text)
+    text = _STRONG.sub(r"\1", text)
+    lines = []
+    for line in text.splitlines():
+        stripped = line.rstrip()
+        if stripped.strip() == "::":
+            continue  # a literal block's lone marker
+        if stripped.endswith("::"):
+            stripped = stripped[:-1]  # "text::" reads "text:"
+        lines.append(stripped)
+    return "\n".join(lines)
