@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
+import threading
 
 import trio
 from pyspark.sql import SparkSession
@@ -25,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 import trionsq
 from trionsq.spark import NSQDataSource
+from trionsq.stopping import EXIT_ABORTED, StopOnSignals
 
 PAGES = ["/home", "/pricing", "/docs", "/blog"]
 
@@ -120,19 +123,41 @@ def demo() -> None:
         spark.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
+def run_until_stopped(query: StreamingQuery) -> int:
+    """Wait for the query to end, or stop it cleanly on the first SIGINT
+    (Ctrl-C) or SIGTERM: what the last committed batch holds stays written and
+    FINed, what was not committed comes again from nsqd at the next run.  A
+    second signal stops at once (exit 130)."""
+    stopping = threading.Event()
+    try:
+        with StopOnSignals(stopping.set) as signals:
+            print("running (Ctrl-C to stop)", flush=True)
+            # In slices: the signal handler runs between them, in this thread.
+            while not stopping.is_set() and not query.awaitTermination(0.5):
+                pass
+            if signals.received:
+                query.stop()
+                batches = len(query.recentProgress)
+                print(f"stopped on {signals.received} after {batches} batch(es)", flush=True)
+    except KeyboardInterrupt:
+        print("aborted", flush=True)
+        return EXIT_ABORTED
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nsqd", help="nsqd TCP address(es), comma-separated")
     parser.add_argument("--checkpoint", help="the query's checkpoint directory")
     args = parser.parse_args(argv)
     if args.nsqd is None:
         demo()
-        return
+        return 0
     if not args.checkpoint:
         parser.error("--nsqd needs --checkpoint")
     spark = SparkSession.builder.appName("nsq-aggregate").getOrCreate()
-    aggregate(spark, nsqd=args.nsqd, checkpoint=args.checkpoint).awaitTermination()
+    return run_until_stopped(aggregate(spark, nsqd=args.nsqd, checkpoint=args.checkpoint))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

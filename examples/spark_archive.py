@@ -22,7 +22,9 @@ messages, archives them (trigger availableNow) and prints what was written.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import trio
@@ -31,6 +33,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 import trionsq
 from trionsq.spark import NSQDataSource
+from trionsq.stopping import EXIT_ABORTED, StopOnSignals
 
 
 def archive(
@@ -119,7 +122,29 @@ def demo() -> None:
         spark.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
+def run_until_stopped(query: StreamingQuery) -> int:
+    """Wait for the query to end, or stop it cleanly on the first SIGINT
+    (Ctrl-C) or SIGTERM: what the last committed batch holds stays written and
+    FINed, what was not committed comes again from nsqd at the next run.  A
+    second signal stops at once (exit 130)."""
+    stopping = threading.Event()
+    try:
+        with StopOnSignals(stopping.set) as signals:
+            print("running (Ctrl-C to stop)", flush=True)
+            # In slices: the signal handler runs between them, in this thread.
+            while not stopping.is_set() and not query.awaitTermination(0.5):
+                pass
+            if signals.received:
+                query.stop()
+                batches = len(query.recentProgress)
+                print(f"stopped on {signals.received} after {batches} batch(es)", flush=True)
+    except KeyboardInterrupt:
+        print("aborted", flush=True)
+        return EXIT_ABORTED
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topic")
     parser.add_argument("--channel", default="archive")
@@ -137,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.topic is None:
         demo()
-        return
+        return 0
     if not args.output or not args.checkpoint or not (args.nsqd or args.lookupd):
         parser.error("--topic needs --output, --checkpoint and --nsqd or --lookupd")
     connect = {}
@@ -158,8 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         every=args.every,
         options=options,
     )
-    query.awaitTermination()
+    return run_until_stopped(query)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

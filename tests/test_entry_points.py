@@ -11,8 +11,10 @@ tests/cli, tests/frontends/test_examples.)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,8 +53,8 @@ class Running:
     def text(self) -> str:
         return self.out.decode(errors="replace") + self.err.decode(errors="replace")
 
-    async def ready(self, pattern: str) -> None:
-        with trio.fail_after(READY_TIMEOUT):
+    async def ready(self, pattern: str, within: float) -> None:
+        with trio.fail_after(within):
             while re.search(pattern, self.text(), re.MULTILINE) is None:
                 if self.process.poll() is not None and not self.changed.is_set():
                     raise AssertionError(f"ended before {pattern!r}:\n{self.text()}")
@@ -71,6 +73,8 @@ class EntryPoint:
     says: str = ""
     #: lines written to its stdin once started (kept open: stdin is its input)
     stdin: bytes | None = None
+    #: seconds it may take to be ready (a JVM's start on a loaded machine)
+    ready_within: float = READY_TIMEOUT
 
 
 PY = sys.executable
@@ -105,6 +109,35 @@ ENTRY_POINTS = {
         r"^ready$",
         0,
         r"stopped cleanly on {sig} after 0 message\(s\)",
+    ),
+    # Streaming queries, run until stopped (Spark's JVM starts first).
+    "examples/spark_archive.py": EntryPoint(
+        lambda n: [
+            PY,
+            str(EXAMPLES / "spark_archive.py"),
+            "--topic=t",
+            "--channel=c",
+            f"--nsqd={n.tcp}",
+            f"--output={n.folder / 'out'}",
+            f"--checkpoint={n.folder / 'checkpoint'}",
+            "--master=local[1]",
+        ],
+        r"^running \(Ctrl-C to stop\)",
+        0,
+        r"stopped on {sig} after \d+ batch\(es\)",
+        ready_within=300,
+    ),
+    "examples/spark_aggregate.py": EntryPoint(
+        lambda n: [
+            PY,
+            str(EXAMPLES / "spark_aggregate.py"),
+            f"--nsqd={n.tcp}",
+            f"--checkpoint={n.folder / 'checkpoint'}",
+        ],
+        r"^running \(Ctrl-C to stop\)",
+        0,
+        r"stopped on {sig} after \d+ batch\(es\)",
+        ready_within=300,
     ),
     "trionsq tail": EntryPoint(
         tool("tail", "--topic=t", "--nsqd-tcp-address={n.tcp}"), SUBSCRIBED, 0
@@ -177,8 +210,33 @@ class Node:
     folder: Path
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+def _spark_skip() -> str:
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install 'trionsq[spark]')"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "Spark needs Java (no java on PATH, no JAVA_HOME)"
+    return ""
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for name in ENTRY_POINTS:
+        marks: list[Any] = []
+        signals = [signal.SIGINT, signal.SIGTERM]
+        if "spark" in name:
+            # One JVM at a time, on the Spark tests' worker; SIGINT only (a
+            # JVM's start is most of a minute on a busy machine, and both
+            # signals go through the one StopOnSignals).
+            marks.append(pytest.mark.xdist_group("spark"))
+            signals = [signal.SIGINT]
+            if reason := _spark_skip():
+                marks.append(pytest.mark.skip(reason=reason))
+        for sig in signals:
+            cases.append(pytest.param(name, sig, marks=marks, id=f"{name}-{sig.name}"))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "sig"), _cases())
 async def test_a_signal_ends_it_quietly(
     name: str, sig: signal.Signals, nsqd: Any, tmp_path: Path
 ) -> None:
@@ -208,7 +266,7 @@ async def test_a_signal_ends_it_quietly(
             if entry.stdin is not None:
                 assert process.stdin is not None
                 await process.stdin.send_all(entry.stdin)
-            await running.ready(entry.ready)
+            await running.ready(entry.ready, entry.ready_within)
             process.send_signal(sig)
             with trio.fail_after(EXIT_TIMEOUT):
                 status = await process.wait()
