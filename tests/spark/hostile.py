@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bytes:
     while True:
         try:
             chunk = sock.recv(65536)
-        except ConnectionResetError:
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLError):
             return bytes(got)
         except TimeoutError:
             raise AssertionError(f"the server kept the connection open for {timeout}s") from None
@@ -75,23 +76,62 @@ def send_until_refused(sock: socket.socket, total: int, chunk: int = 1 << 20) ->
     try:
         while sent < total:
             sent += sock.send(block[: min(chunk, total - sent)])
-    except (BrokenPipeError, ConnectionResetError):
+    except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
         pass
     return sent
 
 
-def attack(address: Any, data: bytes, family: int = socket.AF_INET, timeout: float = 20) -> bytes:
-    """Connect, send ``data``, say no more (half-close), and read until the server
-    closes; what it answered."""
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
+def connect(
+    address: Any,
+    context: ssl.SSLContext | None = None,
+    family: int = socket.AF_INET,
+    timeout: float = 20,
+) -> socket.socket:
+    """A connection; through TLS (handshake done) with ``context``."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
         sock.connect(address)
+        if context is not None:
+            sock = context.wrap_socket(sock)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def half_close(sock: socket.socket) -> None:
+    """No more from us: TCP's FIN (under TLS too, without its close_notify)."""
+    socket.socket.shutdown(sock, socket.SHUT_WR)
+
+
+def attack(
+    address: Any,
+    data: bytes,
+    context: ssl.SSLContext | None = None,
+    family: int = socket.AF_INET,
+    timeout: float = 20,
+) -> bytes:
+    """Connect (through TLS with ``context``), send ``data``, say no more
+    (half-close), and read until the server closes; what it answered."""
+    with connect(address, context, family, timeout) as sock:
         try:
             sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
+            half_close(sock)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             return b""
         return closed_by_peer(sock, timeout)
+
+
+def refused_at_handshake(address: Any, context: ssl.SSLContext) -> bool:
+    """Whether a TLS client with ``context`` (another query's key, say) fails the
+    handshake, or gets nothing through it."""
+    try:
+        with connect(address, context) as sock:
+            sock.sendall(b"".join(framing.encode({"op": "hello", "id": 0})))
+            return closed_by_peer(sock, 20) == b""
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        return True
 
 
 def reply_of(data: bytes) -> dict[str, Any] | None:

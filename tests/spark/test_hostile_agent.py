@@ -1,17 +1,20 @@
 """An executor's agent against peers that lie, on both its listening sockets.
 
-Its peer port (other agents fetch replays there) and its task socket (the
-executor's tasks ask for rows there) get wrong tokens, forged lengths, payloads
-streamed under a wrong token, slow and half-open connections, and garbage at
-every byte offset of a real frame.  Each time the agent process must live, its
-resident memory stay bounded (``/proc``'s VmHWM, its peak, is printed), other
-peers be served meanwhile, and a query running beside the attack get every one
-of its messages.
+Its query's peer port (other agents fetch replays there, under TLS with the
+query's key) and its task socket (the executor's tasks ask for rows there) get
+wrong tokens, forged lengths, payloads streamed under a wrong token, slow and
+half-open connections, and garbage at every byte offset of a real TLS
+ClientHello and of a real frame.  On the peer port each lie comes both from a
+stranger (plain TCP: it meets the TLS handshake) and from an insider that holds
+the query's key.  Each time the agent process must live, its resident memory
+stay bounded (``/proc``'s VmHWM, its peak, is printed), other peers be served
+meanwhile, and a query running beside the attack get every one of its messages.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -29,6 +32,7 @@ from trionsq.spark import source as source_module
 from trionsq.spark._agent_client import agent_socket_path
 from trionsq.spark._executor import ExecutorIdentity
 from trionsq.spark._options import parse_source_options
+from trionsq.spark._secure import QueryKeys
 from trionsq.spark.source import NSQStreamReader
 
 from .hostile import (
@@ -37,8 +41,10 @@ from .hostile import (
     alive,
     attack,
     closed_by_peer,
+    connect,
     forge,
     memory,
+    refused_at_handshake,
     reply_of,
     send_until_refused,
     start_agent,
@@ -59,7 +65,9 @@ class Attacked:
         self.task_socket = path
         agent = beside.agent()
         self.peer = agent.peer
-        self.token = beside.coordinator().token
+        self.keys: QueryKeys = beside.coordinator().keys
+        self.token = self.keys.token
+        self.context = self.keys.client_context()
         assert agent.pid == process.pid
         self.peak_before = memory(process.pid)[1]
 
@@ -67,19 +75,27 @@ class Attacked:
         """The agent lives, kept its memory, serves peers and tasks, and the query
         beside the attack still gets every message."""
         assert alive(self.process.pid), f"the agent died of {what}"
+        rss, peak = memory(self.process.pid)  # before the query beside adds its own
         self.fetch_is_served()
         self.task_is_served()
         self.beside.roundtrip()
-        rss, peak = memory(self.process.pid)
         print(
             f"{what}: agent VmRSS {rss / 2**20:.1f} MiB, VmHWM {peak / 2**20:.1f} MiB "
             f"(before: {self.peak_before / 2**20:.1f} MiB)"
         )
         assert peak - self.peak_before < MEMORY_BOUND, (what, peak, self.peak_before)
 
+    def before_attack(self) -> None:
+        self.peak_before = memory(self.process.pid)[1]
+
     def fetch_is_served(self) -> None:
-        reply = reply_of(attack(self.peer, b"".join(framing.encode(self.fetch(2**61)))))
+        frame = b"".join(framing.encode(self.fetch(2**61)))
+        reply = reply_of(attack(self.peer, frame, self.context))
         assert reply is not None and "is not held by" in reply["error"], reply
+
+    def context_of(self, keyed: bool) -> ssl.SSLContext | None:
+        """An insider's TLS context (the query's key), or none: a stranger."""
+        return self.context if keyed else None
 
     def task_is_served(self) -> None:
         reply = reply_of(task_attack(self.task_socket, b"".join(framing.encode({"op": "x"}))))
@@ -122,60 +138,100 @@ def attacked() -> Iterator[Attacked]:
             process.wait(30)
 
 
+@pytest.fixture(autouse=True)
+def _peak_before(request: pytest.FixtureRequest) -> None:
+    if "attacked" in request.fixturenames:
+        request.getfixturevalue("attacked").before_attack()
+
+
 # --- the peer port -------------------------------------------------------------------
 
+KEYED = pytest.mark.parametrize("keyed", [False, True], ids=["stranger", "insider"])
 
+
+@KEYED
 @pytest.mark.parametrize("length", HUGE_LENGTHS)
 def test_a_huge_length_under_a_wrong_token_costs_the_peer_port_nothing(
-    attacked: Attacked, length: int
+    attacked: Attacked, length: int, keyed: bool
 ) -> None:
-    answer = attack(attacked.peer, forge(attacked.fetch(1, token="wrong"), length))
-    assert answer == b""  # refused at the header, without an answer
-    attacked.check(f"peer port, wrong token, payload length {length}")
+    frame = forge(attacked.fetch(1, token="wrong"), length)
+    assert attack(attacked.peer, frame, attacked.context_of(keyed)) == b""  # no answer
+    attacked.check(f"peer port, {'insider' if keyed else 'stranger'}, payload length {length}")
 
 
 def test_a_huge_length_under_the_right_token_is_refused_too(attacked: Attacked) -> None:
-    assert attack(attacked.peer, forge(attacked.fetch(1), 2**40)) == b""
+    assert attack(attacked.peer, forge(attacked.fetch(1), 2**40), attacked.context) == b""
     attacked.check("peer port, right token, payload length 2^40")
 
 
 @pytest.mark.parametrize("length", [4097, 2**31, 2**32 - 1])
 def test_a_header_beyond_the_cap_is_refused_unread(attacked: Attacked, length: int) -> None:
-    assert attack(attacked.peer, forge(attacked.fetch(1), header_length=length)) == b""
+    frame = forge(attacked.fetch(1), header_length=length)
+    assert attack(attacked.peer, frame, attacked.context) == b""
     attacked.check(f"peer port, header length {length}")
 
 
-def test_a_payload_streamed_under_a_wrong_token_is_cut_off(attacked: Attacked) -> None:
+def test_a_peer_without_the_querys_key_is_refused_at_the_handshake(attacked: Attacked) -> None:
+    assert refused_at_handshake(attacked.peer, QueryKeys.new().client_context())
+    attacked.check("peer port, another query's key")
+
+
+@KEYED
+def test_a_payload_streamed_under_a_wrong_token_is_cut_off(attacked: Attacked, keyed: bool) -> None:
     declared = 3 << 29  # 1.5 GiB
-    with socket.create_connection(attacked.peer, timeout=30) as sock:
+    with connect(attacked.peer, attacked.context_of(keyed)) as sock:
         sock.sendall(forge(attacked.fetch(1, token="wrong"), declared))
         sent = send_until_refused(sock, declared)
-    print(f"peer port: {sent / 2**20:.1f} MiB of a 1.5 GiB payload went out before the refusal")
+    who = "insider" if keyed else "stranger"
+    print(f"peer port, {who}: {sent / 2**20:.1f} MiB of a 1.5 GiB payload went out")
     assert sent < declared
-    attacked.check("peer port, 1.5 GiB streamed under a wrong token")
+    attacked.check(f"peer port, {who}, 1.5 GiB streamed under a wrong token")
 
 
 def test_slow_and_half_open_peers_time_out_while_others_are_served(attacked: Attacked) -> None:
     frame = b"".join(framing.encode(attacked.fetch(2**61, token="wrong")))
-    idle = [socket.create_connection(attacked.peer) for _ in range(80)]  # above the gate
-    halves = [socket.create_connection(attacked.peer) for _ in range(5)]
+    idle = [connect(attacked.peer) for _ in range(70)]  # with the rest, above the gate
+    silent = [connect(attacked.peer, attacked.context) for _ in range(5)]  # TLS, then nothing
+    halves = [connect(attacked.peer, attacked.context) for _ in range(5)]
     for sock in halves:
         sock.sendall(frame[:10])  # a prefix, then nothing
-    with socket.create_connection(attacked.peer) as slow:
+    with connect(attacked.peer, attacked.context) as slow:
         began = time.monotonic()
         for byte in frame[:-1]:  # a frame dripped byte by byte, never finished
             try:
                 slow.sendall(bytes([byte]))
-            except (BrokenPipeError, ConnectionResetError):
+            except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
                 break
             attacked.fetch_is_served()  # others are served meanwhile
             if time.monotonic() - began > 2 * REQUEST_TIMEOUT:
                 break
         assert closed_by_peer(slow, 3 * REQUEST_TIMEOUT) == b""
-    for sock in idle + halves:
+    for sock in idle + silent + halves:
         with sock:
             assert closed_by_peer(sock, 3 * REQUEST_TIMEOUT) == b""
-    attacked.check("peer port, 86 slow and half-open connections")
+    attacked.check("peer port, 81 slow and half-open connections")
+
+
+def _client_hello() -> bytes:
+    """The first bytes a real agent sends a peer port: its TLS ClientHello."""
+    outgoing = ssl.MemoryBIO()
+    tls = QueryKeys.new().client_context().wrap_bio(ssl.MemoryBIO(), outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(offset=st.integers(min_value=0, max_value=600), garbage=st.binary(min_size=1, max_size=40))
+def test_garbage_at_every_offset_of_a_client_hello(
+    attacked: Attacked, offset: int, garbage: bytes
+) -> None:
+    hello = _client_hello()
+    attack(attacked.peer, hello[: offset % (len(hello) + 1)] + garbage)  # closed in time
+    assert alive(attacked.process.pid)
+    attacked.fetch_is_served()
 
 
 def _valid_fetch(attacked: Attacked) -> bytes:
@@ -190,8 +246,7 @@ def test_garbage_at_every_offset_of_a_fetch(
     attacked: Attacked, offset: int, garbage: bytes
 ) -> None:
     frame = _valid_fetch(attacked)
-    data = frame[: offset % (len(frame) + 1)] + garbage
-    answer = attack(attacked.peer, data)
+    answer = attack(attacked.peer, frame[: offset % (len(frame) + 1)] + garbage, attacked.context)
     if answer:  # a frame still: answered as one, with an error
         reply = reply_of(answer)
         assert reply is not None and "error" in reply

@@ -4,15 +4,17 @@ The coordinator runs in this process (as in Spark's source process, on its Trio
 thread) and plans a query whose agent is a real process; peers that are not
 that agent send wrong tokens, forged lengths, payloads streamed under a wrong
 token, slow and half-open connections, garbage at every byte offset of a hello,
-and an agent that knows the token lies after its hello.  Each time the
-coordinator must keep serving (its nursery alive), what the attack allocated
-stay bounded (tracemalloc's peak over the attack, printed), other peers be
-served meanwhile, and the query beside the attack get every message.
+and an agent that knows the token lies after its hello.  The lies come from a
+stranger (plain TCP, which meets the TLS handshake) and from an insider holding
+the query's TLS key.  Each time the coordinator must keep serving (its nursery
+alive), what the attack allocated stay bounded (tracemalloc's peak over the
+attack, printed), other peers be served meanwhile, and the query beside the
+attack get every message.
 """
 
 from __future__ import annotations
 
-import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -34,6 +36,7 @@ from trionsq.spark import source as source_module
 from trionsq.spark._executor import ExecutorIdentity
 from trionsq.spark._link import Link
 from trionsq.spark._options import parse_source_options
+from trionsq.spark._secure import QueryKeys
 from trionsq.spark.source import NSQStreamReader
 
 from .hostile import (
@@ -41,7 +44,9 @@ from .hostile import (
     Beside,
     attack,
     closed_by_peer,
+    connect,
     forge,
+    refused_at_handshake,
     reply_of,
     send_until_refused,
     start_agent,
@@ -58,6 +63,11 @@ class Attacked:
         coordinator = beside.coordinator()
         self.address = coordinator.address
         self.token = coordinator.token
+        self.context = coordinator.keys.client_context()
+
+    def context_of(self, keyed: bool) -> ssl.SSLContext | None:
+        """An insider's TLS context (the query's key), or none: a stranger."""
+        return self.context if keyed else None
 
     def hello(self, token: str | None = None, **extra: Any) -> dict[str, Any]:
         return {
@@ -71,7 +81,8 @@ class Attacked:
 
     def is_served(self) -> None:
         """Another peer is answered (a refusal: it does not know the token)."""
-        answer = attack(self.address, b"".join(framing.encode(self.hello(token="guess"))))
+        frame = b"".join(framing.encode(self.hello(token="guess")))
+        answer = attack(self.address, frame, self.context)
         assert reply_of(answer) == {"re": 0, "error": "not this query's agent"}
 
     def check(self, what: str, peak: int) -> None:
@@ -128,42 +139,60 @@ def attacked() -> Iterator[Attacked]:
             process.wait(30)
 
 
+KEYED = pytest.mark.parametrize("keyed", [False, True], ids=["stranger", "insider"])
+
+
+@KEYED
 @pytest.mark.parametrize("length", HUGE_LENGTHS)
-def test_a_huge_length_under_a_wrong_token_costs_nothing(attacked: Attacked, length: int) -> None:
+def test_a_huge_length_under_a_wrong_token_costs_nothing(
+    attacked: Attacked, length: int, keyed: bool
+) -> None:
+    frame = forge(attacked.hello(token="wrong"), length)
     with Measured() as measured:
-        assert attack(attacked.address, forge(attacked.hello(token="wrong"), length)) == b""
-    attacked.check(f"coordinator, wrong token, payload length {length}", measured.peak)
+        assert attack(attacked.address, frame, attacked.context_of(keyed)) == b""
+    who = "insider" if keyed else "stranger"
+    attacked.check(f"coordinator, {who}, wrong token, payload length {length}", measured.peak)
 
 
 @pytest.mark.parametrize("length", [4097, 2**31, 2**32 - 1])
 def test_a_header_beyond_the_cap_is_refused_unread(attacked: Attacked, length: int) -> None:
+    frame = forge(attacked.hello(), header_length=length)
     with Measured() as measured:
-        assert attack(attacked.address, forge(attacked.hello(), header_length=length)) == b""
+        assert attack(attacked.address, frame, attacked.context) == b""
     attacked.check(f"coordinator, header length {length}", measured.peak)
 
 
-def test_a_payload_streamed_under_a_wrong_token_is_cut_off(attacked: Attacked) -> None:
+def test_a_peer_without_the_querys_key_is_refused_at_the_handshake(attacked: Attacked) -> None:
+    with Measured() as measured:
+        assert refused_at_handshake(attacked.address, QueryKeys.new().client_context())
+    attacked.check("coordinator, another query's key", measured.peak)
+
+
+@KEYED
+def test_a_payload_streamed_under_a_wrong_token_is_cut_off(attacked: Attacked, keyed: bool) -> None:
     declared = 3 << 29  # 1.5 GiB
-    with Measured() as measured, socket.create_connection(attacked.address) as sock:
+    who = "insider" if keyed else "stranger"
+    with Measured() as measured, connect(attacked.address, attacked.context_of(keyed)) as sock:
         sock.sendall(forge(attacked.hello(token="wrong"), declared))
         sent = send_until_refused(sock, declared)
-    print(f"coordinator: {sent / 2**20:.1f} MiB of a 1.5 GiB payload went out before the refusal")
+    print(f"coordinator, {who}: {sent / 2**20:.1f} MiB of a 1.5 GiB payload went out")
     assert sent < declared
-    attacked.check("coordinator, 1.5 GiB streamed under a wrong token", measured.peak)
+    attacked.check(f"coordinator, {who}, 1.5 GiB streamed under a wrong token", measured.peak)
 
 
 def test_slow_and_half_open_peers_time_out_while_others_are_served(attacked: Attacked) -> None:
     frame = b"".join(framing.encode(attacked.hello(token="wrong")))
     with Measured() as measured:
-        idle = [socket.create_connection(attacked.address) for _ in range(80)]
-        for sock in idle[:5]:
+        idle = [connect(attacked.address) for _ in range(70)]
+        idle += [connect(attacked.address, attacked.context) for _ in range(10)]
+        for sock in idle[-5:]:
             sock.sendall(frame[:10])
-        with socket.create_connection(attacked.address) as slow:
+        with connect(attacked.address, attacked.context) as slow:
             began = time.monotonic()
             for byte in frame[:-1]:
                 try:
                     slow.sendall(bytes([byte]))
-                except (BrokenPipeError, ConnectionResetError):
+                except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
                     break
                 attacked.is_served()
                 if time.monotonic() - began > 2 * HELLO_TIMEOUT:
@@ -185,7 +214,23 @@ def test_garbage_at_every_offset_of_a_hello(
     # The right token: a hello that survives the garbage links, and is unlinked
     # when the connection ends.
     frame = b"".join(framing.encode(attacked.hello()))
-    attack(attacked.address, frame[: offset % (len(frame) + 1)] + garbage)
+    attack(attacked.address, frame[: offset % (len(frame) + 1)] + garbage, attacked.context)
+    attacked.is_served()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(offset=st.integers(min_value=0, max_value=600), garbage=st.binary(min_size=1, max_size=40))
+def test_garbage_at_every_offset_of_a_client_hello(
+    attacked: Attacked, offset: int, garbage: bytes
+) -> None:
+    outgoing = ssl.MemoryBIO()
+    tls = QueryKeys.new().client_context().wrap_bio(ssl.MemoryBIO(), outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    attack(attacked.address, hello[: offset % (len(hello) + 1)] + garbage)  # closed in time
     attacked.is_served()
 
 
@@ -205,12 +250,17 @@ def test_an_agent_that_lies_after_its_hello_ends_its_own_link(
     attacked: Attacked, lie: bytes
 ) -> None:
     hello = attacked.hello(agent="intruder#2", cores=1)
-    with Measured() as measured, socket.create_connection(attacked.address, timeout=20) as sock:
+    with Measured() as measured, connect(attacked.address, attacked.context) as sock:
         sock.sendall(b"".join(framing.encode(hello)))
-        sock.sendall(lie)
-        answer = closed_by_peer(sock, 20)
-    assert reply_of(answer) == {"re": 0, "ok": True}  # linked, then unlinked
-    attacked.check("coordinator, a linked agent's lie", measured.peak)
+        reply, _ = framing.receive_sync(sock, framing.Limits(4096))
+        assert reply == {"re": 0, "ok": True}  # linked
+        try:
+            sock.sendall(lie)  # a big lie may be cut off as the coordinator hangs up
+        except (ssl.SSLError, BrokenPipeError, ConnectionResetError):
+            pass
+        else:
+            closed_by_peer(sock, 20)
+    attacked.check("coordinator, a linked agent's lie", measured.peak)  # and unlinked
 
 
 async def test_a_peer_that_stops_reading_breaks_its_link(autojump_clock: Any) -> None:

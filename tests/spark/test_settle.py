@@ -15,6 +15,7 @@ import trio.testing
 from trionsq.spark._executor import ExecutorIdentity
 from trionsq.spark._link import Link
 from trionsq.spark._options import parse_source_options
+from trionsq.spark._secure import QueryKeys
 from trionsq.spark.agent import Agent, QueryRun
 from trionsq.spark.coordinator import LINK_LIMITS, AgentInfo, Coordinator
 
@@ -74,7 +75,8 @@ async def test_messages_arriving_before_the_agent_settles_make_a_batch(
 
 async def test_an_agent_settles_a_quiet_spell_after_its_last_fins(autojump_clock: Any) -> None:
     identity = ExecutorIdentity("0", "127.0.0.1", 1, 1)
-    run = QueryRun(Agent(identity, "unused", None), "token", ("127.0.0.1", 1), OPTIONS)
+    keys = QueryKeys("token", "cert", "key")  # never loaded: no connection is made
+    run = QueryRun(Agent(identity, "unused", None), keys, ("127.0.0.1", 1), OPTIONS)
     assert run.settled()  # never did anything
     await run._resolve({"op": "resolve", "fin": [], "req": []})
     assert not run.settled()

@@ -11,11 +11,19 @@ read when it is there; elsewhere only the defaults are known.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ExecutorIdentity", "identify", "parent_of", "process_start_time"]
+__all__ = [
+    "ExecutorIdentity",
+    "driver_settings",
+    "identify",
+    "parent_of",
+    "process_start_time",
+    "settings_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +103,62 @@ def identify(worker_pid: int | None = None) -> ExecutorIdentity:
 
 def short_hostname() -> str:
     return socket.gethostname().split(".")[0]
+
+
+def settings_of(argv: list[str]) -> dict[str, str]:
+    """The Spark settings a ``SparkSubmit`` command line gives: its
+    ``--properties-file`` (Kubernetes' driver pods have one), then ``--master`` and
+    each ``--conf name=value`` (PySpark starts its JVM with the session builder's)."""
+    found: dict[str, str] = {}
+    for index, part in enumerate(argv[:-1]):
+        if part == "--properties-file":
+            found.update(_properties(argv[index + 1]))
+    for index, part in enumerate(argv[:-1]):
+        value = argv[index + 1]
+        if part == "--master":
+            found["spark.master"] = value
+        elif part == "--conf" and "=" in value:
+            name, _, setting = value.partition("=")
+            found[name.strip()] = setting.strip()
+    return found
+
+
+def _properties(path: str) -> dict[str, str]:
+    """The ``spark.*`` lines of a properties file (``name=value``, ``name value``)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    found: dict[str, str] = {}
+    for line in lines:
+        match = _PROPERTY.match(line.strip())
+        if match:
+            found[match[1]] = match[2].strip()
+    return found
+
+
+#: ``name=value``, ``name: value`` or ``name value`` (Java's properties files)
+_PROPERTY = re.compile(r"(spark\.[^\s=:]+)\s*[=:\s]\s*(.*)")
+
+
+def driver_settings(pid: int | None = None) -> dict[str, str] | None:
+    """The Spark settings of the driver JVM above process ``pid`` (default: this
+    one, which runs the source's driver half as a child of that JVM), or None if
+    no ``SparkSubmit`` JVM is found among its ancestors: spark-defaults.conf, then
+    its command line (:func:`settings_of`); a master set nowhere is Spark's
+    default, ``local[*]``."""
+    current: int | None = os.getpid() if pid is None else pid
+    for _ in range(4):
+        current = parent_of(current) if current is not None else None
+        if current is None or current <= 1:
+            return None
+        argv = _cmdline(current)
+        if "org.apache.spark.deploy.SparkSubmit" in argv:
+            folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(
+                os.environ.get("SPARK_HOME", ""), "conf"
+            )
+            found = _properties(os.path.join(folder, "spark-defaults.conf"))
+            found.update(settings_of(argv))
+            found.setdefault("spark.master", os.environ.get("MASTER") or "local[*]")
+            return found
+    return None

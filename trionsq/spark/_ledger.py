@@ -25,6 +25,7 @@ messages come again (duplicates, never losses).
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,7 +41,10 @@ class SetState(Enum):
 
 @dataclass(slots=True)
 class MessageSet:
+    #: random: a set id names messages, so it must not be guessable
     id: int
+    #: the order sets were made in
+    seq: int
     batch: int
     partition: int
     holder: str
@@ -134,7 +138,7 @@ class Ledger:
             raise KeyError(f"unknown agent {agent!r}")
         live = self.live_set(batch, partition)
         if live is None:
-            live = MessageSet(self._next_set, batch, partition, agent)
+            live = MessageSet(self._new_id(), self._next_set, batch, partition, agent)
             self._next_set += 1
             self.sets[live.id] = live
             fresh = True
@@ -142,6 +146,12 @@ class Ledger:
             fresh = False
         self.reads[batch].append(Read(batch, partition, stage, attempt, task, agent, live.id))
         return Decision(fresh, live.id, live.holder)
+
+    def _new_id(self) -> int:
+        while True:
+            set_id = 1 + secrets.randbits(62)
+            if set_id not in self.sets:
+                return set_id
 
     def set_ready(self, set_id: int, count: int) -> None:
         message_set = self.sets.get(set_id)
@@ -163,7 +173,7 @@ class Ledger:
     def _sets_of(self, batch: int, partition: int) -> list[MessageSet]:
         return sorted(
             (s for s in self.sets.values() if s.batch == batch and s.partition == partition),
-            key=lambda s: s.id,
+            key=lambda s: s.seq,
         )
 
     def resolve(self, through: int) -> Resolution:

@@ -6,9 +6,10 @@ started by the first task of an ``nsq`` query that runs there
 
 - the executor's tasks, on a Unix socket: a task asks for its partition's
   messages and gets them as Arrow rows;
-- the other agents, on TCP: a task retried or speculated on another executor
-  replays the messages this agent handed to the first attempt;
-- and it keeps, per query, a link to the driver's coordinator: it announces
+- the other agents, on a TLS port per query (only holders of the query's key
+  get past its handshake, see :mod:`._secure`): a task retried or speculated on
+  another executor replays the messages this agent handed to the first attempt;
+- and it keeps, per query, a link to the driver's coordinator (TLS too): it announces
   every read there (which decides *fresh* or *replay*), and hears there which
   message sets to FIN (their batch was committed) or REQ.
 
@@ -16,13 +17,15 @@ Messages stay un-FINed, TOUCHed before nsqd's timeout, until the coordinator
 says; if the coordinator goes away (the driver died, the query stopped) the
 agent requeues everything of that query and closes its connections.  The agent
 leaves when its executor does (the PySpark daemon's SIGHUP, or its anchor
-process gone), and on its own after a minute with no query.
+process gone), and on its own after a minute with no query.  A peer that lies on
+any of its sockets ends its own connection, nothing else (:mod:`._peers`).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import hmac
 import importlib
 import json
 import logging
@@ -32,6 +35,7 @@ import pickle
 import secrets
 import signal
 import socket
+import ssl
 import struct
 import sys
 from typing import Any
@@ -42,11 +46,13 @@ import trio
 from .. import __version__
 from ..lookupd import lookup
 from . import _framing as framing
+from . import _secure
 from ._executor import ExecutorIdentity, process_start_time
 from ._held import Held, ipc_limit, to_ipc
 from ._link import Link, ReadError
 from ._options import SourceOptions
 from ._peers import Gate, serve
+from ._secure import QueryKeys
 from ._slot import NoConnectionError, Slot
 
 __all__ = ["Agent", "main"]
@@ -82,10 +88,11 @@ class QueryRun:
     """One query's state on this agent: its coordinator link, slots and held sets."""
 
     def __init__(
-        self, agent: Agent, token: str, coordinator: tuple[str, int], options: SourceOptions
+        self, agent: Agent, keys: QueryKeys, coordinator: tuple[str, int], options: SourceOptions
     ) -> None:
         self.agent = agent
-        self.token = token
+        self.keys = keys
+        self.token = keys.token
         self.coordinator = coordinator
         self.options = options
         self.link: Link | None = None
@@ -107,32 +114,27 @@ class QueryRun:
         #: this agent's name at the coordinator: a new link (after one was lost) is a
         #: new name, so that the coordinator never confuses the two
         self.name = f"{agent.id}#{secrets.token_hex(4)}"
+        #: where the other agents fetch this query's sets (TLS, this query's key)
+        self.peer_port = 0
+        self._peer_gate = Gate(MAX_UNPROVEN, agent.request_timeout)
 
     # --- life ---
 
     async def run(self) -> None:
         """Link to the coordinator, then serve until it goes away or says stop."""
-        options = self.options
-        host, port = self.coordinator
+        listeners: list[trio.SocketListener] = []
+        link: Link | None = None
         try:
-            with trio.fail_after(options.connection.connect_timeout):
-                stream = await trio.open_tcp_stream(host, port)
-        except (OSError, trio.TooSlowError) as exc:
-            self._error = (
-                f"cannot reach the nsq source's coordinator on the driver at {host}:{port} "
-                f"within {options.connection.connect_timeout:g}s ({exc or 'timed out'}); "
-                "executors must reach it (options coordinator_host, coordinator_port)"
-            )
-            self._ready.set()
-            self.ended.set()
-            self.finished.set()
-            self.agent.queries.pop(self.token, None)
-            return
-        link = self.link = Link(stream, COORDINATOR_LIMITS, send_timeout=LINK_TIMEOUT)
-        try:
-            if await self._hello(link):
+            # This query's own peer port: only its agents (its TLS key) get past the
+            # handshake, and it closes with the query.
+            listeners = await trio.open_tcp_listeners(0, host=self.agent.peer_host)
+            self.peer_port = listeners[0].socket.getsockname()[1]
+            link = self.link = await self._connect()
+            if link is not None and await self._hello(link):
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    what = f"query {self.token[:8]} peers"
+                    nursery.start_soon(serve, self._serve_peer, listeners, what)
                     nursery.start_soon(self._receive_loop, link)
                     nursery.start_soon(self._status_loop, link)
                     nursery.start_soon(self._touch_loop)
@@ -146,16 +148,42 @@ class QueryRun:
             log.exception("query %s: ended by a failure", self.token[:8])
             self._error = f"the query's state on this executor failed: {exc!r}"
         finally:
-            link.fail_pending()
+            if link is not None:
+                link.fail_pending()
             self._ready.set()
             self.ended.set()
             with trio.CancelScope(shield=True):
                 # Cancelled (the agent is leaving): REQs are queued, and go out if the
                 # connections live long enough; otherwise nsqd's timeout brings them back.
                 await self._requeue_sets()
-                await link.stream.aclose()
-            self.agent.queries.pop(self.token, None)
+                if link is not None:
+                    await trio.aclose_forcefully(link.stream)
+                for listener in listeners:
+                    await trio.aclose_forcefully(listener)
+            if self.agent.queries.get(self.token) is self:
+                del self.agent.queries[self.token]
             self.finished.set()
+
+    async def _connect(self) -> Link | None:
+        """The TLS link to the coordinator (None, and why in ``_error``, if it fails)."""
+        host, port = self.coordinator
+        timeout = self.options.connection.connect_timeout
+        try:
+            context = self.keys.client_context()
+        except ssl.SSLError as exc:
+            self._error = f"the query's TLS keys cannot be loaded: {exc}"
+            return None
+        try:
+            with trio.fail_after(timeout):
+                stream = await _secure.connect(host, port, context)
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            self._error = (
+                f"cannot reach the nsq source's coordinator on the driver at {host}:{port} "
+                f"within {timeout:g}s ({_reason(exc)}); executors must reach it "
+                "(options coordinator_host, coordinator_port)"
+            )
+            return None
+        return Link(stream, COORDINATOR_LIMITS, send_timeout=LINK_TIMEOUT)
 
     async def _hello(self, link: Link) -> bool:
         """Introduce this agent to the coordinator; False (and why) if it refuses."""
@@ -168,7 +196,7 @@ class QueryRun:
             "executor": identity.executor_id,
             "host": identity.host,
             "cores": identity.cores,
-            "peer": [identity.host, self.agent.peer_port],
+            "peer": [self.agent.peer_host, self.peer_port],
             "pid": os.getpid(),
         }
         try:
@@ -485,13 +513,16 @@ class QueryRun:
     async def _fetch(self, decision: dict[str, Any], set_id: int) -> tuple[dict[str, Any], bytes]:
         """Replay a set another executor's agent holds (a retried or speculated task)."""
         host, port = decision["peer"]
+        request = {"op": "fetch", "token": self.token, "set": set_id}
+        limits = framing.Limits(FETCH_LIMITS.header, ipc_limit(self.options))
         try:
             with trio.fail_after(self.options.connection.connect_timeout + 30):
-                stream = await trio.open_tcp_stream(host, int(port))
-                async with stream:
-                    await framing.send(stream, {"op": "fetch", "token": self.token, "set": set_id})
-                    limits = framing.Limits(FETCH_LIMITS.header, ipc_limit(self.options))
+                stream = await _secure.connect(host, int(port), self.keys.client_context())
+                try:
+                    await framing.send(stream, request)
                     header, payload = await framing.receive(stream, limits)
+                finally:
+                    await trio.aclose_forcefully(stream)
         except (
             OSError,
             EOFError,
@@ -501,11 +532,31 @@ class QueryRun:
             trio.ClosedResourceError,
         ) as exc:
             raise ReadError(
-                f"cannot replay message set {set_id} from the agent at {host}:{port}: {exc}"
+                f"cannot replay message set {set_id} from the agent at {host}:{port}: "
+                f"{_reason(exc)}"
             ) from None
         if "error" in header:
             raise ReadError(str(header["error"]))
         return {"rows": header.get("rows", 0), "set": set_id, "replayed": True}, payload
+
+    async def _serve_peer(self, stream: trio.SocketStream) -> None:
+        """Another agent's fetch of a set held here (a retried task's replay); its
+        failures end this connection only (see :func:`._peers.serve`)."""
+        with self._peer_gate.unproven():
+            tls = await _secure.accept(stream, self.keys.server_context())
+            header, _ = await framing.receive(tls, FETCH_LIMITS)
+        token = header.get("token")
+        if (
+            header.get("op") != "fetch"
+            or not isinstance(token, str)
+            or not hmac.compare_digest(token.encode(), self.token.encode())
+        ):
+            reply, data = {"error": f"{self.agent.id} holds nothing of that query"}, b""
+        else:
+            reply, data = self.serve_fetch(header.get("set"))
+        with trio.fail_after(REPLY_TIMEOUT):
+            await framing.send(tls, reply, data)
+            await tls.aclose()
 
     def serve_fetch(self, set_id: object) -> tuple[dict[str, Any], bytes]:
         entry = None
@@ -531,26 +582,24 @@ class Agent:
         self.anchor_start = anchor_start
         self.id = f"{identity.executor_id}/{identity.host}/{os.getpid()}"
         self.queries: dict[str, QueryRun] = {}
-        self.peer_port = 0
+        #: where this agent's queries take the other agents' fetches: loopback in
+        #: local mode (one executor, on the driver's machine), else the address Spark
+        #: gave the executor
+        self.peer_host = "127.0.0.1" if identity.executor_id == "driver" else identity.host
+        self.request_timeout = request_timeout
         self._nursery: trio.Nursery | None = None
         self._leave = trio.Event()
         self.pyarrow_ready = trio.Event()
         self._task_gate = Gate(MAX_UNPROVEN, request_timeout)
-        self._peer_gate = Gate(MAX_UNPROVEN, request_timeout)
 
     async def main(self) -> None:
         unix = _bind_unix(self.socket_path)
         try:
-            peers = await trio.open_tcp_listeners(0, host=self.identity.host)
-            self.peer_port = peers[0].socket.getsockname()[1]
-            log.info(
-                "agent %s: tasks on %s, peers on port %d", self.id, self.socket_path, self.peer_port
-            )
+            log.info("agent %s: tasks on %s", self.id, self.socket_path)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 tasks = [trio.SocketListener(trio.socket.from_stdlib_socket(unix))]
                 nursery.start_soon(serve, self._serve_task, tasks, f"agent {self.id} tasks")
-                nursery.start_soon(serve, self._serve_peer, peers, f"agent {self.id} peers")
                 nursery.start_soon(self._watchdog)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._import_pyarrow)
@@ -601,13 +650,15 @@ class Agent:
                 return
 
     async def _query(
-        self, token: str, coordinator: tuple[str, int], options: SourceOptions
+        self, keys: QueryKeys, coordinator: tuple[str, int], options: SourceOptions
     ) -> QueryRun:
-        run = self.queries.get(token)
+        run = self.queries.get(keys.token)
         if run is None:
             assert self._nursery is not None
-            run = self.queries[token] = QueryRun(self, token, coordinator, options)
+            run = self.queries[keys.token] = QueryRun(self, keys, coordinator, options)
             self._nursery.start_soon(run.run)
+        elif run.keys != keys:
+            raise ReadError("the read's TLS keys are not its query's")
         return run
 
     async def _serve_task(self, stream: trio.SocketStream) -> None:
@@ -627,8 +678,12 @@ class Agent:
                 options = None
             if not isinstance(options, SourceOptions):
                 raise ReadError("the read request carries no source options")
+            try:
+                keys = QueryKeys.from_fields(header)
+            except ValueError as exc:
+                raise ReadError(str(exc)) from None
             host, port = header["coordinator"]
-            run = await self._query(str(header["token"]), (str(host), int(port)), options)
+            run = await self._query(keys, (str(host), int(port)), options)
             reply, data = await run.read(header)
             limit = ipc_limit(options)
             if len(data) > limit:
@@ -647,20 +702,6 @@ class Agent:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             log.info("a task left before its rows were sent")
 
-    async def _serve_peer(self, stream: trio.SocketStream) -> None:
-        """Another agent's fetch of a set this one holds (a retried task's replay)."""
-        with self._peer_gate.unproven():
-            header, _ = await framing.receive(stream, FETCH_LIMITS)
-        token = header.get("token")
-        # A lookup by hash: how long it takes says nothing about the tokens held.
-        run = self.queries.get(token) if isinstance(token, str) else None
-        if header.get("op") != "fetch" or run is None:
-            reply, data = {"error": f"{self.id} holds nothing of that query"}, b""
-        else:
-            reply, data = run.serve_fetch(header.get("set"))
-        with trio.fail_after(REPLY_TIMEOUT):
-            await framing.send(stream, reply, data)
-
 
 async def _probe(address: str, seconds: float) -> str:
     """Why a TCP connection to ``address`` fails, in the OS's words."""
@@ -678,6 +719,14 @@ async def _probe(address: str, seconds: float) -> str:
     except OSError as exc:
         return exc.strerror or str(exc)
     return "reachable, but the handshake or SUB failed (see the executor's log)"
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception in a few words (a failed TLS handshake says why underneath)."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, trio.BrokenResourceError) and cause is not None:
+        return f"{exc} ({cause})"
+    return str(exc) or type(exc).__name__
 
 
 def _same_user(sock: trio.socket.SocketType) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-import secrets
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,10 +29,13 @@ from typing import Any
 import trio
 
 from . import _framing as framing
+from . import _secure
+from ._executor import driver_settings
 from ._ledger import LateReadError, Ledger, SetState
 from ._link import Link, ReadError
 from ._options import SourceOptions
 from ._peers import Gate, serve
+from ._secure import QueryKeys
 
 __all__ = ["Coordinator", "default_host"]
 
@@ -55,6 +57,30 @@ MAX_UNPROVEN = 64
 #: (status, read, ready, void, replies) are small too, and never carry a payload.
 HELLO_LIMITS = framing.Limits(header=4096)
 LINK_LIMITS = framing.Limits(header=64 << 10)
+
+
+def listen_address(options: SourceOptions, settings: dict[str, str] | None) -> tuple[str, str]:
+    """Where the coordinator listens, and the host name its partitions give the
+    executors: no wider than they need.
+
+    ``coordinator_host`` if it is set; loopback if Spark runs in local mode
+    (``local``, ``local-cluster``: every executor is on this machine); else the
+    address Spark itself listens on for the driver (``spark.driver.bindAddress``,
+    named ``spark.driver.host``); else (the driver's settings unknown) the host
+    :func:`default_host` finds.  ``settings``: the driver's (see
+    :func:`._executor.driver_settings`).
+    """
+    if options.coordinator_host:
+        return options.coordinator_host, options.coordinator_host
+    settings = settings or {}
+    if settings.get("spark.master", "").startswith("local"):
+        return "127.0.0.1", "127.0.0.1"
+    named = settings.get("spark.driver.host")
+    bind = settings.get("spark.driver.bindAddress") or named
+    if bind:
+        return bind, named or bind
+    host = default_host()
+    return host, host
 
 
 def default_host() -> str:
@@ -119,7 +145,9 @@ class Coordinator:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.token = secrets.token_urlsafe(32)
+        #: the query's token and TLS key, which its tasks carry to their agents
+        self.keys = QueryKeys.new()
+        self.token = self.keys.token
         self.ledger = Ledger()
         self.agents: dict[str, AgentInfo] = {}
         self.address: tuple[str, int] | None = None
@@ -136,11 +164,11 @@ class Coordinator:
     async def serve(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        host = self.options.coordinator_host or default_host()
-        listeners = await trio.open_tcp_listeners(self.options.coordinator_port, host=host)
+        bind, host = listen_address(self.options, driver_settings())
+        listeners = await trio.open_tcp_listeners(self.options.coordinator_port, host=bind)
         port = listeners[0].socket.getsockname()[1]
         self.address = (host, port)
-        log.info("nsq source coordinator on %s:%d", host, port)
+        log.info("nsq source coordinator on %s:%d (as %s)", bind, port, host)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve, self._handle, listeners, "nsq source coordinator")
             nursery.start_soon(self._tick)
@@ -165,10 +193,12 @@ class Coordinator:
     async def _handle(self, stream: trio.SocketStream) -> None:
         """One agent's link, from its hello to its end (failures end it alone: see
         :func:`._peers.serve`)."""
-        link = Link(stream, HELLO_LIMITS, send_timeout=LINK_TIMEOUT)
+        link: Link | None = None
         agent: AgentInfo | None = None
         try:
             with self._gate.unproven():
+                tls = await _secure.accept(stream, self.keys.server_context())
+                link = Link(tls, HELLO_LIMITS, send_timeout=LINK_TIMEOUT)
                 header, _ = await link.receive()
                 refusal = self._refusal(header)
                 if refusal is not None:
@@ -182,7 +212,8 @@ class Coordinator:
                 await self._receive(agent, nursery)
                 nursery.cancel_scope.cancel()
         finally:
-            link.fail_pending()
+            if link is not None:
+                link.fail_pending()
             if agent is not None:
                 self._agent_lost(agent)
 

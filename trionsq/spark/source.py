@@ -40,6 +40,7 @@ from ._executor import identify
 from ._held import arrow_schema, from_ipc
 from ._loop import LoopThread
 from ._options import NSQOptionError, SourceOptions
+from ._secure import QueryKeys
 from .coordinator import Coordinator
 
 __all__ = ["SCHEMA", "NSQInputPartition", "NSQSourceError", "NSQStreamReader", "arrow_schema"]
@@ -89,7 +90,7 @@ class NSQInputPartition(InputPartition):
     def __init__(
         self,
         coordinator: tuple[str, int],
-        token: str,
+        keys: QueryKeys,
         batch: int,
         index: int,
         limit: int | None,
@@ -97,7 +98,8 @@ class NSQInputPartition(InputPartition):
     ) -> None:
         super().__init__(index)
         self.coordinator = coordinator
-        self.token = token
+        #: the query's token and TLS key (see docs/spark.md, "Security")
+        self.keys = keys
         self.batch = batch
         self.index = index
         #: at most this many messages (None: what the executor's slot holds)
@@ -180,7 +182,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert coordinator.address is not None
         return [
             NSQInputPartition(
-                coordinator.address, coordinator.token, batch, index, plan.limit, self._cutoff_ns
+                coordinator.address, coordinator.keys, batch, index, plan.limit, self._cutoff_ns
             )
             for index in range(plan.partitions)
         ]
@@ -209,7 +211,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         context = TaskContext.get()
         request = {
             "op": "read",
-            "token": partition.token,
+            **partition.keys.fields(),
             "coordinator": list(partition.coordinator),
             "batch": partition.batch,
             "partition": partition.index,
