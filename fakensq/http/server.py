@@ -9,6 +9,7 @@ malformed requests get a 400 and a closed connection, as Go's net/http does.
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import trio
 from ..golang import json as gojson
 from ..golang.tlsconfig import server_handshake
 
-__all__ = ["Request", "Response", "Handler", "HTTPServer"]
+__all__ = ["Request", "Response", "Handler", "HTTPServer", "BodyLimit", "READ_ALL"]
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,13 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
-#: How much of a request's body its handler reads (given the request's head).
+#: How much of a request's body its handler reads (given the request's head):
+#: a number of bytes, or :data:`READ_ALL`.
 BodyLimit = Callable[[Request], int]
+#: A handler that reads the whole body, however long (Go's io.ReadAll, as
+#: nsqd's NewReqParams does): the server reads it to its end before the
+#: handler runs, keeping max_body_size bytes of it.
+READ_ALL = -1
 
 
 class HTTPServer:
@@ -109,8 +115,9 @@ class HTTPServer:
         self.max_body_size = max_body_size
         #: What of a body the handler for a request reads before it answers
         #: (Go's handlers read through an io.LimitReader, or not at all: then
-        #: 0); the server reads that much, runs the handler, then treats the
-        #: rest as Go's does (:meth:`_finish_body`).  Default: max_body_size.
+        #: 0, or all of it: READ_ALL); the server reads that much, runs the
+        #: handler, then treats the rest as Go's does (:meth:`_finish_body`).
+        #: Default: READ_ALL.
         self.body_limit = body_limit
         self.ssl_context = ssl_context
         self.server_name = server_name
@@ -311,11 +318,14 @@ class HTTPServer:
         if not isinstance(head, h11.Request):
             return None
         request = _build_request(head, b"", remote, tls)
-        limit = self.max_body_size if self.body_limit is None else self.body_limit(request)
+        limit = READ_ALL if self.body_limit is None else self.body_limit(request)
+        # Read up to ``stop`` before the handler runs; keep ``keep`` of it.
+        stop = math.inf if limit == READ_ALL else limit
+        keep = self.max_body_size if limit == READ_ALL else limit
         body = bytearray()
         while True:
             try:
-                if len(body) >= limit:
+                if len(body) >= stop:
                     # The handler's share is here: what h11 holds already,
                     # without reading more (the end of the body, maybe).
                     event = conn.next_event()
@@ -330,7 +340,7 @@ class HTTPServer:
             if isinstance(event, h11.Data):
                 # Keep what the handler reads; the rest is dropped, as Go's
                 # server discards an unread body.
-                room = limit - len(body)
+                room = keep - len(body)
                 if room > 0:
                     body += event.data[:room]
             elif isinstance(event, h11.EndOfMessage):

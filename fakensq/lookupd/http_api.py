@@ -21,7 +21,7 @@ from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ..http import pprof
 from ..http.router import Router
-from ..http.server import HTTPServer, Request, Response
+from ..http.server import READ_ALL, HTTPServer, Request, Response
 from ..version import VERSION
 from .registry import Registration
 
@@ -45,12 +45,31 @@ LEGACY_ALIASES: Final = {
 }
 
 
+#: nsqlookupd v1.3.0's routes whose handlers read the whole body (NewReqParams).
+_READS_WHOLE_BODY = {
+    ("GET", "/lookup"),
+    ("GET", "/channels"),
+    ("POST", "/topic/create"),
+    ("POST", "/topic/delete"),
+    ("POST", "/topic/tombstone"),
+    ("POST", "/channel/create"),
+    ("POST", "/channel/delete"),
+    ("POST", "/debug/pprof/symbol"),
+}
+
+
+def _body_limit(request: Request) -> int:
+    return READ_ALL if (request.method, request.path) in _READS_WHOLE_BODY else 0
+
+
 class LookupdHTTP:
     """The nsqlookupd HTTP handler of one node; ``.server`` is the :class:`HTTPServer` to run."""
 
     def __init__(self, node: NSQLookupd) -> None:
         self.node = node
-        self.server = HTTPServer(self.handle)
+        # What nsqlookupd's handlers read of a body: all of it (NewReqParams),
+        # or none (the server answers once the head is read).
+        self.server = HTTPServer(self.handle, body_limit=_body_limit)
         self.router = Router(
             not_found=lambda _request: _v1_error(404, "NOT_FOUND"),
             method_not_allowed=lambda _request: _v1_error(405, "METHOD_NOT_ALLOWED"),

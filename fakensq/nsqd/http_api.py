@@ -28,7 +28,7 @@ from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ..http import pprof
 from ..http.router import Router
-from ..http.server import HTTPServer, Request, Response
+from ..http.server import READ_ALL, HTTPServer, Request, Response
 from .flags import nsqd_cfg_fields
 from .options import TLS_REQUIRED, VERSION
 from .persist import write_metadata
@@ -134,6 +134,19 @@ def _get(params: dict[str, list[str]], name: str) -> str | None:
 def _wrap_int64(value: int) -> int:
     """Go's silent int64 overflow."""
     return (value + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+#: nsqd v1.3.0's routes whose handlers read the whole body (NewReqParams).
+_READS_WHOLE_BODY = {
+    ("GET", "/stats"),
+    *(
+        ("POST", f"/{kind}/{verb}")
+        for kind in ("topic", "channel")
+        for verb in ("delete", "empty", "pause", "unpause")
+    ),
+    ("POST", "/channel/create"),
+    ("POST", "/debug/pprof/symbol"),
+}
 
 
 class NSQDHTTP:
@@ -252,10 +265,11 @@ class NSQDHTTP:
 
     def _body_limit(self, request: Request) -> int:
         """What nsqd's handler of ``request`` reads of its body before it
-        answers (through an io.LimitReader): /pub the largest message and one
-        byte, /mpub the largest body and one, PUT /config the largest message
-        and one, none where the Content-Length is refused first; the other
-        handlers read none (the symbol lookup all, bounded here)."""
+        answers: /pub the largest message and one byte, /mpub the largest body
+        and one, PUT /config the largest message and one (io.LimitReader), none
+        where the Content-Length is refused first; the handlers that parse
+        their parameters with NewReqParams all of it (io.ReadAll, unbounded in
+        nsqd); the others none."""
         opts = self.nsqd.options
         path = request.path
         if opts.legacy_http_aliases:
@@ -267,10 +281,10 @@ class NSQDHTTP:
         if route == ("POST", "/mpub"):
             too_big = self._content_length(request) > opts.max_body_size
             return 0 if too_big else opts.max_body_size + 1
-        if request.method == "PUT" and request.path.startswith("/config/"):
+        if request.method == "PUT" and path.startswith("/config/"):
             return opts.max_msg_size + 1
-        if route == ("POST", "/debug/pprof/symbol"):
-            return self.server.max_body_size
+        if route in _READS_WHOLE_BODY:
+            return READ_ALL
         return 0
 
     # --- handlers ---

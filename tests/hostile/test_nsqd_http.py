@@ -155,10 +155,12 @@ def _head_of(total: int) -> bytes:
     return start + b"a" * (total - len(start) - len(end)) + end
 
 
-def _post(path: str, length: int, body: bytes, chunked: bool = False) -> bytes:
+def _post(path: str, length: int, body: bytes, chunked: bool = False, end: bool = False) -> bytes:
+    """A POST's bytes: ``length`` in its Content-Length (or ``body`` as one
+    chunk, and with ``end`` the last chunk after it)."""
     if chunked:
         head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        return head.encode() + b"%x\r\n" % len(body) + body
+        return head.encode() + b"%x\r\n" % len(body) + body + (b"\r\n0\r\n\r\n" if end else b"")
     head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n"
     return head.encode() + body
 
@@ -175,6 +177,8 @@ LIMIT_CASES = [
     (_post("/ping", 100 * 1024, b"y" * (100 * 1024)), "ping_100KiB_body"),
     (_post("/topic/create?topic=t2", 300 * 1024, b"y" * (300 * 1024)), "create_300KiB_body"),
     (_post("/pub?topic=t", 2, b"ok"), "pub_small"),
+    (_post("/channel/empty?topic=t&channel=c", 3 * MiB, b"z" * (3 * MiB)), "empty_reads_it_all"),
+    (_post("/topic/pause?topic=nope", 3 * MiB, b"z" * (3 * MiB)), "pause_reads_it_all"),
 ]
 
 
@@ -183,7 +187,8 @@ async def test_limits(conformance: Conformance, data: bytes) -> None:
     """Go's net/http and nsqd's handlers: a head over 1 MiB + 4 KiB gets a 431;
     a handler answers once it has read its share of a body (nsqd's /pub refuses
     a Content-Length over --max-msg-size unread, reads --max-msg-size + 1 bytes
-    of a chunked one; /ping reads none); after it, the server drops up to
+    of a chunked one; a handler that parses its parameters with NewReqParams
+    reads all of it; /ping reads none); after it, the server drops up to
     256 KiB of what is left to keep the connection, else answers with
     "Connection: close" and closes.  (fakensq before: read every body whole,
     however large, before any answer; a head's limit depended on how its
