@@ -46,12 +46,12 @@ from .options import LOG_LEVELS, AdminOptions
 if TYPE_CHECKING:
     from ..http.router import Router
 
-__all__ = ["NSQAdminAPI", "as_nsqadmin_sends", "respond_v1", "v1_error"]
+__all__ = ["CONFIG_READ_MAX", "NSQAdminAPI", "as_nsqadmin_sends", "respond_v1", "v1_error"]
 
 log = logging.getLogger("fakensq.admin")
 
 #: ``/config`` PUT bodies are read up to 1 MiB (one byte more means too big).
-_CONFIG_READ_MAX = 1024 * 1024 + 1
+CONFIG_READ_MAX = 1024 * 1024 + 1
 
 
 class HTTPError(Exception):
@@ -535,7 +535,7 @@ class NSQAdminAPI:
         self._config_allowed(request)
         if request.method == "PUT":
             body = request.body
-            if len(body) >= _CONFIG_READ_MAX or not body:
+            if len(body) >= CONFIG_READ_MAX or not body:
                 raise HTTPError(413, "INVALID_VALUE")
             if opt == "nsqlookupd_http_addresses":
                 try:

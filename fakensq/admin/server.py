@@ -23,6 +23,7 @@ import json
 import logging
 import mimetypes
 import os
+import re
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -34,11 +35,11 @@ import trio
 
 from ..golang.flags import format_go_duration
 from ..http.router import Router
-from ..http.server import HTTPServer, Request, Response
+from ..http.server import READ_ALL, HTTPServer, Request, Response
 from ..serving import ServingNode
 from . import nodepages, topicpages, views
 from .actions import ActionError, PageActions
-from .api import NSQAdminAPI, as_nsqadmin_sends, v1_error
+from .api import CONFIG_READ_MAX, NSQAdminAPI, as_nsqadmin_sends, v1_error
 from .data import Reader, Snapshot
 from .faultcontrols import FaultControls
 from .history import CHART_WINDOW, History
@@ -59,6 +60,9 @@ log = logging.getLogger("fakensq.admin")
 WATCH_INTERVAL = 0.5
 
 _OWN_ASSETS = ("admin.js", "admin.css")
+# The action routes: /api/topics[/:topic[/:channel]] and /api/nodes/:node.
+_API_TOPICS = re.compile(r"/api/topics(/[^/]+){0,2}")
+_API_NODE = re.compile(r"/api/nodes/[^/]+")
 
 
 def _static(name: str, dev_dir: str) -> bytes | None:
@@ -163,7 +167,7 @@ class Admin(ServingNode):
         self.timeline = Timeline()
         self.history = History(chart_window=chart_window)
         # No Server header: nsqadmin (Go's net/http) sends none.
-        self.server = HTTPServer(self.handle)
+        self.server = HTTPServer(self.handle, body_limit=self._body_limit)
         self.api: NSQAdminAPI | None = None
         self.actions: PageActions | None = None
         #: The fault controls (with a cluster only).
@@ -300,6 +304,23 @@ class Admin(ServingNode):
     def _bp(self, path: str) -> str:
         base = self.options.base_path.rstrip("/")
         return (base + path) if path != "/" else (base or "/")
+
+    def _body_limit(self, request: Request) -> int:
+        """What nsqadmin's handler of ``request`` reads of its body before it
+        answers (found with the real one): the JSON of an action and the
+        parameters of GET /api/topics (NewReqParams) all of it, PUT /config
+        its limit, the others none."""
+        base = self.options.base_path.rstrip("/")
+        path = request.path[len(base) :] if request.path.startswith(base + "/") else ""
+        if (request.method, path) in (("GET", "/api/topics"), ("POST", "/api/action")):
+            return READ_ALL
+        if request.method == "POST" and _API_TOPICS.fullmatch(path):
+            return READ_ALL
+        if request.method == "DELETE" and _API_NODE.fullmatch(path):
+            return READ_ALL
+        if request.method == "PUT" and path.startswith("/config/"):
+            return CONFIG_READ_MAX
+        return 0
 
     _PAGES = (
         "/topics",
