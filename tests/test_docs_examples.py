@@ -80,7 +80,7 @@ def test_docs_example_runs(
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     else:
         # A fresh interpreter each: examples call trio.run and must not share state.
-        # In a folder of its own: nsqds keep their metadata (nsqd.dat, fakensq.dat)
+        # In a folder of its own: nsqds keep their metadata (nsqd.dat, disk queues)
         # in the working directory, which must not be the repository.
         command = [sys.executable, "-c", code]
     # A guard against a hung example, not a speed check: a Spark example starts a

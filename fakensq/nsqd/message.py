@@ -156,7 +156,11 @@ class MessageQueue(Protocol):
     def get_many(self, n: int) -> list[Message]:
         """Up to ``n`` of the oldest messages."""
 
-    def clear(self) -> None: ...
+    def clear(self) -> None:
+        """Drop every message (``/topic/empty``, ``/channel/empty``)."""
+
+    def delete(self) -> None:
+        """Drop every message for good: the topic or channel is deleted."""
 
     def __len__(self) -> int: ...
 
@@ -188,6 +192,9 @@ class MemoryQueue:
         return [popleft() for _ in range(n)]
 
     def clear(self) -> None:
+        self._items.clear()
+
+    def delete(self) -> None:
         self._items.clear()
 
     def __len__(self) -> int:

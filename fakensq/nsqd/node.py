@@ -141,12 +141,14 @@ class NSQD(ServingNode):
       to the queue).  True is an opt-in kindness: they go straight back to the
       queue, so a test need not wait out the timeout.
 
-    With a ``data_path``, ``run`` restores what a clean stop saved there and, when
-    it ends cleanly (cancelled, ``async with`` left), saves every topic, channel
-    and message (queued, in flight, deferred) for the next start
-    (:mod:`fakensq.persist`); ready messages beyond ``mem_queue_size`` go to disk
-    (:mod:`fakensq.diskqueue`).  Set :attr:`persist_on_stop` False to stop as a
-    killed nsqd would: nothing saved.
+    With a ``data_path``, ``run`` restores the topics and channels ``nsqd.dat``
+    lists there, each with its disk queue, and, when it ends cleanly
+    (cancelled, ``async with`` left), writes every message it holds (queued,
+    in flight, deferred) to the disk queues for the next start, as nsqd
+    does (:mod:`fakensq.nsqd.persist`); ready messages beyond
+    ``mem_queue_size`` go to disk as they come (:mod:`fakensq.nsqd.diskqueue`).
+    Set :attr:`persist_on_stop` False to stop as a killed nsqd would: what
+    was in memory is lost.
     """
 
     def __init__(
@@ -193,9 +195,6 @@ class NSQD(ServingNode):
         self.http_transport: httpx.AsyncBaseTransport | None = None
         #: Save state to data_path when ``run`` ends (False: a kill, nothing saved).
         self.persist_on_stop = True
-        #: Disk-queue positions being restored, by (topic, channel or None);
-        #: filled by :func:`fakensq.persist.load_state` while it recreates topics.
-        self.restored_backends: dict[tuple[str, str | None], dict[str, Any]] = {}
         self._disk_queues: weakref.WeakSet[DiskBackedQueue] = weakref.WeakSet()
 
     # --- lifecycle ---
@@ -260,13 +259,17 @@ class NSQD(ServingNode):
             self._nursery = None
             if keep_metadata is not None:
                 self.remove_registry_listener(keep_metadata)
-            if opts.data_path and not self.persist_on_stop:
-                self.catch_up_disk_syncs()  # killed: the ticks up to now
             if restored and self.persist_on_stop:
                 # Before the channels close (in-flight messages still listed);
                 # only when the earlier state was restored, never overwriting it
                 # with an empty one after a failed start.
                 save_state(self, opts.data_path)
+            elif opts.data_path:
+                # Killed (or crashed): the ticks up to now, then the files are
+                # left as the last sync recorded them.
+                self.catch_up_disk_syncs()
+                for queue in list(self._disk_queues):
+                    queue.abandon()
             for topic in list(self.topics.values()):
                 for channel in topic.channels.values():
                     channel.close()
@@ -410,11 +413,12 @@ class NSQD(ServingNode):
         """The queue a new topic (``channel`` None) or channel keeps its messages in.
 
         With a data_path, up to mem_queue_size in memory and the rest on disk, as
-        nsqd; without one (or for ephemeral topics and channels, which never touch
-        disk), memory only.
+        nsqd; without one (or for an ephemeral topic or channel, which never
+        touches disk), memory only.  A channel goes by its own name, as in
+        nsqd: a non-ephemeral channel of an ephemeral topic has a disk queue.
         """
         opts = self.options
-        if not opts.data_path or is_ephemeral(topic) or (channel and is_ephemeral(channel)):
+        if not opts.data_path or is_ephemeral(topic if channel is None else channel):
             return MemoryQueue()
         queue = DiskBackedQueue(
             opts.data_path,
@@ -423,7 +427,6 @@ class NSQD(ServingNode):
             max_bytes_per_file=opts.max_bytes_per_file,
             sync_every=opts.sync_every,
             sync_timeout=opts.sync_timeout,
-            meta=self.restored_backends.get((topic, channel)),
         )
         # Each go-diskqueue has its own sync ticker, from its creation on.
         try:

@@ -1,45 +1,52 @@
 """What an nsqd keeps across a restart: topics, channels and their messages.
 
-A real nsqd, stopping cleanly, writes its metadata (topics, channels, paused
-flags) and flushes every message it holds (queued, in flight, deferred) to its
-data path; at start it reads them back.  An :class:`fakensq.NSQD` with a
-``data_path`` does the same (its ``run`` calls :func:`load_state` at start and
-:func:`save_state` at a clean stop; :class:`fakensq.Cluster` relies on that).
-Ephemeral topics and channels never touch disk.
+All of it lives where nsqd keeps it, in the same files:
 
-nsqd also rewrites its metadata file, ``nsqd.dat``, each time a topic or
-channel comes or goes and each time one is paused or unpaused over HTTP: a
-killed nsqd comes back with its topics and channels (and registers them with
-nsqlookupd again), only the messages it held in memory are lost.  fakensq
-writes the same file, in nsqd's format (:func:`write_metadata`), and a node
-started without a clean stop's state recreates what it lists.
+- ``nsqd.dat``, nsqd's metadata: the non-ephemeral topics and channels with
+  their paused flags (:func:`write_metadata`, nsqd's JSON layout).  It is
+  rewritten each time a topic or channel comes or goes, each time one is
+  paused or unpaused over HTTP, and at a clean stop; at start the node
+  recreates what it lists (:func:`load_state`), so a killed node comes back
+  with its topics and channels (and registers them with nsqlookupd again);
+- each topic's and channel's disk queue (:mod:`fakensq.nsqd.diskqueue`): its
+  messages beyond mem-queue-size, and, after a clean stop, all of them: nsqd's
+  Exit writes every message it holds (queued in memory, in flight, deferred)
+  after what is on disk, and syncs (:func:`save_state`).  Restarted, the node
+  reads them from disk, and a kill after that loses none of them (they are
+  on disk, not in memory, as in nsqd).
 
-Messages that overflowed to disk (:mod:`fakensq.diskqueue`) stay in their
-segment files; the state file keeps their read/write positions.
+Ephemeral topics and channels never touch disk (a channel goes by its own
+name: a non-ephemeral channel of an ephemeral topic has a disk queue, whose
+files outlive the topic, as nsqd's do).  Files are written as nsqd
+writes them: mode 0600 (message bodies are nobody else's), to a temporary
+file fsynced before it is renamed over the old one.
+
+One race of nsqd's is settled one way: nsqd rewrites ``nsqd.dat`` after a
+deletion in a goroutine that may still see the deleted topic or channel (a
+kill soon after then brings it back, empty) or not; fakensq writes the file
+without it, one of the outcomes nsqd has.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
-from .message import Message
+from .diskqueue import DiskBackedQueue, write_synced
 from .options import VERSION
 
 if TYPE_CHECKING:
+    from .message import Message, MessageQueue
     from .node import NSQD
 
 log = logging.getLogger("fakensq.nsqd")
 
 __all__ = [
-    "STATE_FILE",
     "METADATA_FILE",
     "save_state",
     "load_state",
@@ -48,8 +55,6 @@ __all__ = [
     "metadata_writer",
 ]
 
-#: The file, under the data path, holding a stopped node's state.
-STATE_FILE = "fakensq.dat"
 #: nsqd's metadata file (topics, channels, paused flags), kept up to date.
 METADATA_FILE = "nsqd.dat"
 
@@ -71,12 +76,10 @@ def metadata(nsqd: NSQD) -> dict[str, Any]:
 
 
 def write_metadata(nsqd: NSQD, data_path: str) -> None:
-    """Write ``nsqd.dat`` atomically (a temporary file renamed over it), as nsqd's
-    PersistMetadata does."""
-    path = Path(data_path) / METADATA_FILE
-    tmp = path.with_name(f"{METADATA_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(metadata(nsqd), separators=(",", ":")))
-    os.replace(tmp, path)
+    """Write ``nsqd.dat`` durably (mode 0600, fsynced, renamed over the old
+    one), as nsqd's PersistMetadata does."""
+    text = json.dumps(metadata(nsqd), separators=(",", ":"))
+    write_synced(Path(data_path) / METADATA_FILE, text.encode())
 
 
 def metadata_writer(nsqd: NSQD, data_path: str) -> Callable[[object], None]:
@@ -92,129 +95,54 @@ def metadata_writer(nsqd: NSQD, data_path: str) -> Callable[[object], None]:
     return on_change
 
 
-def _encode(msg: Message) -> list[Any]:
-    return [
-        msg.id.decode("latin-1"),
-        base64.b64encode(msg.body).decode(),
-        msg.timestamp,
-        msg.attempts,
-    ]
-
-
-def _decode(doc: list[Any]) -> Message:
-    msg = Message(doc[0].encode("latin-1"), base64.b64decode(doc[1]), doc[2])
-    msg.attempts = doc[3]
-    return msg
-
-
 def save_state(nsqd: NSQD, data_path: str) -> int:
-    """Write every topic, channel and message of ``nsqd``; returns the message count.
-
-    In-flight and deferred messages are saved as ready ones (nsqd flushes them to
-    its backend too): after the restart they are delivered again.  Disk-backed
-    queues are closed: call this once, when the node stops.
-    """
-    topics = []
+    """A clean stop (nsqd's Exit): ``nsqd.dat`` written, then every message of
+    every non-ephemeral channel (queued, in flight, deferred: they come back
+    ready) and topic written to its disk queue, which is synced and closed.
+    Returns how many messages the disk queues hold."""
+    write_metadata(nsqd, data_path)
     count = 0
-    for tname in sorted(nsqd.topics):
-        topic = nsqd.topics[tname]
-        if topic.ephemeral:
-            continue
-        channels = []
-        for cname in sorted(topic.channels):
-            ch = topic.channels[cname]
-            if ch.ephemeral:
-                continue
-            held = list(_iter_queue(ch.queue))
-            held += sorted(ch.in_flight.values(), key=lambda m: m.seq)
+    for topic in nsqd.topics.values():
+        # (An ephemeral topic's non-ephemeral channels have disk queues too,
+        # and nsqd closes every topic: their files stay, unlisted in nsqd.dat;
+        # the same channel made again later reads them.)
+        for ch in topic.channels.values():
+            held = sorted(ch.in_flight.values(), key=lambda m: m.seq)
             held += sorted(ch.deferred.values(), key=lambda m: m.seq)
-            count += len(held) + _backend_depth(ch.queue)
-            channels.append(
-                {
-                    "name": cname,
-                    "paused": ch.paused,
-                    "messages": [_encode(m) for m in held],
-                    "backend": _close_backend(ch.queue),
-                }
-            )
-        queued = list(_iter_queue(topic.queue))
-        count += len(queued) + _backend_depth(topic.queue)
-        topics.append(
-            {
-                "name": tname,
-                "paused": topic.paused,
-                "channels": channels,
-                "messages": [_encode(m) for m in queued],
-                "backend": _close_backend(topic.queue),
-            }
-        )
-    path = Path(data_path) / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": 2, "topics": topics}))
-    os.replace(tmp, path)  # atomic, as nsqd's metadata write
+            count += _flush(ch.queue, held)
+        count += _flush(topic.queue, [])
     return count
+
+
+def _flush(queue: MessageQueue, extra: list[Message]) -> int:
+    if not isinstance(queue, DiskBackedQueue):
+        return 0  # (memory only: nothing of it is kept)
+    queue.flush(extra)
+    queue.close()
+    return len(queue)
 
 
 def load_state(nsqd: NSQD, data_path: str) -> int:
-    """Recreate what :func:`save_state` wrote (then remove the file: its messages
-    live in memory again, and a later kill must lose them), or, after a kill,
-    the topics and channels ``nsqd.dat`` lists.  Returns the message count."""
-    path = Path(data_path) / STATE_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        _load_metadata(nsqd, data_path)
-        return 0
-    count = 0
-    # Read by nsqd.new_queue: disk-backed queues resume from their segment files.
-    nsqd.restored_backends = {}
-    for tdoc in doc["topics"]:
-        for cdoc in tdoc["channels"]:
-            if cdoc.get("backend"):
-                nsqd.restored_backends[(tdoc["name"], cdoc["name"])] = cdoc["backend"]
-        if tdoc.get("backend"):
-            nsqd.restored_backends[(tdoc["name"], None)] = tdoc["backend"]
-    try:
-        for tdoc in doc["topics"]:
-            # Paused first, so that restoring channels does not drain the topic
-            # before its own messages are back.
-            topic = nsqd.get_topic(tdoc["name"])
-            topic.paused = True
-            for cdoc in tdoc["channels"]:
-                ch = topic.get_channel(cdoc["name"])
-                msgs = [_decode(m) for m in cdoc["messages"]]
-                count += len(msgs) + _backend_depth(ch.queue)
-                _put_front(ch.queue, msgs)
-                if cdoc["paused"]:
-                    ch.pause()
-                ch.dispatch()
-            msgs = [_decode(m) for m in tdoc["messages"]]
-            count += len(msgs) + _backend_depth(topic.queue)
-            _put_front(topic.queue, msgs)
-            if tdoc["paused"]:
-                topic.pause()
-            else:
-                topic.unpause()
-    finally:
-        nsqd.restored_backends = {}
-    path.unlink()
-    return count
-
-
-def _load_metadata(nsqd: NSQD, data_path: str) -> None:
-    """nsqd's LoadMetadata: topics and channels (empty), paused as they were."""
+    """nsqd's LoadMetadata: the topics and channels ``nsqd.dat`` lists, paused
+    as they were, each with its disk queue as last synced; a topic hands its
+    messages to its channels only once they all exist (nsqd starts its topics
+    after loading).  Returns how many messages came back."""
     try:
         doc = json.loads((Path(data_path) / METADATA_FILE).read_text())
     except FileNotFoundError:
-        return
+        return 0
     except ValueError as exc:
         raise ValueError(f"failed to parse metadata - {exc}") from None
+    count = 0
     for tdoc in doc.get("topics") or []:
         name = tdoc.get("name", "")
         if not is_valid_topic_name(name):
             log.warning("skipping creation of invalid topic %s", name)
             continue
         topic = nsqd.get_topic(name)
+        topic.started = False
+        if tdoc.get("paused"):
+            topic.pause()
         for cdoc in tdoc.get("channels") or []:
             cname = cdoc.get("name", "")
             if not is_valid_channel_name(cname):
@@ -223,39 +151,7 @@ def _load_metadata(nsqd: NSQD, data_path: str) -> None:
             channel = topic.get_channel(cname)
             if cdoc.get("paused"):
                 channel.pause()
-        if tdoc.get("paused"):
-            topic.pause()
-
-
-def _backend_depth(queue: Any) -> int:
-    return int(getattr(queue, "backend_depth", 0))
-
-
-def _close_backend(queue: Any) -> dict[str, Any] | None:
-    close = getattr(queue, "close", None)
-    return close() if close is not None else None
-
-
-def _put_front(queue: Any, msgs: list[Message]) -> None:
-    # Saved memory messages are older than what is on disk: before it.
-    put_front = getattr(queue, "put_front", None)
-    if put_front is not None:
-        put_front(msgs)
-    else:
-        queue.put_many(msgs)
-
-
-def _iter_queue(queue: Any) -> list[Message]:
-    # MemoryQueue keeps a deque, a DiskBackedQueue its memory part (the disk part
-    # stays in its files); any other queue with get/put is drained and refilled.
-    memory = getattr(queue, "memory_messages", None)
-    if memory is not None:
-        return list(memory())
-    items = getattr(queue, "_items", None)
-    if items is not None:
-        return list(items)
-    drained: list[Message] = []
-    while (msg := queue.get()) is not None:
-        drained.append(msg)
-    queue.put_many(drained)
-    return drained
+            count += channel.depth()
+        count += topic.depth()
+        topic.start()
+    return count

@@ -145,7 +145,7 @@ class Topic:
             return False
         channel.close()
         # Deleted, not stopped: its disk queue goes with it, as nsqd's backend.
-        channel.queue.clear()
+        channel.queue.delete()
         self.nsqd._notify("unregister", self.name, name)
         if self.ephemeral and not self.channels and not self.exiting:
             self.nsqd.delete_topic(self.name)
@@ -185,4 +185,4 @@ class Topic:
             self._started_event.set()
         for name in list(self.channels):
             self.delete_channel(name)
-        self.queue.clear()
+        self.queue.delete()

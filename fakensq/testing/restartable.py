@@ -2,11 +2,11 @@
 
 A :class:`fakensq.Cluster` restarts a node by building a new :class:`NSQD` on the
 old ports; a test holding a lone nsqd (the pytest plugin's ``nsqd`` fixture)
-keeps its reference, so here the *same* object runs again: a clean stop saves
+keeps its reference, so here the *same* object runs again: a clean stop writes
 its messages to its data path (as nsqd flushes them to disk), its listeners
-close, and the next start restores them and listens on the ports it had.  A
-kill saves nothing: what it held in memory is lost (its ``nsqd.dat`` keeps the
-topics and channels, as nsqd's does).
+close, and the next start reads them back and listens on the ports it had.  A
+kill writes nothing: what it held in memory is lost (its ``nsqd.dat`` keeps the
+topics and channels, and its disk queues what they last synced, as nsqd's).
 
 It is what node faults (:meth:`fakensq.faults.Faults.restart`) need of a lone
 node::
@@ -89,7 +89,6 @@ class RestartableNSQD(ServingNode):
         # come back from the data path), the same ports.
         nsqd.topics = {}
         nsqd.clients = {}
-        nsqd.restored_backends = {}
         addresses = {"tcp_address": nsqd.tcp_address, "http_address": nsqd.http_address}
         if nsqd.https_address:
             addresses["https_address"] = nsqd.https_address

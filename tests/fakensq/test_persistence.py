@@ -132,7 +132,7 @@ async def test_mem_queue_size_zero_and_file_rolling(tmp_path: Path) -> None:
         assert drain(channel.queue) == bodies[1:]
 
 
-async def test_disk_contents_survive_a_clean_restart_in_order(tmp_path: Path) -> None:
+async def test_a_clean_restart_keeps_everything_on_disk_in_nsqds_order(tmp_path: Path) -> None:
     async with node(tmp_path, mem_queue_size=2, max_bytes_per_file=64) as nsqd:
         channel = nsqd.get_topic("t").get_channel("ch")
         for i in range(8):
@@ -140,22 +140,28 @@ async def test_disk_contents_survive_a_clean_restart_in_order(tmp_path: Path) ->
         assert channel.queue.get() is not None  # 0 taken: memory then disk
     async with node(tmp_path, mem_queue_size=2, max_bytes_per_file=64) as nsqd:
         channel = nsqd.topics["t"].channels["ch"]
+        # nsqd's flush wrote the memory part (1) after the disk part (2-7):
+        # all of it is on disk now, and read in that order.
         stats = nsqd.stats()["topics"][0]["channels"][0]
-        assert (stats["depth"], stats["backend_depth"]) == (7, 6)
-        assert drain(channel.queue) == [b"%d" % i for i in range(1, 8)]
+        assert (stats["depth"], stats["backend_depth"]) == (7, 7)
+        assert drain(channel.queue) == [b"%d" % i for i in (2, 3, 4, 5, 6, 7, 1)]
 
 
-async def test_disk_leftovers_of_a_killed_node_are_dropped(tmp_path: Path) -> None:
+async def test_a_queue_killed_before_its_first_sync_comes_back_empty(tmp_path: Path) -> None:
     # Killed before its disk queue's first sync (no --sync-every reached, no
-    # --sync-timeout tick): as nsqd, what it wrote is lost.
+    # --sync-timeout tick): as nsqd, what it wrote is lost: with no meta file
+    # the queue starts at the beginning of its first file, and writes over it
+    # (go-diskqueue removes no file it has no record of).
     async with node(tmp_path, mem_queue_size=0, sync_timeout=3600.0) as nsqd:
         nsqd.get_topic("t").get_channel("ch")
-        nsqd.topics["t"].put(nsqd.topics["t"].new_message(b"lost"))
+        nsqd.topics["t"].put(nsqd.topics["t"].new_message(b"lost, and longer"))
         nsqd.persist_on_stop = False
     assert segments(tmp_path)
     async with node(tmp_path, mem_queue_size=0) as nsqd:
-        assert nsqd.get_topic("t").get_channel("ch").depth() == 0
-    assert not segments(tmp_path)
+        channel = nsqd.get_topic("t").get_channel("ch")
+        assert channel.depth() == 0
+        nsqd.topics["t"].put(nsqd.topics["t"].new_message(b"new"))
+        assert drain(channel.queue) == [b"new"]
 
 
 async def test_consumer_gets_overflowed_messages(tmp_path: Path) -> None:
@@ -242,15 +248,14 @@ async def test_a_crash_keeps_only_metadata(tmp_path: Path) -> None:
     max_bytes=st.sampled_from([1, 60, 200, 10_000]),
 )
 def test_disk_queue_is_a_fifo(ops: list[tuple[str, int]], mem_size: int, max_bytes: int) -> None:
-    """Any interleaving, with closes and reopens (restarts) between: a plain FIFO."""
+    """Any interleaving: a plain FIFO, oldest first, memory and disk alike;
+    across a clean close and reopen (a restart), in nsqd's order."""
     with tempfile.TemporaryDirectory() as directory:
 
-        def make(meta: dict[str, Any] | None) -> DiskBackedQueue:
-            return DiskBackedQueue(
-                directory, "q", mem_size=mem_size, max_bytes_per_file=max_bytes, meta=meta
-            )
+        def make() -> DiskBackedQueue:
+            return DiskBackedQueue(directory, "q", mem_size=mem_size, max_bytes_per_file=max_bytes)
 
-        queue = make(None)
+        queue = make()
         model: deque[bytes] = deque()
         n = 0
         for op, k in ops:
@@ -266,8 +271,13 @@ def test_disk_queue_is_a_fifo(ops: list[tuple[str, int]], mem_size: int, max_byt
                 got = [m.body for m in queue.get_many(k)]
                 assert got == [model.popleft() for _ in range(min(k, len(model)))]
             else:
-                memory = queue.memory_messages()
-                queue = make(queue.close())
-                queue.put_front(memory)
+                # A clean stop and start: nsqd's flush writes the memory part
+                # after what is on disk, so that is the order from then on.
+                memory = [m.body for m in queue.memory_messages()]
+                on_disk = [b for b in model if b not in set(memory)]
+                queue.flush()
+                queue.close()
+                queue = make()
+                model = deque(on_disk + memory)
             assert len(queue) == len(model)
         assert [m.body for m in queue.get_many(1000)] == list(model)
