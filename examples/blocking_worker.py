@@ -76,9 +76,10 @@ def run(
     )
 
     # The first SIGINT or SIGTERM: consumer.stop() (safe in a signal handler);
-    # a second: KeyboardInterrupt, and the with closes without waiting.
+    # a second: KeyboardInterrupt, and the with closes without waiting.  Set
+    # before the consumer starts: a signal while it starts stops it too.
     try:
-        with consumer, StopOnSignals(consumer.stop) as signals:
+        with StopOnSignals(consumer.stop) as signals, consumer:
             print("ready", flush=True)
             consumer.run()
     except KeyboardInterrupt:

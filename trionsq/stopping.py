@@ -58,10 +58,11 @@ class StopOnSignals:
     thread, where Python allows no signal handler, the ``with`` does nothing.
     The handlers in place before are put back on leaving.  ``received`` is the
     first signal's name (``"SIGINT"``), or ``None``; ``aborted`` is whether a
-    second came::
+    second came.  Entered before the clients it stops start (a signal while
+    they start is then a stop, not the default handler's end)::
 
         consumer = blocking.Consumer("jobs", "workers", handler=work, ...)
-        with consumer, StopOnSignals(consumer.stop) as signals:
+        with StopOnSignals(consumer.stop) as signals, consumer:
             consumer.run()
         print(f"stopped by {signals.received}" if signals.received else "done")
     """
