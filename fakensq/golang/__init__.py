@@ -2,7 +2,8 @@
 ``encoding/json`` writes them (:mod:`.json`), the ``flag`` package and
 ``time.Duration`` (:mod:`.flags`), ``net``'s host:port (:mod:`.net`),
 ``crypto/tls``'s cipher-suite names and preferences (:mod:`.tls`) and client
-auth types (:mod:`.tlsconfig`), and nsq's
+auth types (:mod:`.tlsconfig`), where Go's writers cut their output
+(:mod:`.bufio`, :mod:`.snappy`, :mod:`.flate`, :mod:`.tlsrecords`), and nsq's
 ``internal/lg`` and ``internal/version`` (:mod:`.lg`: log lines, levels, the
 version string, the flags every daemon has).
 

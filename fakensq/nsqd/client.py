@@ -22,14 +22,7 @@ import trio
 
 from trionsq.protocol import commands as cmds
 from trionsq.protocol import states
-from trionsq.protocol.codecs import (
-    Decoder,
-    DeflateDecoder,
-    DeflateEncoder,
-    Encoder,
-    SnappyDecoder,
-    SnappyEncoder,
-)
+from trionsq.protocol.codecs import Decoder, DeflateDecoder, SnappyDecoder
 from trionsq.protocol.errors import (
     AuthDisabledError,
     AuthFailedError,
@@ -55,10 +48,14 @@ from trionsq.protocol.names import go_quote
 from trionsq.protocol.states import ConnState
 
 from ..golang import json as gojson
+from ..golang.flate import FlateWriter
+from ..golang.snappy import SnappyWriter
 from ..golang.tls import cipher_suite_text
 from ..golang.tlsconfig import server_handshake
+from ..golang.tlsrecords import RecordSizer
 from .auth import AuthError, AuthState, query_auth
 from .options import TLS_NOT_REQUIRED, VERSION
+from .wire import ClientWire
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -134,7 +131,10 @@ class ClientConnection:
         self.tls = False
         self.snappy = False
         self.deflate = False
-        self._encoder: Encoder | None = None
+        # After a TLS or compression upgrade: nsqd's writer stack, which cuts
+        # what is sent as nsqd's writes are cut (TLS records, compressed chunks).
+        self._wire: ClientWire | None = None
+        self._records: RecordSizer | None = None
         self._decoder: Decoder | None = None
         self.auth_state: AuthState | None = None
         self.auth_secret = ""
@@ -509,16 +509,18 @@ class ClientConnection:
                     raise _Closed from None
                 self.stream = tls_stream
                 self.tls = True
+                self._records = RecordSizer(tls_stream.version() or "", _cipher_name(tls_stream))
+                self._wire = ClientWire(self.output_buffer_size, records=self._records)
                 await self._write(encode_response(OK))
             if snappy or deflate:
-                decoder: Decoder
+                codec: SnappyWriter | FlateWriter
                 if snappy:
-                    self._encoder, decoder = SnappyEncoder(), SnappyDecoder()
+                    codec, self._decoder = SnappyWriter(), SnappyDecoder()
                     self.snappy = True
                 else:
-                    self._encoder, decoder = DeflateEncoder(deflate_level), DeflateDecoder()
+                    codec, self._decoder = FlateWriter(deflate_level), DeflateDecoder()
                     self.deflate = True
-                self._decoder = decoder
+                self._wire = ClientWire(self.output_buffer_size, codec, self._records)
                 await self._write(encode_response(OK))
 
     def _apply_identify(self, data: dict[str, Any]) -> None:
@@ -681,7 +683,9 @@ class ClientConnection:
             add(body)
             size += len(body)
         self._out_size += size + 34 * n
-        if self._out_size >= self.output_buffer_size or not self.is_ready_for_messages():
+        if self._out_size + self._wire_buffered() >= self.output_buffer_size or (
+            not self.is_ready_for_messages()
+        ):
             if not self._flush_now:
                 self._flush_now = True
                 self._wake.set()
@@ -691,7 +695,7 @@ class ClientConnection:
 
     def ready_state_changed(self) -> None:
         # nsqd's messagePump flushes as soon as the client cannot take more.
-        if self._out and not self.is_ready_for_messages():
+        if (self._out or self._wire_buffered()) and not self.is_ready_for_messages():
             self._flush_now = True
             self._wake.set()
 
@@ -704,23 +708,41 @@ class ClientConnection:
 
     # --- writing ---
 
-    async def _write(self, data: bytes) -> None:
-        """Send bytes (caller holds the send lock), with nsqd's write deadline."""
-        if self._encoder is not None:
-            data = self._encoder.encode(data)
+    async def _write(self, data: bytes, *, flush: bool = True) -> None:
+        """Send frames (caller holds the send lock), with nsqd's write deadline.
+
+        ``flush=False``: as nsqd's buffer, full, writes itself out: what does
+        not fill it stays there (upgraded connections only)."""
+        wire = self._wire
         self._writing = True
         try:
             if self.heartbeat_interval > 0:
                 with trio.fail_after(self.heartbeat_interval):
-                    await self.stream.send_all(data)
-            else:
+                    if wire is None:
+                        await self.stream.send_all(data)
+                    else:
+                        await self._send_writes(wire, wire.write(data, flush=flush))
+            elif wire is None:
                 await self.stream.send_all(data)
+            else:
+                await self._send_writes(wire, wire.write(data, flush=flush))
         finally:
             self._writing = False
         if self._starved:
             self._starved = False
             if self.channel is not None:
                 self.channel.dispatch()
+
+    async def _send_writes(self, wire: ClientWire, writes: list[bytes]) -> None:
+        if wire.records is None:
+            if writes:  # (over TCP, where nsqd's writes are cut does not show)
+                await self.stream.send_all(b"".join(writes))
+        else:
+            for record in writes:  # one SSL write: one record
+                await self.stream.send_all(record)
+
+    def _wire_buffered(self) -> int:
+        return 0 if self._wire is None else self._wire.buffered
 
     def _take_chunk(self) -> bytes | None:
         """The output's first _WRITE_CHUNK bytes (or a little more: whole
@@ -760,7 +782,7 @@ class ClientConnection:
         self._deliver_pending()
         async with self._send_lock:
             while (chunk := self._take_chunk()) is not None:
-                await self._write(chunk)
+                await self._write(chunk, flush=False)
             await self._write(self._take_buffered() + frame if self._out else frame)
 
     async def _send_response(self, data: bytes) -> None:
@@ -769,6 +791,23 @@ class ClientConnection:
     async def _send_error(self, error: NSQErrorResponse) -> None:
         log.info("client %s: %s", self.remote_address, error.wire_text())
         await self._send_frame(encode_error(error))
+
+    async def _flush_output(self, now: float) -> None:
+        """Send what is buffered: all of it, or, when only the buffer's size
+        called for it (an upgraded connection, its client still ready, before
+        the output buffer timeout), what nsqd's full buffer writes out."""
+        deadline = self._flush_deadline
+        full_only = self._wire is not None and now < deadline and self.is_ready_for_messages()
+        while (chunk := self._take_chunk()) is not None:
+            await self._write(chunk, flush=False)
+        if self._out or not full_only:
+            await self._write(self._take_buffered(), flush=not full_only)
+        self._flush_now = False
+        if full_only and self._wire_buffered():
+            # The rest goes at the output buffer timeout.
+            if deadline == math.inf and self.output_buffer_timeout > 0:
+                deadline = now + self.output_buffer_timeout
+            self._flush_deadline = deadline
 
     def _reset_heartbeat(self) -> None:
         hb = self.heartbeat_interval
@@ -785,13 +824,11 @@ class ClientConnection:
                     await self._wake.wait()
                 self._wake = trio.Event()
                 now = trio.current_time()
-                if self._out and (self._flush_now or now >= self._flush_deadline):
+                pending = self._out or self._wire_buffered()
+                if pending and (self._flush_now or now >= self._flush_deadline):
                     async with self._send_lock:
-                        while (chunk := self._take_chunk()) is not None:
-                            await self._write(chunk)
-                        if self._out:
-                            await self._write(self._take_buffered())
-                elif not self._out:
+                        await self._flush_output(now)
+                elif not pending:
                     self._flush_now = False
                     self._flush_deadline = math.inf
                 if now >= self._next_heartbeat:
@@ -866,6 +903,11 @@ class ClientConnection:
             # Go: "NegotiatedProtocolIsMutual is always true" (deprecated field).
             info["tls_negotiated_protocol_is_mutual"] = True
         return info
+
+
+def _cipher_name(stream: trio.SSLStream[Any]) -> str:
+    cipher = stream.cipher()
+    return cipher[0] if cipher else ""
 
 
 _TLS_VERSIONS = {

@@ -129,7 +129,8 @@ async def test_pynsq_tls_and_auth(tmp_path: Any) -> None:
             "tls_v1": True,
             "tls_options": {"ca_certs": str(ca_file), "cert_reqs": ssl.CERT_REQUIRED},
             "auth_secret": "pw",
-            "snappy": True,
+            # (not snappy: pynsq breaks on snappy over TLS, on nsqd as on fakensq;
+            # see tests/conformance/test_pynsq_suite.py)
         }
         seen: list[dict[str, Any]] = []
 
@@ -142,4 +143,4 @@ async def test_pynsq_tls_and_auth(tmp_path: Any) -> None:
             )
         assert len(received) == 20
         client = seen[0]["topics"][0]["channels"][0]["clients"][0]
-        assert client["tls"] and client["snappy"] and client["auth_identity"] == "pynsq"
+        assert client["tls"] and client["auth_identity"] == "pynsq"
