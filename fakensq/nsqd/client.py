@@ -161,6 +161,7 @@ class ClientConnection:
         self._requeued: list[Message] = []
         self._flush_now = False
         self._flush_deadline = math.inf
+        self._pump_flush = False
         self._next_heartbeat = math.inf
         self._read_deadline = math.inf
         # A write in progress, and a channel turned away meanwhile.
@@ -436,6 +437,7 @@ class ClientConnection:
         self.ready_state_changed()
         if self.channel is not None:
             self.channel.dispatch()
+        self._pump_wakes()
 
     async def _sub(self, command: cmds.Sub) -> None:
         await self._check_auth("SUB", command.topic, command.channel)
@@ -451,6 +453,7 @@ class ClientConnection:
         self.state = states.state_after(self.state, b"SUB")
         self.channel = channel
         await self._send_response(OK)
+        self._pump_wakes()
 
     # --- IDENTIFY ---
 
@@ -522,6 +525,7 @@ class ClientConnection:
                     self.deflate = True
                 self._wire = ClientWire(self.output_buffer_size, codec, self._records)
                 await self._write(encode_response(OK))
+        self._pump_wakes()
 
     def _apply_identify(self, data: dict[str, Any]) -> None:
         """nsqd's clientV2.Identify checks, in its order; raises ValueError."""
@@ -659,6 +663,13 @@ class ClientConnection:
             # write is done.)
             self._starved = True
             return False
+        return self._ready()
+
+    def _ready(self) -> bool:
+        """nsqd's IsReadyForMessages (whatever is being written)."""
+        channel = self.channel
+        if channel is None or channel.paused:
+            return False
         return 0 < self.ready_count and self.in_flight_count < self.ready_count
 
     def is_producer(self) -> bool:
@@ -695,7 +706,7 @@ class ClientConnection:
 
     def ready_state_changed(self) -> None:
         # nsqd's messagePump flushes as soon as the client cannot take more.
-        if (self._out or self._wire_buffered()) and not self.is_ready_for_messages():
+        if (self._out or self._wire_unflushed()) and not self.is_ready_for_messages():
             self._flush_now = True
             self._wake.set()
 
@@ -743,6 +754,18 @@ class ClientConnection:
 
     def _wire_buffered(self) -> int:
         return 0 if self._wire is None else self._wire.buffered
+
+    def _wire_unflushed(self) -> bool:
+        return self._wire is not None and self._wire.unflushed
+
+    def _pump_wakes(self) -> None:
+        """nsqd's messagePump woke (IDENTIFY, SUB, RDY, a heartbeat sent): it
+        flushes whenever the client cannot take messages, and with deflate
+        even an empty flush writes (an empty stored block, 5 bytes)."""
+        wire = self._wire
+        if wire is not None and wire.flushes_empty and not self._ready():
+            self._pump_flush = True
+            self._wake.set()
 
     def _take_chunk(self) -> bytes | None:
         """The output's first _WRITE_CHUNK bytes (or a little more: whole
@@ -792,18 +815,24 @@ class ClientConnection:
         log.info("client %s: %s", self.remote_address, error.wire_text())
         await self._send_frame(encode_error(error))
 
-    async def _flush_output(self, now: float) -> None:
+    async def _flush_output(self, *, empty: bool = False) -> None:
         """Send what is buffered: all of it, or, when only the buffer's size
         called for it (an upgraded connection, its client still ready, before
-        the output buffer timeout), what nsqd's full buffer writes out."""
-        deadline = self._flush_deadline
-        full_only = self._wire is not None and now < deadline and self.is_ready_for_messages()
+        the output buffer timeout), what nsqd's full buffer writes out.
+        ``empty``: flush even if nothing is buffered (the pump's flush)."""
+        self._pump_flush = False
         while (chunk := self._take_chunk()) is not None:
             await self._write(chunk, flush=False)
-        if self._out or not full_only:
+        now = trio.current_time()
+        deadline = self._flush_deadline
+        full_only = not empty and self._wire is not None and now < deadline and self._ready()
+        if self._out or (not full_only and (empty or self._wire_unflushed())):
+            # (_take_buffered clears the flush requests before the write: one
+            # made while it writes stays)
             await self._write(self._take_buffered(), flush=not full_only)
-        self._flush_now = False
-        if full_only and self._wire_buffered():
+        else:
+            self._flush_now = False
+        if full_only and self._wire_unflushed() and self._flush_deadline == math.inf:
             # The rest goes at the output buffer timeout.
             if deadline == math.inf and self.output_buffer_timeout > 0:
                 deadline = now + self.output_buffer_timeout
@@ -824,16 +853,19 @@ class ClientConnection:
                     await self._wake.wait()
                 self._wake = trio.Event()
                 now = trio.current_time()
-                pending = self._out or self._wire_buffered()
-                if pending and (self._flush_now or now >= self._flush_deadline):
+                pending = self._out or self._wire_unflushed()
+                if self._pump_flush or (
+                    pending and (self._flush_now or now >= self._flush_deadline)
+                ):
                     async with self._send_lock:
-                        await self._flush_output(now)
+                        await self._flush_output(empty=self._pump_flush)
                 elif not pending:
                     self._flush_now = False
                     self._flush_deadline = math.inf
                 if now >= self._next_heartbeat:
                     self._next_heartbeat = now + self.heartbeat_interval
                     await self._send_response(HEARTBEAT)
+                    self._pump_wakes()
         except (*_STREAM_ERRORS, trio.TooSlowError, CompressionError) as exc:
             log.debug("client %s: write failed (%r)", self.remote_address, exc)
             self.close()

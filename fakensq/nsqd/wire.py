@@ -39,15 +39,28 @@ class ClientWire:
         # The start of a frame whose rest comes with the next call (fakensq
         # sends a long output in pieces, which may end inside a frame).
         self._torn = b""
+        self._unflushed = False
 
     @property
     def buffered(self) -> int:
         """Bytes nsqd's buffer holds (written, not yet flushed)."""
         return self._bufio.buffered + len(self._torn)
 
+    @property
+    def flushes_empty(self) -> bool:
+        """Whether a flush with nothing buffered still writes (deflate)."""
+        return isinstance(self._codec, FlateWriter)
+
+    @property
+    def unflushed(self) -> bool:
+        """Whether something written waits for a flush (in the buffer, or
+        in the flate writer, which keeps what it was given until flushed)."""
+        return self._unflushed
+
     def write(self, frames: bytes, *, flush: bool) -> list[bytes]:
         """The writes on the connection (records, over TLS) for ``frames``
         written into nsqd's buffer, then flushed if ``flush``."""
+        self._unflushed = not flush and bool(frames or self._unflushed)
         if self._torn:
             frames, self._torn = self._torn + frames, b""
         if not flush:

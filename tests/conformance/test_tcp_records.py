@@ -182,3 +182,32 @@ async def test_deflate_shape(conformance: Conformance, server_files: dict[str, s
         *flags(server_files),
         expect=([], {"deflate ok": True, "sub": True, "messages": True}),
     )
+
+
+async def test_deflate_without_a_buffer_holds_messages_until_a_flush(
+    conformance: Conformance, server_files: dict[str, str]
+) -> None:
+    # output_buffer_size -1 turns nsqd's output buffer timer off; the flate
+    # writer keeps what it was given until a flush: the messages come with
+    # the next heartbeat.  Before them, the empty flush (1 and 4 bytes) of
+    # nsqd's message pump, which flushes when SUB wakes it (RDY 0).
+    async def scenario(t: Target) -> Any:
+        await publish(t, "h", [b"hello %d" % i for i in range(3)])
+        r = await open_tls(
+            t,
+            client_context(ssl.TLSVersion.TLSv1_3),
+            deflate=True,
+            output_buffer_size=-1,
+            heartbeat_interval=1000,
+        )
+        await r.frames(1)  # TLS's OK
+        del t.transcript[:]
+        r.decoder, r.encoder = DeflateDecoder(), DeflateEncoder(6)
+        await r.frames(1, then=_MARKER)  # deflate's OK
+        await r.send(cmds.sub("h", "ch"))
+        await r.frames(1, then=_MARKER)
+        await r.send(cmds.rdy(10))
+        records = await r.frames(4, then=_MARKER)  # 3 messages, a heartbeat
+        return records.count(_MARKER), records[-1] == _MARKER
+
+    await conformance.nsqd(scenario, *flags(server_files), expect=([], (2, True)))
