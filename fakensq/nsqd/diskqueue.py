@@ -101,6 +101,44 @@ def write_synced(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class Order:
+    """When the messages of one FIFO were put (increasing counts), kept as
+    runs of consecutive counts: a run of puts costs one entry, not one a
+    message."""
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: deque[list[int]] = deque()  # [first count, how many]
+
+    def add(self, first: int, n: int = 1) -> None:
+        runs = self._runs
+        if runs and runs[-1][0] + runs[-1][1] == first:
+            runs[-1][1] += n
+        elif n > 0:
+            runs.append([first, n])
+
+    def head(self) -> int:
+        """The oldest count (-1 when empty)."""
+        return self._runs[0][0] if self._runs else -1
+
+    def pop(self) -> None:
+        runs = self._runs
+        if not runs:
+            return
+        run = runs[0]
+        run[0] += 1
+        run[1] -= 1
+        if run[1] == 0:
+            runs.popleft()
+
+    def clear(self) -> None:
+        self._runs.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+
 class DiskBackedQueue:
     """Up to ``mem_size`` messages in memory, the overflow on disk (module doc)."""
 
@@ -130,8 +168,8 @@ class DiskBackedQueue:
         # When each message was put (a count): memory and disk are read
         # oldest first.  Records of an earlier run are older than any.
         self._put_count = 0
-        self._mem_order: deque[int] = deque()
-        self._disk_order: deque[int] = deque()
+        self._mem_order = Order()
+        self._disk_order = Order()
         self._writer: BinaryIO | None = None
         self._reader: BinaryIO | None = None
         self._ops_since_sync = 0  # reads and writes, as go-diskqueue's count
@@ -251,7 +289,7 @@ class DiskBackedQueue:
                 self._writer = self._open_writer()
             data = encode_message(msg)
             self._writer.write(_LEN.pack(len(data)) + data)
-            self._disk_order.append(self._put_count)
+            self._disk_order.add(self._put_count)
             self._put_count += 1
             self.write_pos += _LEN.size + len(data)
             self.backend_depth += 1
@@ -282,9 +320,9 @@ class DiskBackedQueue:
 
     def _disk_head_order(self) -> int:
         """When the next record on disk was put (-1: by an earlier run)."""
-        if (self.read_file, self.read_pos) < self._fresh_from or not self._disk_order:
+        if (self.read_file, self.read_pos) < self._fresh_from:
             return -1
-        return self._disk_order[0]
+        return self._disk_order.head()
 
     def _read_one(self) -> Message | None:
         self._catch_up()
@@ -309,8 +347,8 @@ class DiskBackedQueue:
                     continue
                 self.read_pos = self.write_pos  # torn record at the tail
                 break
-            if start >= self._fresh_from and self._disk_order:
-                self._disk_order.popleft()
+            if start >= self._fresh_from:
+                self._disk_order.pop()
             self.read_pos += _LEN.size + size
             self.backend_depth -= 1
             self._count_op()
@@ -352,23 +390,23 @@ class DiskBackedQueue:
             first = self._put_count
             if n <= room:
                 self._mem.extend(batch)
-                self._mem_order.extend(range(first, first + n))
+                self._mem_order.add(first, n)
                 self._put_count += n
                 return
             self._mem.extend(batch[:room])
-            self._mem_order.extend(range(first, first + room))
+            self._mem_order.add(first, room)
             self._put_count += room
             batch = batch[room:]
         self._write(batch)
 
     def get(self) -> Message | None:
         mem = self._mem
-        if mem and (not self._has_disk() or self._mem_order[0] < self._disk_head_order()):
-            self._mem_order.popleft()
+        if mem and (not self._has_disk() or self._mem_order.head() < self._disk_head_order()):
+            self._mem_order.pop()
             return mem.popleft()
         msg = self._read_one()
         if msg is None and mem:
-            self._mem_order.popleft()
+            self._mem_order.pop()
             return mem.popleft()
         return msg
 
