@@ -64,6 +64,14 @@ class NodeControl(Protocol):
 _HEARTBEAT = b"_heartbeat_"
 _BODY_COMMANDS = (b"IDENTIFY", b"PUB", b"MPUB", b"DPUB", b"AUTH")
 _MAX_SCAN = 64 * 1024 * 1024
+#: The longest command line followed (nsqd's own limit is 16 KiB), and the
+#: largest IDENTIFY body read for the client's names (nsqd's default
+#: --max-body-size); bodies of other commands are never held.
+_MAX_LINE_SCAN = 64 * 1024
+_MAX_IDENTIFY_SCAN = 5 * 1024 * 1024
+#: The largest frame of the node's held whole before it goes on; a larger one
+#: (a message of a large body) is passed on as it comes.
+_MAX_FRAME_HOLD = 64 * 1024
 #: How much of a message's body the trace keeps.
 _TRACED_BODY = 200
 
@@ -590,7 +598,15 @@ class FaultyStream(trio.abc.Stream):
         self._opaque = not parse_nsq
         self._in_buf = bytearray()
         self._in_magic = False
+        # A body being stepped over: bytes left, and its command (traced once
+        # the body has passed).
+        self._in_skip = 0
+        self._in_pending: tuple[bytes, bytes, int] | None = None
         self._out_buf = bytearray()
+        # A large frame being passed on: bytes left, and whether the connection
+        # ends after them (a truncate fault).
+        self._out_passing = 0
+        self._out_cut = False
         self._aborted = False
         self._scopes: set[trio.CancelScope] = set()
         faults._streams.add(self)
@@ -736,7 +752,13 @@ class FaultyStream(trio.abc.Stream):
     # -- NSQ framing -----------------------------------------------------------
 
     def _scan_in(self, data: bytes) -> None:
-        """Trace the client's commands; learn its IDENTIFY names."""
+        """Trace the client's commands; learn its IDENTIFY names.
+
+        What is held is bounded: a line (nsqd's are 16 KiB at most) and an
+        IDENTIFY body; the other bodies are stepped over as they pass, never
+        held, however long (:meth:`_skip_in`)."""
+        if self._in_skip:
+            data = self._skip_in(data)
         buf = self._in_buf
         buf += data
         if not self._in_magic:
@@ -748,14 +770,15 @@ class FaultyStream(trio.abc.Stream):
             del buf[:4]
             self._in_magic = True
         while buf:
-            end = buf.find(b"\n")
+            end = buf.find(b"\n", 0, _MAX_LINE_SCAN)
             if end < 0:
-                if len(buf) > _MAX_SCAN:
-                    self._go_opaque()
+                if len(buf) >= _MAX_LINE_SCAN:
+                    self._go_opaque()  # (nsqd closes such a connection)
                 return
             line = bytes(buf[:end]).rstrip(b"\r")
             name = line.split(b" ", 1)[0]
             body: bytes | None = None
+            size = -1
             if name in _BODY_COMMANDS:
                 if len(buf) < end + 5:
                     return
@@ -763,25 +786,53 @@ class FaultyStream(trio.abc.Stream):
                 if size < 0 or size > _MAX_SCAN:
                     self._go_opaque()
                     return
-                if len(buf) < end + 5 + size:
-                    return
-                body = bytes(buf[end + 5 : end + 5 + size])
-                del buf[: end + 5 + size]
+                if name != b"IDENTIFY" or size > _MAX_IDENTIFY_SCAN:
+                    have = len(buf) - (end + 5)
+                    if have < size:
+                        # Step over the rest of the body as it comes.
+                        buf.clear()
+                        self._in_skip = size - have
+                        self._in_pending = (line, name, size)
+                        return
+                    del buf[: end + 5 + size]
+                else:
+                    if len(buf) < end + 5 + size:
+                        return
+                    body = bytes(buf[end + 5 : end + 5 + size])
+                    del buf[: end + 5 + size]
             else:
                 del buf[: end + 1]
-            fields: dict[str, Any] = {"dir": "in", "cmd": line[:120].decode("latin-1")}
-            if body is not None:
-                fields["size"] = len(body)
-            if name == b"IDENTIFY" and body is not None:
-                fields.update(self._learn_identify(body))
-            elif name == b"SUB":
-                self.parsed_role = "consumer"
-            elif name in (b"PUB", b"MPUB", b"DPUB") and self.parsed_role == "unknown":
-                self.parsed_role = "producer"
-            self.faults.trace("frame", node=self.node, peer=self.peer, **fields)
-            if not name.isalpha() or not name.isupper():
-                self._go_opaque()  # not NSQ commands (TLS, compression): stop parsing
+            if not self._command_in(line, name, size, body):
                 return
+
+    def _skip_in(self, data: bytes) -> bytes:
+        """Step over the body being skipped; what follows it in ``data``."""
+        taken = min(self._in_skip, len(data))
+        self._in_skip -= taken
+        if not self._in_skip and self._in_pending is not None:
+            line, name, size = self._in_pending
+            self._in_pending = None
+            if not self._command_in(line, name, size, None):
+                return b""
+        return data[taken:]
+
+    def _command_in(self, line: bytes, name: bytes, size: int, body: bytes | None) -> bool:
+        """Trace one whole command and learn from it; False once the bytes are
+        not NSQ commands any more (the scan stops)."""
+        fields: dict[str, Any] = {"dir": "in", "cmd": line[:120].decode("latin-1")}
+        if size >= 0:
+            fields["size"] = size
+        if name == b"IDENTIFY" and body is not None:
+            fields.update(self._learn_identify(body))
+        elif name == b"SUB":
+            self.parsed_role = "consumer"
+        elif name in (b"PUB", b"MPUB", b"DPUB") and self.parsed_role == "unknown":
+            self.parsed_role = "producer"
+        self.faults.trace("frame", node=self.node, peer=self.peer, **fields)
+        if not name.isalpha() or not name.isupper():
+            self._go_opaque()  # not NSQ commands (TLS, compression): stop parsing
+            return False
+        return True
 
     def _learn_identify(self, body: bytes) -> dict[str, Any]:
         """Learn the client's names; what the trace keeps of its IDENTIFY."""
@@ -809,7 +860,21 @@ class FaultyStream(trio.abc.Stream):
         out = bytearray()
         names = self._names()
         role = self.role
-        while len(buf) >= 8:
+        while buf:
+            if self._out_passing:
+                # A large frame's rest, passed on as it comes.
+                taken = min(self._out_passing, len(buf))
+                out += buf[:taken]
+                del buf[:taken]
+                self._out_passing -= taken
+                if self._out_passing:
+                    break
+                if self._out_cut:
+                    self._out_cut = False
+                    return bytes(out), True
+                continue
+            if len(buf) < 8:
+                break
             (size,) = struct.unpack(">l", buf[:4])
             if size < 4 or size > _MAX_SCAN:
                 out += buf
@@ -817,6 +882,9 @@ class FaultyStream(trio.abc.Stream):
                 self._go_opaque()
                 break
             if len(buf) < 4 + size:
+                if size > _MAX_FRAME_HOLD and len(buf) >= 8 + 26 + _TRACED_BODY:
+                    self._pass_large_frame(size, names, role)
+                    continue
                 break
             frame = bytes(buf[: 4 + size])
             del buf[: 4 + size]
@@ -854,6 +922,32 @@ class FaultyStream(trio.abc.Stream):
                 break
         return bytes(out), False
 
+    def _pass_large_frame(self, size: int, names: tuple[str, ...], role: Role) -> None:
+        """Start passing a frame too large to hold on as it comes (a message
+        of a large body): traced, and spoiled by a frame fault, by its head
+        (corrupt: its type; truncate: half of it goes, then the connection)."""
+        buf = self._out_buf
+        (ftype,) = struct.unpack(">l", buf[4:8])
+        self._trace_out(ftype, bytes(buf[8 : 8 + 26 + _TRACED_BODY]), size - 4)
+        self._out_passing = 4 + size
+        for kind in ("corrupt", "truncate"):
+            spoil = [
+                f for f in self.faults._matching(kind, self.node, names, role) if f.remaining > 0
+            ]
+            if not spoil:
+                continue
+            fault = spoil[0]
+            fault.remaining -= 1
+            self.faults._record("fault_hit", fault)
+            if fault.remaining == 0:
+                fault.heal()
+            if kind == "corrupt":
+                buf[4:8] = struct.pack(">l", 0x7F)
+            else:
+                self._out_passing = max(1, (4 + size) // 2)
+                self._out_cut = True
+                return
+
     @staticmethod
     def _upgrades(payload: bytes) -> bool:
         try:
@@ -862,10 +956,14 @@ class FaultyStream(trio.abc.Stream):
             return False
         return isinstance(doc, dict) and any(doc.get(k) for k in ("tls_v1", "snappy", "deflate"))
 
-    def _trace_out(self, ftype: int, payload: bytes) -> None:
+    def _trace_out(self, ftype: int, payload: bytes, length: int | None = None) -> None:
+        """Trace one frame of the node's (``length``: the payload's, when
+        ``payload`` is only its start)."""
         if self.faults.tracer is None:
             return
         fields: dict[str, Any] = {"dir": "out"}
+        if length is None:
+            length = len(payload)
         if ftype == 2 and len(payload) >= 26:
             (attempts,) = struct.unpack(">H", payload[8:10])
             # The timestamp (bytes 0-8) is wall-clock time: left out so runs compare.
@@ -873,7 +971,7 @@ class FaultyStream(trio.abc.Stream):
                 frame="message",
                 id=payload[10:26].decode("latin-1"),
                 attempts=attempts,
-                size=len(payload) - 26,
+                size=length - 26,
                 # The body's start, to tell messages apart in a trace.
                 body=payload[26 : 26 + _TRACED_BODY].decode("latin-1"),
             )

@@ -136,7 +136,8 @@ class FaultProxy:
         self.tcp_address = _bound(listeners[0])
         async with trio.open_nursery() as nursery:
             if self._http is not None:
-                server = HTTPServer(http_router(self).handle)
+                # (no handler of its API reads a body: answered once the head is read)
+                server = HTTPServer(http_router(self).handle, body_limit=lambda _request: 0)
                 host, port = await nursery.start(server.serve, self._http[0], self._http[1])
                 self.http_address = join_host_port(host, port)
             for listener in listeners:
