@@ -54,6 +54,20 @@ async def publish(node: RestartableNSQD, name: str, bodies: list[bytes]) -> None
     await p.close()
 
 
+async def consume(node: RestartableNSQD, n: int) -> None:
+    """A consumer of t/ch reads and FINs ``n`` messages, then leaves (RDY 0
+    before the FINs: nsqd sends no more, and reads no more from disk)."""
+    c = await Session.connect(node.tcp_address, "c", Transcript(), Normalizer())
+    await c.sub("t", "ch", rdy=n)
+    msgs = await c.read_messages(n)
+    # A TOUCH of an id never given out fails after the FINs: they are done.
+    await c.send(cmds.rdy(0), *(cmds.fin(m.id) for m in msgs), cmds.touch(b"0" * 16))
+    with trio.fail_after(READ_TIMEOUT):
+        (answer,) = await c.read(1)
+    assert str(answer[1]).startswith("E_TOUCH_FAILED"), answer
+    await c.close()
+
+
 def depths(stats: Any) -> Any:
     return [
         (
@@ -78,6 +92,8 @@ async def scenario(kind: str, data: Path, flags: list[str], plan: list[Any]) -> 
                 await publish(node, "p", step[1])
             elif step[0] == "synced":
                 await wait_synced(node, step[1], step[2])
+            elif step[0] == "consume":
+                await consume(node, step[1])
         stats = (await http.get(f"http://{node.http_address}/stats?format=json")).json()
         outcome.append(("before", depths(stats)))
         await node.kill()
@@ -125,6 +141,12 @@ CASES: dict[str, tuple[list[str], list[Any]]] = {
     "stale_meta_salvaged": (
         ["--mem-queue-size=0", "--sync-every=5", "--sync-timeout=1h"],
         [("pub", bodies(0, 5)), ("synced", "t", 5), ("pub", bodies(5, 8))],
+    ),
+    # Read (and finished) since the last sync: the meta file still has them,
+    # so they come back and are delivered again.
+    "read_since_sync_again": (
+        ["--mem-queue-size=0", "--sync-every=4", "--sync-timeout=1h"],
+        [("channel",), ("pub", bodies(0, 4)), ("synced", "t:ch", 4), ("consume", 2)],
     ),
     # The ticker syncs what --sync-every did not reach.
     "ticker_synced": (
