@@ -94,6 +94,22 @@ class Daemon:
         finally:
             await s.close()
 
+    async def hold(self, topic: str, channel: str, n: int) -> list[bytes]:
+        """Take ``n`` messages of the channel with a consumer that leaves
+        without finishing them (they stay in flight); sorted."""
+        s = await Session.connect(self.node.tcp_address, "c", Transcript(), Normalizer())
+        try:
+            await s.sub(topic, channel, rdy=n)
+            with trio.fail_after(READ_TIMEOUT):
+                msgs = await s.read_messages(n)
+            await s.send(cmds.rdy(0), cmds.touch(NO_ID))  # (the TOUCH: a sync point)
+            with trio.fail_after(READ_TIMEOUT):
+                (answer,) = await s.read(1)
+            assert str(answer[1]).startswith("E_TOUCH_FAILED"), answer
+            return sorted(m.body for m in msgs)
+        finally:
+            await s.close()
+
     async def drain(self, topic: str, channel: str, n: int) -> list[bytes]:
         """Read ``n`` messages of the channel with a consumer, FIN each (after
         RDY 0: none more comes, even if the channel holds more); sorted."""
@@ -172,6 +188,10 @@ class Run:
 
     async def each(self, action: Callable[[Daemon], Awaitable[T]]) -> list[T]:
         return [await action(d) for d in self.daemons]
+
+    async def hold(self, topic: str, channel: str, n: int) -> list[list[bytes]]:
+        """What a consumer that leaves holding ``n`` messages took on each daemon."""
+        return await self.each(lambda d: d.hold(topic, channel, n))
 
     async def drain(self, topic: str, channel: str, n: int) -> list[list[bytes]]:
         """What a consumer of the channel reads from each daemon (``n`` each)."""

@@ -220,3 +220,32 @@ async def test_a_channel_of_an_ephemeral_topic_has_a_disk_queue(
         await held(run, [])
         assert not [name for name, _ in files(run.fake.data) if name.startswith("e#")]
         skip_without_real(run, conformance)
+
+
+async def test_in_flight_and_deferred_messages_go_to_disk_at_a_clean_stop(
+    tmp_path: Path, conformance: Conformance
+) -> None:
+    # nsqd's clean stop writes a channel's in-flight and deferred messages to
+    # its disk queue too (they come back ready): a kill after the restart
+    # keeps them.  Killed without the clean stop, they are lost.
+    flags = ("--mem-queue-size=10", "--sync-every=1", "--msg-timeout=10m")
+    async with side_by_side(tmp_path, *flags) as run:
+        await post(run, "/topic/create?topic=t")
+        await post(run, "/channel/create?topic=t&channel=c")
+        await publish(run, "t", bodies(0, 3))
+        await publish(run, "t", bodies(3, 4), "dpub")
+        got = await run.hold("t", "c", 2)
+        assert got[0] == bodies(0, 2) and got[-1] == got[0]
+        await held(run, [("t", False, 0, 0, [("c", False, 1, 0, 2, 1)])])
+        await run.stop(kill=True)
+        await held(run, [("t", False, 0, 0, [("c", False, 0, 0, 0, 0)])])
+        await publish(run, "t", bodies(4, 7))
+        await publish(run, "t", bodies(7, 8), "dpub")
+        await run.hold("t", "c", 2)
+        await run.stop(kill=False)
+        await held(run, [("t", False, 0, 0, [("c", False, 4, 4, 0, 0)])])
+        await run.stop(kill=True)
+        await held(run, [("t", False, 0, 0, [("c", False, 4, 4, 0, 0)])])
+        got = await run.drain("t", "c", 4)
+        assert got[0] == bodies(4, 8) and got[-1] == got[0]
+        skip_without_real(run, conformance)
