@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
+from trionsq.spark import _framing as framing
+from trionsq.spark import coordinator as coordinator_module
 from trionsq.spark._executor import ExecutorIdentity
 from trionsq.spark._link import Link
 from trionsq.spark._options import parse_source_options
 from trionsq.spark._secure import QueryKeys
-from trionsq.spark.agent import Agent, QueryRun
-from trionsq.spark.coordinator import LINK_LIMITS, AgentInfo, Coordinator
+from trionsq.spark.agent import COORDINATOR_LIMITS, Agent, QueryRun
+from trionsq.spark.coordinator import LINK_LIMITS, RESOLVE_CHUNK, AgentInfo, Coordinator
 
 OPTIONS = parse_source_options(
     {
@@ -84,3 +87,48 @@ async def test_an_agent_settles_a_quiet_spell_after_its_last_fins(autojump_clock
     assert not run.settled()
     await trio.sleep(0.2)
     assert run.settled()
+
+
+def test_a_full_resolve_frame_is_within_the_agents_limit() -> None:
+    biggest = {"op": "resolve", "fin": [2**62] * RESOLVE_CHUNK, "req": [2**62] * RESOLVE_CHUNK}
+    head, _ = framing.encode({**biggest, "id": 2**62})
+    assert len(head) < COORDINATOR_LIMITS.header
+
+
+async def test_a_big_commit_reaches_an_agent_in_several_frames(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many sets a commit FINs, they go in frames of RESOLVE_CHUNK ids."""
+    monkeypatch.setattr(coordinator_module, "RESOLVE_CHUNK", 100)
+    coordinator = Coordinator(OPTIONS)
+    ours, theirs = trio.testing.memory_stream_pair()
+    agent = AgentInfo("a#1", "0", "127.0.0.1", 1, ("127.0.0.1", 1), Link(ours, LINK_LIMITS))
+    coordinator.agents[agent.id] = agent
+    coordinator.ledger.agent_joined(agent.id)
+    sets = []
+    for partition in range(250):
+        decision = coordinator.ledger.start_read(1, partition, 1, 0, partition, agent.id)
+        coordinator.ledger.set_ready(decision.set_id, 1)
+        sets.append(decision.set_id)
+    fined: list[int] = []
+
+    async def the_agent() -> None:
+        # What an agent reads its coordinator with, and answers.
+        receive = framing.FrameReceiver(theirs, COORDINATOR_LIMITS)
+        while len(fined) < len(sets):
+            header, _ = await receive()
+            assert len(header["fin"]) <= 100
+            fined.extend(header["fin"])
+            await framing.send(theirs, {"re": header["id"], "finished": len(header["fin"])})
+
+    async def the_coordinators_reader() -> None:
+        while True:
+            agent.link.deliver((await agent.link.receive())[0])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(the_agent)
+        nursery.start_soon(the_coordinators_reader)
+        await coordinator.commit(1)
+        nursery.cancel_scope.cancel()
+    assert sorted(fined) == sorted(sets)
+    assert coordinator.stats.finished == 250

@@ -57,6 +57,9 @@ MAX_UNPROVEN = 64
 #: (status, read, ready, void, replies) are small too, and never carry a payload.
 HELLO_LIMITS = framing.Limits(header=4096)
 LINK_LIMITS = framing.Limits(header=64 << 10)
+#: Set ids per resolve frame: 10,000 random ids (up to 19 digits) stay well under
+#: the 1 MiB an agent accepts in a header.
+RESOLVE_CHUNK = 10_000
 
 
 def listen_address(options: SourceOptions, settings: dict[str, str] | None) -> tuple[str, str]:
@@ -403,12 +406,22 @@ class Coordinator:
                 agent = self.agents.get(agent_id)
                 if agent is None:
                     continue
-                header = {
-                    "op": "resolve",
-                    "fin": resolution.fin.get(agent_id, []),
-                    "req": resolution.req.get(agent_id, []),
-                }
-                nursery.start_soon(self._tell, agent, header)
+                fin = resolution.fin.get(agent_id, [])
+                req = resolution.req.get(agent_id, [])
+                # In frames the agent accepts (its limit on a header), however many.
+                headers = [
+                    {
+                        "op": "resolve",
+                        "fin": fin[start : start + RESOLVE_CHUNK],
+                        "req": req[start : start + RESOLVE_CHUNK],
+                    }
+                    for start in range(0, max(len(fin), len(req)), RESOLVE_CHUNK)
+                ]
+                nursery.start_soon(self._tell_each, agent, headers)
+
+    async def _tell_each(self, agent: AgentInfo, headers: list[dict[str, Any]]) -> None:
+        for header in headers:
+            await self._tell(agent, header)
 
     async def _tell(self, agent: AgentInfo, header: dict[str, Any]) -> None:
         try:
