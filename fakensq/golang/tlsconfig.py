@@ -16,7 +16,9 @@ TLS 1.2, ``certificate_required`` in TLS 1.3).
 
 A failed handshake: :func:`server_handshake` sends the alert OpenSSL made
 (Go sends one too: ``unknown_ca``, ``certificate_required``...), where
-``trio.SSLStream`` would drop it and the client would see a bare EOF.
+``trio.SSLStream`` would drop it and the client would see a bare EOF, and
+tells Go's error text (nsqd answers it in plain text: ``E_IDENTIFY_FAILED
+IDENTIFY failed tls: first record does not look like a TLS handshake``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ import trio
 
 from .tls import prefer_go_cipher_suites, ssl_ctx_pointer
 
-__all__ = ["server_context", "server_handshake", "REQUIRE_ANY", "REQUIRE_AND_VERIFY"]
+__all__ = [
+    "HandshakeError",
+    "server_context",
+    "server_handshake",
+    "REQUIRE_ANY",
+    "REQUIRE_AND_VERIFY",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,23 +129,92 @@ def server_context(
     return ctx
 
 
-async def server_handshake(
-    stream: trio.abc.Stream, ctx: ssl.SSLContext
-) -> trio.SSLStream[trio.abc.Stream]:
-    """The server side of a TLS handshake on ``stream``.
+class HandshakeError(Exception):
+    """A failed server handshake; ``str()`` is Go's error text for it,
+    ``head`` the client's first bytes when they were no TLS record."""
 
-    Raises ``trio.BrokenResourceError`` when it fails, after sending the alert
-    OpenSSL made for the client (trio's stream drops it)."""
-    tls = trio.SSLStream(stream, ctx, server_side=True)
-    try:
-        await tls.do_handshake()
-    except trio.BrokenResourceError:
-        outgoing = getattr(tls, "_outgoing", None)  # the alert, not yet sent
-        if isinstance(outgoing, ssl.MemoryBIO) and outgoing.pending:
-            with trio.move_on_after(1):
-                try:
-                    await stream.send_all(outgoing.read())
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-        raise
+    def __init__(self, text: str, head: bytes = b"") -> None:
+        super().__init__(text)
+        self.head = head
+
+
+#: Go's texts for the failures OpenSSL names (the reason of its SSLError).
+_GO_ERRORS: Final = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "tls: client didn't provide a certificate",
+    "CERTIFICATE_VERIFY_FAILED": (
+        "tls: failed to verify certificate: x509: certificate signed by unknown authority"
+    ),
+    "UNEXPECTED_EOF_WHILE_READING": "EOF",
+    "HTTP_REQUEST": "tls: first record does not look like a TLS handshake",
+    "WRONG_VERSION_NUMBER": "tls: first record does not look like a TLS handshake",
+}
+
+_RECORD_HEADER: Final = 5
+
+
+class _Replay(trio.abc.Stream):
+    """A stream that first gives back bytes already read from it."""
+
+    def __init__(self, stream: trio.abc.Stream, head: bytes) -> None:
+        self._stream = stream
+        self._head = head
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+async def server_handshake(
+    stream: trio.abc.Stream, ctx: ssl.SSLContext, *, limit: float = 5.0, where: str = ""
+) -> trio.SSLStream[trio.abc.Stream]:
+    """The server side of a TLS handshake on ``stream``, within ``limit``
+    seconds (nsqd's 5 s deadline).
+
+    Raises :class:`HandshakeError` with Go's error text when it fails, after
+    sending the alert OpenSSL made for the client (trio's stream drops it).
+    As Go, a first record that is not a handshake (a plain command, an HTTP
+    request) ends it before anything is sent.  ``where``: "local->remote",
+    for the text of a timeout."""
+    with trio.move_on_after(limit) as deadline:
+        head = b""
+        while len(head) < _RECORD_HEADER:  # (as Go, taking whatever has come)
+            try:
+                data = await stream.receive_some()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise HandshakeError(f"read tcp {where}: {exc}") from None
+            if not data:
+                raise HandshakeError("unexpected EOF" if head else "EOF")
+            head += data
+        if head[0] not in (0x15, 0x16) or int.from_bytes(head[1:3], "big") >= 0x1000:
+            text = "tls: first record does not look like a TLS handshake"
+            raise HandshakeError(text, head[:_RECORD_HEADER])
+        tls: trio.SSLStream[trio.abc.Stream] = trio.SSLStream(
+            _Replay(stream, head), ctx, server_side=True
+        )
+        try:
+            await tls.do_handshake()
+        except trio.BrokenResourceError as exc:
+            outgoing = getattr(tls, "_outgoing", None)  # the alert, not yet sent
+            if isinstance(outgoing, ssl.MemoryBIO) and outgoing.pending:
+                with trio.move_on_after(1):
+                    try:
+                        await stream.send_all(outgoing.read())
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
+            cause = exc.__cause__
+            reason = getattr(cause, "reason", None) or ""
+            raise HandshakeError(_GO_ERRORS.get(reason, f"tls: {cause}")) from None
+    if deadline.cancelled_caught:
+        raise HandshakeError(f"read tcp {where}: i/o timeout")
     return tls

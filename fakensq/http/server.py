@@ -22,11 +22,18 @@ import h11
 import trio
 
 from ..golang import json as gojson
-from ..golang.tlsconfig import server_handshake
+from ..golang.tlsconfig import HandshakeError, server_handshake
 
 __all__ = ["Request", "Response", "Handler", "HTTPServer", "BodyLimit", "READ_ALL"]
 
 log = logging.getLogger(__name__)
+
+# What Go's server answers, and when (tlsRecordHeaderLooksLikeHTTP), to plain
+# HTTP on an HTTPS port.
+_HTTP_STARTS = (b"GET /", b"HEAD ", b"POST ", b"PUT /", b"OPTIO")
+_PLAIN_HTTP_ON_HTTPS = (
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+)
 
 _READ_SIZE = 64 * 1024
 # Go's http.DefaultMaxHeaderBytes, and the 4096 bytes its server adds: a
@@ -174,9 +181,17 @@ class HTTPServer:
         tls = False
         if self.ssl_context is not None:
             try:
-                # (a refused client gets the alert Go would send, not a bare EOF)
-                stream = await server_handshake(stream, self.ssl_context)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # (a refused client gets the alert Go would send, not a bare EOF;
+                # Go's server has no handshake deadline)
+                stream = await server_handshake(stream, self.ssl_context, limit=math.inf)
+            except HandshakeError as exc:
+                if exc.head.startswith(_HTTP_STARTS):
+                    # Go's answer to plain HTTP on its HTTPS port.
+                    with trio.move_on_after(1):
+                        try:
+                            await stream.send_all(_PLAIN_HTTP_ON_HTTPS)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            pass
                 await trio.aclose_forcefully(stream)
                 return
             tls = True

@@ -51,7 +51,7 @@ from ..golang import json as gojson
 from ..golang.flate import FlateWriter
 from ..golang.snappy import SnappyWriter
 from ..golang.tls import cipher_suite_text
-from ..golang.tlsconfig import server_handshake
+from ..golang.tlsconfig import HandshakeError, server_handshake
 from ..golang.tlsrecords import RecordSizer
 from .auth import AuthError, AuthState, query_auth
 from .options import TLS_NOT_REQUIRED, VERSION
@@ -506,9 +506,18 @@ class ClientConnection:
             if tls_v1:
                 assert self.nsqd.tls_context is not None
                 try:
-                    tls_stream = await server_handshake(self.stream, self.nsqd.tls_context)
-                except _STREAM_ERRORS as exc:
-                    log.info("client %s: TLS handshake failed: %s", self.remote_address, exc)
+                    tls_stream = await server_handshake(
+                        self.stream, self.nsqd.tls_context, where=self._tcp_ends()
+                    )
+                except HandshakeError as exc:
+                    # nsqd answers over the plain connection (then closes).
+                    failed = IdentifyFailedError(f"IDENTIFY failed {exc}")
+                    log.info("client %s: %s", self.remote_address, failed.wire_text())
+                    with trio.move_on_after(1):
+                        try:
+                            await self._write(encode_error(failed))
+                        except (*_STREAM_ERRORS, trio.TooSlowError):
+                            pass
                     raise _Closed from None
                 self.stream = tls_stream
                 self.tls = True
@@ -752,6 +761,14 @@ class ClientConnection:
             for record in writes:  # one SSL write: one record
                 await self.stream.send_all(record)
 
+    def _tcp_ends(self) -> str:
+        """Go's "local->remote" of this connection (in its network errors)."""
+        sock = getattr(self.stream, "socket", None)
+        try:
+            return f"{_address_text(sock.getsockname())}->{self.remote_address}"  # type: ignore[union-attr]
+        except (AttributeError, OSError):
+            return f"->{self.remote_address}"
+
     def _wire_buffered(self) -> int:
         return 0 if self._wire is None else self._wire.buffered
 
@@ -935,6 +952,11 @@ class ClientConnection:
             # Go: "NegotiatedProtocolIsMutual is always true" (deprecated field).
             info["tls_negotiated_protocol_is_mutual"] = True
         return info
+
+
+def _address_text(address: Any) -> str:
+    host, port = address[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _cipher_name(stream: trio.SSLStream[Any]) -> str:

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 import trustme
 
-from fakensq.golang.tlsconfig import server_context, server_handshake
+from fakensq.golang.tlsconfig import HandshakeError, server_context, server_handshake
 
 VERSIONS = [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3]
 
@@ -48,11 +48,13 @@ async def _connect(
     left, right = trio.testing.memory_stream_pair()
     client = trio.SSLStream(right, client_ctx, server_hostname="127.0.0.1")
     seen: list[str] = []
+    errors: list[str] = []
 
     async def serve() -> None:
         try:
             tls = await server_handshake(left, server_ctx)
-        except trio.BrokenResourceError:
+        except HandshakeError as exc:
+            errors.append(str(exc))
             await left.aclose()
             return
         peer = tls.getpeercert() or {}
@@ -69,7 +71,7 @@ async def _connect(
         except trio.BrokenResourceError as exc:
             cause = exc.__cause__
             why = cause.reason if isinstance(cause, ssl.SSLError) else repr(cause)
-            return f"refused {why}"
+            return f"refused {why} ({', '.join(errors)})"
     assert data == b"hello"
     return f"ok {','.join(seen)}"
 
@@ -82,9 +84,11 @@ async def _matrix(ctx: ssl.SSLContext, pki: dict[str, str]) -> dict[tuple[str, s
     }
 
 
+NO_CERT = "tls: client didn't provide a certificate"
+UNKNOWN_CA = "tls: failed to verify certificate: x509: certificate signed by unknown authority"
 NO_CERT_REFUSED = {
-    ("none", "TLSv1_2"): "refused SSLV3_ALERT_HANDSHAKE_FAILURE",
-    ("none", "TLSv1_3"): "refused TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    ("none", "TLSv1_2"): f"refused SSLV3_ALERT_HANDSHAKE_FAILURE ({NO_CERT})",
+    ("none", "TLSv1_3"): f"refused TLSV13_ALERT_CERTIFICATE_REQUIRED ({NO_CERT})",
 }
 
 
@@ -116,13 +120,13 @@ async def test_require_verify_checks_the_chain(pki: dict[str, str]) -> None:
         **NO_CERT_REFUSED,
         ("client", "TLSv1_2"): "ok mine",
         ("client", "TLSv1_3"): "ok mine",
-        ("other", "TLSv1_2"): "refused TLSV1_ALERT_UNKNOWN_CA",
-        ("other", "TLSv1_3"): "refused TLSV1_ALERT_UNKNOWN_CA",
+        ("other", "TLSv1_2"): f"refused TLSV1_ALERT_UNKNOWN_CA ({UNKNOWN_CA})",
+        ("other", "TLSv1_3"): f"refused TLSV1_ALERT_UNKNOWN_CA ({UNKNOWN_CA})",
     }
     # Without a root CA file, the system's roots: a test CA is unknown.
     ctx = server_context(pki["cert"], pki["key"], client_auth_policy="require-verify")
     outcomes = await _matrix(ctx, pki)
-    assert outcomes[("client", "TLSv1_3")] == "refused TLSV1_ALERT_UNKNOWN_CA"
+    assert outcomes[("client", "TLSv1_3")] == f"refused TLSV1_ALERT_UNKNOWN_CA ({UNKNOWN_CA})"
 
 
 async def test_a_policy_in_process_requires_tls(pki: dict[str, str]) -> None:
@@ -131,3 +135,27 @@ async def test_a_policy_in_process_requires_tls(pki: dict[str, str]) -> None:
 
     node = fakensq.NSQD(tls_cert=pki["cert"], tls_key=pki["key"], tls_client_auth_policy="require")
     assert node.options.tls_required == TLS_REQUIRED
+
+
+async def test_not_a_tls_record() -> None:
+    # As Go: the first record's header is looked at before anything is sent.
+    for data, text in (
+        (b"NOP\nNOP\n", "tls: first record does not look like a TLS handshake"),
+        (b"\x16\x10\x00\x00\x01x", "tls: first record does not look like a TLS handshake"),
+        (b"\x16\x03", "unexpected EOF"),
+        (b"", "EOF"),
+    ):
+        left, right = trio.testing.memory_stream_pair()
+        await right.send_all(data)
+        await right.send_eof()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        with pytest.raises(HandshakeError, match=text):
+            await server_handshake(left, ctx)
+
+
+async def test_a_handshake_that_never_comes() -> None:
+    left, _right = trio.testing.memory_stream_pair()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with trio.fail_after(30):
+        with pytest.raises(HandshakeError, match="read tcp a->b: i/o timeout"):
+            await server_handshake(left, ctx, limit=0.05, where="a->b")

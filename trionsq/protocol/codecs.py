@@ -131,6 +131,9 @@ class SnappyDecoder:
         while len(buf) - pos >= 4:
             chunk_type = buf[pos]
             length = int.from_bytes(buf[pos + 1 : pos + 4], "little")
+            # A header is judged before its body is waited for (as golang/snappy
+            # does): garbage ends the stream at once, not after megabytes.
+            self._check_header(chunk_type, length)
             if len(buf) - pos - 4 < length:
                 break
             chunk = bytes(buf[pos : pos + 4 + length])
@@ -143,15 +146,25 @@ class SnappyDecoder:
             if not self._seen_identifier:
                 raise CompressionError("snappy stream does not start with its identifier")
             if chunk_type in (_CHUNK_COMPRESSED, _CHUNK_UNCOMPRESSED):
-                if length < 4:
-                    raise CompressionError("snappy chunk too short for its checksum")
                 out.append(self._decode_chunk(chunk))
-            elif 0x02 <= chunk_type <= 0x7F:
-                raise CompressionError(f"unskippable snappy chunk type {chunk_type:#x}")
             # 0x80-0xfd are skippable, 0xfe is padding: ignored
         if pos:
             del buf[:pos]
         return b"".join(out)
+
+    def _check_header(self, chunk_type: int, length: int) -> None:
+        if chunk_type == _CHUNK_STREAM_ID:
+            if length != len(_STREAM_IDENTIFIER) - 4:
+                raise CompressionError("invalid snappy stream identifier")
+        elif not self._seen_identifier:
+            raise CompressionError("snappy stream does not start with its identifier")
+        elif chunk_type in (_CHUNK_COMPRESSED, _CHUNK_UNCOMPRESSED):
+            if length < 4:
+                raise CompressionError("snappy chunk too short for its checksum")
+            if length > 4 + _MAX_COMPRESSED_CHUNK:
+                raise CompressionError("snappy chunk longer than the framing format allows")
+        elif 0x02 <= chunk_type <= 0x7F:
+            raise CompressionError(f"unskippable snappy chunk type {chunk_type:#x}")
 
     @staticmethod
     def _decode_chunk(chunk: bytes) -> bytes:
