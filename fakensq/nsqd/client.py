@@ -180,7 +180,8 @@ class ClientConnection:
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
-                    self._reset_heartbeat()
+                    if not self.parser.awaiting_magic:
+                        self._reset_heartbeat()
                     nursery.start_soon(self._writer_loop)
                     try:
                         await self._reader_loop()
@@ -213,12 +214,19 @@ class ClientConnection:
 
     async def _reader_loop(self) -> None:
         parser = self.parser
-        self._read_deadline = self._next_read_deadline()
+        # nsqd reads the magic with no deadline, and its IOLoop (heartbeats,
+        # the read deadline) starts once it has it.
+        awaiting_magic = parser.awaiting_magic
+        self._read_deadline = math.inf if awaiting_magic else self._next_read_deadline()
         while True:
             try:
                 go_on = await self._execute_buffered()
             finally:
                 self._release_in_transit()
+            if awaiting_magic and not parser.awaiting_magic:
+                awaiting_magic = False
+                self._reset_heartbeat()
+                self._read_deadline = self._next_read_deadline()
             if self._answered:
                 # The answers to every publish of one read, in one write.
                 await self._send_frame(b"")

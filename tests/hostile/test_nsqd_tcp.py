@@ -369,3 +369,31 @@ async def test_compressed_line_without_newline(conformance: Conformance, codec: 
         return await node_state(t)
 
     await conformance.nsqd(scenario)
+
+
+# --- before the magic ------------------------------------------------------------------
+
+
+async def test_silent_connection_before_the_magic(conformance: Conformance, tmp_path: Any) -> None:
+    """A connection that never sends the protocol's magic: nsqd reads the magic
+    with no deadline and starts a client's heartbeats and read deadline only
+    once it has it, so the connection gets nothing and stays open, while one
+    that sent its magic and IDENTIFY (1 s heartbeats) is closed at its read
+    deadline; the silent one then speaks and is answered.  (fakensq before:
+    its heartbeats and deadline ran from the connection's start; with
+    fakensq's client_timeout of 2 s the silent one got a heartbeat, then was
+    closed.  nsqd v1.3.0 ignores that key of its config file: its own runs at
+    its 60 s default, which changes nothing here.)"""
+    config = tmp_path / "nsqd.cfg"
+    config.write_text('client_timeout = "2s"\n')
+
+    async def scenario(t: Target) -> Any:
+        silent = await t.connect("silent", magic=False)
+        idle = await t.connect("idle")
+        await idle.identify(heartbeat_interval=1000)
+        await idle.read_until_closed(heartbeats=False)  # its read deadline: 2 s
+        await silent.send(cmds.MAGIC_V2 + cmds.pub("t", b"late"))
+        await silent.read(1)
+        return await node_state(t)
+
+    await conformance.nsqd(scenario, f"--config={config}")

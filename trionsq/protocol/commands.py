@@ -367,6 +367,11 @@ class CommandParser:
         self._buffer += data
 
     @property
+    def awaiting_magic(self) -> bool:
+        """Whether the protocol's magic has yet to come."""
+        return self._need_magic
+
+    @property
     def buffered(self) -> int:
         return len(self._buffer) - self._pos
 
