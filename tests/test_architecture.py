@@ -2,14 +2,19 @@
 
 The graph is every import statement of ``trionsq`` and ``fakensq`` that runs:
 module level, inside functions and methods alike (a late import is still an
-arrow); only imports under ``if TYPE_CHECKING:`` (annotations) are left out.
-On it: no circles, ``trionsq`` never imports ``fakensq``, the sans-IO core
-imports no I/O, and fakensq's parts depend on each other one way only.
+arrow).  Imports under ``if TYPE_CHECKING:`` and modules named in string
+annotations (``"fakensq.testing.cluster.Cluster"``) are arrows of another kind,
+*typing* arrows: they run nothing, so they may close a circle, but a part that
+names another in its annotations depends on it all the same, so the layer rules
+count them.  On the graph: no circles (of run-time arrows), ``trionsq`` never
+imports ``fakensq``, the sans-IO core imports no I/O, fakensq's parts depend on
+each other one way only, and no daemon names the machinery that drives it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -26,10 +31,13 @@ class Arrow:
     source: str
     target: str
     line: int
+    #: an import under ``if TYPE_CHECKING:`` or a string annotation: runs nothing
+    typing: bool = False
 
     def __str__(self) -> str:
         path = module_path(self.source).relative_to(ROOT)
-        return f"{self.source} -> {self.target} ({path}:{self.line})"
+        kind = ", for typing" if self.typing else ""
+        return f"{self.source} -> {self.target} ({path}:{self.line}{kind})"
 
 
 @cache
@@ -55,18 +63,46 @@ def _is_type_checking(test: ast.expr) -> bool:
     return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
 
 
-def _run_time_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run: all but the bodies of ``if TYPE_CHECKING:``
-    (their ``else:`` branches do run)."""
-    if isinstance(tree, ast.If) and _is_type_checking(tree.test):
-        children: Iterable[ast.AST] = tree.orelse
-    else:
-        children = ast.iter_child_nodes(tree)
-    for child in children:
+def _imports(
+    tree: ast.AST, typing: bool = False
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement, with whether it is for typing only (in the body
+    of an ``if TYPE_CHECKING:``; its ``else:`` branch runs)."""
+    for child in ast.iter_child_nodes(tree):
         if isinstance(child, ast.Import | ast.ImportFrom):
-            yield child
+            yield child, typing
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            for node in child.body:
+                yield from _imports(ast.Module(body=[node], type_ignores=[]), True)
+            for node in child.orelse:
+                yield from _imports(ast.Module(body=[node], type_ignores=[]), typing)
         else:
-            yield from _run_time_imports(child)
+            yield from _imports(child, typing)
+
+
+def _run_time_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run: all but the bodies of ``if TYPE_CHECKING:``."""
+    return (node for node, typing in _imports(tree) if not typing)
+
+
+def _annotations(tree: ast.AST) -> Iterator[ast.expr]:
+    """Every annotation: of arguments, returns and annotated assignments."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            yield node.annotation
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            yield node.returns
+
+
+def _string_annotation_targets(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """The dotted names of the packages' modules that string annotations spell
+    out (``"fakensq.testing.cluster.Cluster"``), with their lines."""
+    for annotation in _annotations(tree):
+        for node in ast.walk(annotation):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for word in re.findall(r"[A-Za-z_][\w.]*", node.value):
+                    if word.split(".")[0] in PACKAGES:
+                        yield word, node.lineno
 
 
 def _targets(name: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
@@ -95,15 +131,37 @@ def _targets(name: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
             yield candidate
 
 
+def _closest_module(dotted: str) -> str | None:
+    known = modules()
+    while dotted and dotted not in known:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def _arrows_of(name: str, tree: ast.AST) -> Iterator[Arrow]:
+    """The arrows out of module ``name``, whose source is ``tree``."""
+    for node, typing in _imports(tree):
+        for target in _targets(name, node):
+            yield Arrow(name, target, node.lineno, typing)
+    for dotted, line in _string_annotation_targets(tree):
+        target = _closest_module(dotted)
+        if target is not None and target != name:
+            yield Arrow(name, target, line, typing=True)
+
+
 @cache
-def arrows() -> tuple[Arrow, ...]:
+def all_arrows() -> tuple[Arrow, ...]:
+    """Every arrow: run-time imports, typing-only imports, string annotations."""
     found: list[Arrow] = []
     for name, path in modules().items():
-        tree = ast.parse(path.read_text(), str(path))
-        for node in _run_time_imports(tree):
-            for target in _targets(name, node):
-                found.append(Arrow(name, target, node.lineno))
+        found += _arrows_of(name, ast.parse(path.read_text(), str(path)))
     return tuple(found)
+
+
+@cache
+def arrows() -> tuple[Arrow, ...]:
+    """The run-time arrows (what circles are made of)."""
+    return tuple(a for a in all_arrows() if not a.typing)
 
 
 def circles() -> list[list[str]]:
@@ -155,14 +213,15 @@ def front_door(name: str) -> bool:
 
 
 def violations(sources: str | tuple[str, ...], forbidden: Iterable[str]) -> list[str]:
-    """The arrows from modules in ``sources`` to modules in ``forbidden``."""
+    """The arrows (typing ones too) from modules in ``sources`` to modules in
+    ``forbidden``."""
     if isinstance(sources, str):
         sources = (sources,)
     forbidden = tuple(forbidden)
     return sorted(
         {
             str(arrow)
-            for arrow in arrows()
+            for arrow in all_arrows()
             if any(within(arrow.source, s) for s in sources)
             and not front_door(arrow.source)
             and any(within(arrow.target, f) for f in forbidden)
@@ -184,6 +243,15 @@ def test_the_graph_is_read() -> None:
     typing_only = ast.parse("if TYPE_CHECKING:\n    from . import y\nelse:\n    from . import z\n")
     assert [n.names[0].name for n in _run_time_imports(late)] == ["x"]
     assert [n.names[0].name for n in _run_time_imports(typing_only)] == ["z"]
+    # ... but the typing-only import is an arrow of its own kind, as is a
+    # string annotation naming a module, and the layer rules see both.
+    assert [(n.names[0].name, t) for n, t in _imports(typing_only)] == [("y", True), ("z", False)]
+    spelled = ast.parse('def f(c: "fakensq.testing.cluster.Cluster") -> None: ...')
+    assert [d for d, _ in _string_annotation_targets(spelled)] == [
+        "fakensq.testing.cluster.Cluster"
+    ]
+    typing_pairs = {(a.source, a.target) for a in all_arrows() if a.typing}
+    assert ("fakensq.nsqd.stats", "fakensq.nsqd.node") in typing_pairs
 
 
 def test_no_import_circles() -> None:
@@ -240,7 +308,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "fakensq.version": (),
     "fakensq.golang": ("fakensq.version",),
     "fakensq.serving": (),
-    "fakensq.proxyapi": (),
+    "fakensq.faultkinds": (),
     "fakensq.http": ("fakensq.golang", "fakensq.version"),
     "fakensq.lookupd": ("fakensq.http", "fakensq.golang", "fakensq.version", "fakensq.serving"),
     "fakensq.nsqd": (
@@ -251,7 +319,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "fakensq.serving",
     ),
     "fakensq.admin": (
-        "fakensq.proxyapi",
+        "fakensq.faultkinds",
         "fakensq.http",
         "fakensq.golang",
         "fakensq.version",
@@ -277,7 +345,7 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
     others = sorted(
         {
             str(arrow)
-            for arrow in arrows()
+            for arrow in all_arrows()
             if within(arrow.source, part)
             and not front_door(arrow.source)
             and within(arrow.target, "fakensq")
@@ -288,9 +356,41 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
     assert others == []
 
 
-@pytest.mark.parametrize("daemon", ["fakensq.nsqd", "fakensq.lookupd", "fakensq.admin"])
+#: The daemons and the parts they are made of: none of them knows the test
+#: machinery that drives them, not even in an annotation.
+DAEMONS = (
+    "fakensq.nsqd",
+    "fakensq.lookupd",
+    "fakensq.admin",
+    "fakensq.http",
+    "fakensq.golang",
+    "fakensq.serving",
+    "fakensq.faultkinds",
+    "fakensq.version",
+)
+
+
+@pytest.mark.parametrize("daemon", DAEMONS)
 def test_the_daemons_never_import_what_drives_them(daemon: str) -> None:
     assert violations(daemon, ABOVE_THE_DAEMONS) == []
+
+
+def test_the_rules_see_typing_imports() -> None:
+    """A daemon importing the test machinery under ``if TYPE_CHECKING:`` (as the
+    admin once did for its Cluster) or naming it in a string annotation breaks
+    the rule as a run-time import would."""
+    sneaky = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..testing.cluster import Cluster\n"
+        "def admin(faults: 'fakensq.testing.faults.Faults') -> None: ...\n"
+    )
+    found = [
+        (a.target, a.line, a.typing)
+        for a in _arrows_of("fakensq.admin.server", sneaky)
+        if any(within(a.target, f) for f in ABOVE_THE_DAEMONS)
+    ]
+    assert found == [("fakensq.testing.cluster", 3, True), ("fakensq.testing.faults", 4, True)]
 
 
 def test_the_test_machinery_never_imports_the_command_line() -> None:

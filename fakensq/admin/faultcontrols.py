@@ -1,6 +1,7 @@
-"""The fault controls of the admin's pages, over an in-process fakensq Cluster.
+"""The fault controls of the admin's pages, over an in-process fakensq Cluster
+(reached through :class:`~fakensq.admin.clusterhandle.InProcessCluster`).
 
-Each control calls :mod:`fakensq.faults` through ``cluster.faults`` and reports
+Each control calls the cluster's fault injector (``cluster.faults``) and reports
 on the timeline the effects it knows for sure, read around the fault itself: the
 timeouts it caused (from the channels' counters just before and just after),
 the node it took down or brought back.  So the timeline has them whenever the
@@ -9,15 +10,13 @@ admin's next read of the cluster happens to run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from .actions import ActionError
+from .clusterhandle import InProcessCluster
 from .timeline import Timeline
-
-if TYPE_CHECKING:
-    from ..testing.cluster import Cluster
 
 __all__ = ["FaultControls"]
 
@@ -25,7 +24,7 @@ __all__ = ["FaultControls"]
 class FaultControls:
     """The faults the pages offer, on ``cluster``, reported on ``timeline``."""
 
-    def __init__(self, cluster: Cluster, timeline: Timeline) -> None:
+    def __init__(self, cluster: InProcessCluster, timeline: Timeline) -> None:
         self.cluster = cluster
         self.timeline = timeline
 

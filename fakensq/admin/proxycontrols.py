@@ -6,7 +6,7 @@ API (``POST /faults/KIND``, ``DELETE /faults/ID``, ``GET /faults``); the admin,
 given the proxies' HTTP addresses (``fakensq admin --proxy-http-address``),
 reads each one's faults and connections for the Faults page and sends the
 pressed button's fault to it.  Only what a proxy can do is offered (the kinds
-of :data:`~fakensq.proxyapi.WIRE_KINDS`); what happens inside nsqd is
+of :data:`~fakensq.faultkinds.WIRE_KINDS`); what happens inside nsqd is
 shown greyed, with the reason.
 """
 
@@ -18,19 +18,14 @@ from urllib.parse import quote
 
 import httpx
 
-from ..proxyapi import WIRE_KINDS
+from ..faultkinds import KINDS, WIRE_KINDS, kinds_for
 from .actions import ActionError
 
 __all__ = ["INSIDE_NSQD", "ProxyControls", "ProxyState"]
 
-#: Faults of fakensq's own nsqd a proxy cannot inject (shown greyed): label, kind.
-INSIDE_NSQD: Final = (
-    ("Kill / restart nsqd", "restart"),
-    ("Time out in-flight messages", "time_out"),
-    ("Requeue storm", "requeue_storm"),
-    ("nsqlookupd outage", "lookupd_outage"),
-    ("Fail publishes", "fail_publishes"),
-)
+#: Faults of fakensq's own nsqd a proxy cannot inject (shown greyed): label, kind
+#: (those of the levels up to "harsh"; a kill is the restart's button too).
+INSIDE_NSQD: Final = tuple((KINDS[k].label, k) for k in kinds_for("harsh") if k not in WIRE_KINDS)
 #: Why they are greyed.
 INSIDE_REASON: Final = "happens inside nsqd: a proxy only sees the wire (use fakensq's own nsqd)"
 _PARAMS: Final = ("client", "role", "direction", "seconds", "count")

@@ -6,23 +6,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..proxyapi import WIRE_KINDS
+from ..faultkinds import KINDS, WIRE_KINDS
 from .proxycontrols import INSIDE_NSQD, INSIDE_REASON, ProxyState
 from .views import Col, button, e, table
 
 __all__ = ["proxy_forms", "proxy_sections"]
 
-#: The proxy-wide buttons: label, kind, confirmation, parameters.
-_BUTTONS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
-    ("Drop consumers", "drop", "Drop every consumer's connection?", {"role": "consumer"}),
-    ("Drop producers", "drop", "Drop every producer's connection?", {"role": "producer"}),
-    ("Drop all", "drop", "Drop every connection?", {}),
-    ("Delay 0.5s", "delay", "Hold every write for 0.5 s?", {"seconds": "0.5"}),
-    ("Stall", "stall", "Stall every connection (bytes stop, sockets stay open)?", {}),
-    ("Swallow heartbeats", "swallow_heartbeats", "Stop nsqd's heartbeats reaching clients?", {}),
-    ("Corrupt next frame", "corrupt", "Corrupt the next frame of every connection?", {}),
-    ("Truncate next frame", "truncate", "Truncate the next frame of every connection?", {}),
-    ("Partition", "partition", "Cut every client off from nsqd (new connections too)?", {}),
+#: The proxy-wide buttons' variants where a kind has more than one, or needs a
+#: parameter: label, confirmation, parameters.
+_VARIANTS: dict[str, tuple[tuple[str, str, dict[str, str]], ...]] = {
+    "drop": (
+        ("Drop consumers", "Drop every consumer's connection?", {"role": "consumer"}),
+        ("Drop producers", "Drop every producer's connection?", {"role": "producer"}),
+        ("Drop all", "Drop every connection?", {}),
+    ),
+    "delay": (("Delay 0.5s", "Hold every write for 0.5 s?", {"seconds": "0.5"}),),
+}
+#: The proxy-wide buttons, one or more per wire kind: label, kind, confirmation,
+#: parameters.
+_BUTTONS: tuple[tuple[str, str, str, dict[str, str]], ...] = tuple(
+    (label, kind, confirm, params)
+    for kind in WIRE_KINDS
+    for label, confirm, params in _VARIANTS.get(
+        kind, ((KINDS[kind].label, f"{KINDS[kind].label}: {KINDS[kind].summary}?", {}),)
+    )
 )
 #: The buttons of one relayed connection.
 _PER_CONNECTION = (("Drop", "drop"), ("Stall", "stall"), ("Partition", "partition"))
@@ -54,7 +61,7 @@ def _proxy(i: int, state: ProxyState) -> str:
             label,
             f"fault/proxy-{kind}",
             f"{state.address}: {confirm}",
-            danger=kind in ("drop", "partition"),
+            danger=KINDS[kind].redelivers,
             proxy=i,
             **params,
         )

@@ -28,7 +28,7 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import trio
@@ -40,6 +40,7 @@ from ..serving import ServingNode
 from . import nodepages, topicpages, views
 from .actions import ActionError, PageActions
 from .api import CONFIG_READ_MAX, NSQAdminAPI, as_nsqadmin_sends, v1_error
+from .clusterhandle import InProcessCluster
 from .data import Reader, Snapshot
 from .faultcontrols import FaultControls
 from .history import CHART_WINDOW, History
@@ -48,9 +49,6 @@ from .proxycontrols import ProxyControls
 from .proxypages import proxy_forms, proxy_sections
 from .timeline import Event, Timeline
 from .views import FaultCaps
-
-if TYPE_CHECKING:
-    from ..testing.cluster import Cluster
 
 __all__ = ["Admin", "ActionError", "WATCH_INTERVAL", "client_tls_context"]
 
@@ -141,7 +139,7 @@ class Admin(ServingNode):
         options: AdminOptions | None = None,
         lookupd_http_addresses: Sequence[str] = (),
         nsqd_http_addresses: Sequence[str] = (),
-        cluster: Cluster | None = None,
+        cluster: InProcessCluster | None = None,
         proxy_http_addresses: Sequence[str] = (),
         http_address: str | None = None,
         watch_interval: float = WATCH_INTERVAL,

@@ -40,12 +40,14 @@ from typing import Any, Final
 
 import trio
 
+from ..faultkinds import KINDS, WIRE_KINDS, Direction, Role, kinds_for
 from ..golang.net import join_host_port, split_host_port
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
-from ..proxyapi import WIRE_KINDS
 from .faultplayer import MetFault
-from .faults import Direction, Fault, Faults, FaultyStream, Role, Tracer, _socket_peer
+from .faults import Fault, Faults
+from .stream import FaultyStream, socket_peer
+from .tracer import Tracer
 
 __all__ = [
     "FRAME_KINDS",
@@ -59,23 +61,11 @@ __all__ = [
 
 log = logging.getLogger("fakensq.proxy")
 
-#: The kinds of :mod:`fakensq.testing.schedule` a proxy can play.
-SCHEDULE_KINDS: Final = ("drop", "delay", "stall", "swallow_heartbeats")
+#: The kinds of :mod:`fakensq.testing.schedule` a proxy can play (the safe
+#: ones of the wire).
+SCHEDULE_KINDS: Final = tuple(k for k in kinds_for("safe") if k in WIRE_KINDS)
 #: Those that act on whole frames (not on TLS or compressed connections).
-FRAME_KINDS: Final = ("swallow_heartbeats", "corrupt", "truncate")
-#: Faults of fakensq's own nsqd, which a proxy cannot inject, and why.
-_INSIDE_NSQD: Final = (
-    "time_out",
-    "requeue_storm",
-    "restart",
-    "kill",
-    "lookupd_outage",
-    "fail_publishes",
-    "fail_backend",
-    "refuse_auth",
-    "hang_auth",
-    "pause_channel",
-)
+FRAME_KINDS: Final = tuple(k for k in WIRE_KINDS if KINDS[k].frame)
 _BUFFER: Final = 64 * 1024
 
 
@@ -218,7 +208,7 @@ class FaultProxy:
     # -- relaying ------------------------------------------------------------
 
     async def _relay(self, client: trio.SocketStream) -> None:
-        faulty = FaultyStream(client, self.faults, self.name, _socket_peer(client), parse_nsq=True)
+        faulty = FaultyStream(client, self.faults, self.name, socket_peer(client), parse_nsq=True)
         self.relayed += 1
         try:
             if self.faults.partitioned(self.name, faulty.names()):
@@ -300,7 +290,7 @@ async def add_fault(proxy: FaultProxy, kind: str, args: dict[str, str]) -> dict[
     """Inject fault ``kind`` with ``args`` (``client``, ``role``, ``direction``,
     ``seconds``, ``count``) on ``proxy``; the answer as JSON-ready data.
     :class:`ProxyRefusal` for what the proxy cannot do or a bad argument."""
-    if kind in _INSIDE_NSQD:
+    if kind in KINDS and kind not in WIRE_KINDS:
         raise ProxyRefusal(
             f"{kind} happens inside nsqd: the proxy only sees the wire "
             f"(it can: {', '.join(WIRE_KINDS)}); use fakensq's own nsqd for {kind}"

@@ -37,17 +37,31 @@ import hashlib
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Protocol
+
+from ..faultkinds import KINDS as _REGISTRY
+from ..faultkinds import (
+    LEVELS,
+    REDELIVERING,
+    SCHEDULE_KINDS,
+    Direction,
+    Level,
+    kinds_for,
+    parse_kinds,
+    parse_level,
+)
 
 __all__ = [
     "DEFAULT_REDELIVERIES",
     "KINDS",
     "Direction",
+    "EventDraw",
     "LEVELS",
     "REDELIVERING",
     "FaultEvent",
     "FaultSchedule",
     "Level",
+    "build_event",
     "draw_schedule",
     "kinds_for",
     "parse_kinds",
@@ -55,81 +69,11 @@ __all__ = [
     "seed_for",
 ]
 
-Level = Literal["safe", "harsh", "lossy"]
-Direction = Literal["in", "out", "both"]
-
-#: The levels, mildest first; each allows the faults of the ones before it.
-LEVELS: Final[tuple[Level, ...]] = ("safe", "harsh", "lossy")
-
-#: Fault kinds by the level that first allows them.
-_KINDS_BY_LEVEL: Final[dict[Level, tuple[str, ...]]] = {
-    "safe": (
-        "drop",
-        "delay",
-        "stall",
-        "swallow_heartbeats",
-        "time_out",
-        "requeue_storm",
-        "restart",
-        "lookupd_outage",
-    ),
-    "harsh": ("corrupt", "truncate", "partition", "fail_publishes"),
-    "lossy": ("kill",),
-}
-
-#: Every fault kind a schedule may hold.
-KINDS: Final[tuple[str, ...]] = tuple(k for level in LEVELS for k in _KINDS_BY_LEVEL[level])
-
-#: The kinds after which nsqd hands the messages in flight out again.
-REDELIVERING: Final[frozenset[str]] = frozenset(
-    {"drop", "time_out", "requeue_storm", "restart", "corrupt", "truncate", "kill", "partition"}
-)
+#: Every fault kind a schedule may hold (:data:`fakensq.faultkinds.SCHEDULE_KINDS`).
+KINDS: Final = SCHEDULE_KINDS
 
 #: How many redelivering faults a schedule holds at most, by default.
 DEFAULT_REDELIVERIES: Final = 3
-
-#: Relative weights of the kinds when drawn (the redelivering ones are rationed
-#: by the budget anyway).
-_WEIGHTS: Final[dict[str, float]] = {
-    "drop": 3.0,
-    "delay": 2.0,
-    "stall": 2.0,
-    "swallow_heartbeats": 1.0,
-    "time_out": 3.0,
-    "requeue_storm": 1.0,
-    "restart": 1.0,
-    "lookupd_outage": 1.0,
-    "corrupt": 1.0,
-    "truncate": 1.0,
-    "partition": 1.0,
-    "fail_publishes": 1.0,
-    "kill": 1.0,
-}
-
-
-def parse_level(text: str) -> Level:
-    """A level's name, checked (``ValueError`` naming the choices)."""
-    for level in LEVELS:
-        if text == level:
-            return level
-    raise ValueError(f"unknown fault level {text!r} (choose from {', '.join(LEVELS)})")
-
-
-def kinds_for(level: Level) -> tuple[str, ...]:
-    """The fault kinds ``level`` allows."""
-    upto = LEVELS.index(level) + 1
-    return tuple(k for lv in LEVELS[:upto] for k in _KINDS_BY_LEVEL[lv])
-
-
-def parse_kinds(names: Iterable[str]) -> tuple[str, ...]:
-    """Fault kind names, checked (``ValueError`` naming the unknown one)."""
-    kinds = []
-    for name in names:
-        name = name.strip()
-        if name not in KINDS:
-            raise ValueError(f"unknown fault {name!r} (known: {', '.join(KINDS)})")
-        kinds.append(name)
-    return tuple(kinds)
 
 
 def seed_for(seed: int, key: str) -> int:
@@ -181,38 +125,29 @@ class FaultEvent:
     @property
     def level(self) -> Level:
         """The mildest level that allows this event."""
-        if self.everyone and self.kind in ("drop", "stall", "swallow_heartbeats", "restart"):
-            return "harsh"
-        for level in LEVELS:
-            if self.kind in _KINDS_BY_LEVEL[level]:
-                return level
-        raise AssertionError(self.kind)
+        spec = _REGISTRY[self.kind]
+        assert spec.level is not None
+        return "harsh" if self.everyone and spec.hits_producers_at("harsh") else spec.level
 
     @property
     def lasting(self) -> bool:
-        return self.kind in (
-            "delay",
-            "stall",
-            "swallow_heartbeats",
-            "partition",
-            "lookupd_outage",
-            "fail_publishes",
-        )
+        return _REGISTRY[self.kind].lasting
 
     def target(self) -> str:
         """The node it acts on, by name."""
-        return f"lookupd-{self.node}" if self.kind == "lookupd_outage" else f"nsqd-{self.node}"
+        return f"{_REGISTRY[self.kind].target}-{self.node}"
 
     def describe(self) -> str:
         """One line: the kind, its target and parameters (no time)."""
+        params = _REGISTRY[self.kind].params
         parts = [self.kind, self.target()]
-        if self.kind == "delay":
+        if "seconds" in params:
             parts.append(f"{self.seconds:g}s/write")
-        if self.kind in ("delay", "stall"):
+        if "direction" in params:
             parts.append(f"direction={self.direction}")
         if self.lasting:
             parts.append(f"for {self.duration:g}s")
-        if self.kind == "requeue_storm":
+        if "rounds" in params:
             parts.append(f"{self.rounds} rounds {self.interval:g}s apart")
         if self.everyone:
             parts.append("(producers too)")
@@ -280,6 +215,94 @@ class FaultSchedule(Sequence[FaultEvent]):
         return cls(tuple(FaultEvent.from_dict(d) for d in docs))
 
 
+class EventDraw(Protocol):
+    """Where an event's values come from: :func:`draw_schedule`'s random
+    generator, or the hypothesis strategies (:mod:`fakensq.testing.strategies`).
+    :func:`build_event` asks for them in a fixed order, so a seed draws the same
+    events whichever parameters a kind has."""
+
+    def at(self) -> float: ...
+
+    def node(self, count: int) -> int: ...
+
+    def duration(self) -> float: ...
+
+    def coin(self) -> bool: ...
+
+    def seconds(self, duration: float) -> float: ...
+
+    def direction(self) -> Direction: ...
+
+    def rounds(self) -> int: ...
+
+    def interval(self) -> float: ...
+
+
+def build_event(kind: str, draw: EventDraw, *, level: Level, nsqd: int, lookupd: int) -> FaultEvent:
+    """An event of ``kind`` for a schedule of ``level`` on ``nsqd`` nsqds and
+    ``lookupd`` nsqlookupds, its values taken from ``draw``: the time, the node,
+    a duration (drawn for every kind, so the draws that follow line up), whether
+    it hits producers too (where the level lets it), then the kind's own
+    parameters (:attr:`fakensq.faultkinds.FaultKind.params`)."""
+    spec = _REGISTRY[kind]
+    at = draw.at()
+    node = draw.node(max(lookupd if spec.target == "lookupd" else nsqd, 1))
+    duration = draw.duration()
+    everyone = spec.hits_producers_at(level) and draw.coin()
+    params = spec.params
+    seconds = draw.seconds(duration) if "seconds" in params else 0.0
+    direction: Direction = draw.direction() if "direction" in params else "both"
+    rounds = draw.rounds() if "rounds" in params else 1
+    interval = draw.interval() if "interval" in params else 0.0
+    return FaultEvent(
+        at,
+        kind,
+        node,
+        duration if "duration" in params else 0.0,
+        seconds,
+        direction,
+        rounds,
+        interval,
+        everyone,
+    )
+
+
+class _RandomDraw:
+    """An event's values from a ``random.Random``, scaled to ``horizon``."""
+
+    _DIRECTIONS: Final[tuple[Direction, ...]] = ("in", "out", "both")
+
+    def __init__(self, rng: random.Random, horizon: float, budget: int) -> None:
+        self.rng = rng
+        self.horizon = horizon
+        self.budget = budget
+
+    def at(self) -> float:
+        return round(self.rng.uniform(0.02, 1.0) * self.horizon, 3)
+
+    def node(self, count: int) -> int:
+        return self.rng.randrange(count)
+
+    def duration(self) -> float:
+        # A lasting fault holds for up to a third of the horizon.
+        return round(self.rng.uniform(0.05, 0.34) * self.horizon, 3)
+
+    def coin(self) -> bool:
+        return self.rng.random() < 0.5
+
+    def seconds(self, duration: float) -> float:
+        return round(self.rng.uniform(0.01, 0.1) * self.horizon, 3)
+
+    def direction(self) -> Direction:
+        return self.rng.choice(self._DIRECTIONS)
+
+    def rounds(self) -> int:
+        return self.rng.randint(1, max(1, min(3, self.budget)))
+
+    def interval(self) -> float:
+        return round(self.rng.uniform(0.02, 0.1) * self.horizon, 3)
+
+
 def draw_schedule(
     rng: random.Random,
     *,
@@ -312,8 +335,9 @@ def draw_schedule(
         usable = [k for k in candidates if k not in REDELIVERING or budget > 0]
         if not usable:
             break
-        kind = rng.choices(usable, [_WEIGHTS[k] for k in usable])[0]
-        event = _draw_event(rng, kind, horizon, nsqd, lookupd, level, budget)
+        kind = rng.choices(usable, [_REGISTRY[k].weight for k in usable])[0]
+        draw = _RandomDraw(rng, horizon, budget)
+        event = build_event(kind, draw, level=level, nsqd=nsqd, lookupd=lookupd)
         budget -= event.redelivers
         events.append(event)
     return FaultSchedule(tuple(events))
@@ -329,35 +353,3 @@ def _poisson(rng: random.Random, mean: float) -> int:
         if p <= limit:
             return k
         k += 1
-
-
-def _draw_event(
-    rng: random.Random,
-    kind: str,
-    horizon: float,
-    nsqd: int,
-    lookupd: int,
-    level: Level,
-    budget: int,
-) -> FaultEvent:
-    at = round(rng.uniform(0.02, 1.0) * horizon, 3)
-    node = rng.randrange(lookupd if kind == "lookupd_outage" else max(nsqd, 1))
-    # A lasting fault holds for up to a third of the horizon.
-    duration = round(rng.uniform(0.05, 0.34) * horizon, 3)
-    harsh = LEVELS.index(level) >= LEVELS.index("harsh")
-    everyone = harsh and kind in ("drop", "stall", "swallow_heartbeats", "restart")
-    everyone = everyone and rng.random() < 0.5
-    directions: tuple[Direction, ...] = ("in", "out", "both")
-    if kind == "delay":
-        seconds = round(rng.uniform(0.01, 0.1) * horizon, 3)
-        return FaultEvent(at, kind, node, duration, seconds, rng.choice(directions))
-    if kind == "stall":
-        direction = rng.choice(directions)
-        return FaultEvent(at, kind, node, duration, direction=direction, everyone=everyone)
-    if kind == "requeue_storm":
-        rounds = rng.randint(1, max(1, min(3, budget)))
-        interval = round(rng.uniform(0.02, 0.1) * horizon, 3)
-        return FaultEvent(at, kind, node, rounds=rounds, interval=interval)
-    if kind in ("swallow_heartbeats", "partition", "lookupd_outage", "fail_publishes"):
-        return FaultEvent(at, kind, node, duration, everyone=everyone)
-    return FaultEvent(at, kind, node, everyone=everyone)

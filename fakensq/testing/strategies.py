@@ -18,6 +18,7 @@ faults, which :func:`fakensq.testing.atleastonce.check_at_least_once` replays ex
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from hypothesis import strategies as st
 
@@ -28,19 +29,56 @@ from .schedule import (
     FaultEvent,
     FaultSchedule,
     Level,
+    build_event,
     kinds_for,
     parse_kinds,
 )
 
 __all__ = ["fault_events", "fault_schedules"]
 
-_DIRECTIONS: tuple[Direction, ...] = ("both", "in", "out")
-
 
 def _seconds(low: float, high: float, step: float) -> st.SearchStrategy[float]:
     """Multiples of ``step`` from ``low`` to ``high``; shrinks towards ``low``."""
     top = max(round((high - low) / step), 0)
     return st.integers(0, top).map(lambda n: round(low + n * step, 6))
+
+
+class _HypothesisDraw:
+    """An event's values drawn by hypothesis, on a grid of ``step`` seconds."""
+
+    _DIRECTIONS: Final[tuple[Direction, ...]] = ("both", "in", "out")
+
+    def __init__(self, draw: st.DrawFn, horizon: float, step: float, longest: float) -> None:
+        self.draw = draw
+        self.horizon = horizon
+        self.step = step
+        self.longest = longest
+
+    def at(self) -> float:
+        return self.draw(_seconds(0.0, self.horizon, self.step))
+
+    def node(self, count: int) -> int:
+        return self.draw(st.integers(0, count - 1))
+
+    def duration(self) -> float:
+        return self.draw(_seconds(self.step, max(self.longest, self.step), self.step))
+
+    def coin(self) -> bool:
+        return self.draw(st.booleans())
+
+    def seconds(self, duration: float) -> float:
+        step = self.step
+        return self.draw(_seconds(step / 10, max(step, duration / 2), step / 10))
+
+    def direction(self) -> Direction:
+        return self.draw(st.sampled_from(self._DIRECTIONS))
+
+    def rounds(self) -> int:
+        return self.draw(st.integers(1, 3))
+
+    def interval(self) -> float:
+        step = self.step
+        return self.draw(_seconds(step, max(step, self.horizon / 20), step))
 
 
 def fault_events(
@@ -64,31 +102,12 @@ def fault_events(
         raise ValueError(f"no fault kind left (level {level!r}, kinds {kinds!r})")
     allowed.sort(key=KINDS.index)
     longest = max_duration if max_duration is not None else horizon / 4
-    harsh = level != "safe"
 
     @st.composite
     def event(draw: st.DrawFn) -> FaultEvent:
         kind = draw(st.sampled_from(allowed))
-        at = draw(_seconds(0.0, horizon, step))
-        count = lookupd if kind == "lookupd_outage" else nsqd
-        node = draw(st.integers(0, max(count, 1) - 1))
-        duration = draw(_seconds(step, max(longest, step), step))
-        everyone = harsh and kind in ("drop", "stall", "swallow_heartbeats", "restart")
-        everyone = everyone and draw(st.booleans())
-        if kind == "delay":
-            seconds = draw(_seconds(step / 10, max(step, duration / 2), step / 10))
-            direction = draw(st.sampled_from(_DIRECTIONS))
-            return FaultEvent(at, kind, node, duration, seconds, direction)
-        if kind == "stall":
-            direction = draw(st.sampled_from(_DIRECTIONS))
-            return FaultEvent(at, kind, node, duration, direction=direction, everyone=everyone)
-        if kind == "requeue_storm":
-            rounds = draw(st.integers(1, 3))
-            interval = draw(_seconds(step, max(step, horizon / 20), step))
-            return FaultEvent(at, kind, node, rounds=rounds, interval=interval)
-        if kind in ("swallow_heartbeats", "partition", "lookupd_outage", "fail_publishes"):
-            return FaultEvent(at, kind, node, duration, everyone=everyone)
-        return FaultEvent(at, kind, node, everyone=everyone)
+        values = _HypothesisDraw(draw, horizon, step, longest)
+        return build_event(kind, values, level=level, nsqd=nsqd, lookupd=lookupd)
 
     return event()
 
