@@ -65,9 +65,11 @@ def _module(name: str) -> ModuleType:
 def tool_flags(name: str) -> FlagSet:
     """The flags of ``trionsq NAME`` (``--version`` and ``--log-level`` included)."""
     module = _module(name)
-    flags = FlagSet(prog=f"trionsq {name}", description=plain_text(module.__doc__ or ""))
+    flags = FlagSet(
+        f"trionsq {name}", description=plain_text(module.__doc__ or ""), help_to_stdout=True
+    )
     module.configure(flags)
-    flags.bool("version", "print version string")
+    flags.bool("version", False, "print version string")
     if not flags.has("log-level"):
         flags.string("log-level", "", "log verbosity: debug, info, warn, error, fatal (trionsq)")
     return flags
@@ -122,13 +124,17 @@ def _main(args: list[str], signals: TrioStopSignals, own_process: bool = False) 
     name = args.pop(0)
     module = _module(name)
     flags = tool_flags(name)
-    parsed = flags.parse(args)
+    outcome = flags.parse_or_exit(args)
+    if isinstance(outcome, int):
+        return outcome
+    values, ignored = outcome
+    parsed = flags.namespace(values)
     if parsed.version:
         print(f"trionsq {name} v{__version__} (after {GO_NAMES[name]} v1.3.0)")
         return 0
-    if parsed._ignored:
+    if ignored:
         print(
-            f"trionsq {name}: ignoring arguments after the flags: {' '.join(parsed._ignored)}",
+            f"trionsq {name}: ignoring arguments after the flags: {' '.join(ignored)}",
             file=sys.stderr,
         )
     level = parsed.log_level or level

@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..golang.lg import LOG_LEVELS
+
 __all__ = [
     "AdminOptions",
     "OptionsError",
@@ -23,9 +25,6 @@ __all__ = [
     "go_file_error",
     "LOG_LEVELS",
 ]
-
-#: nsqadmin's ``lg.LogLevel`` numbers, which ``/config/log_level`` answers.
-LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 
 
 class OptionsError(ValueError):

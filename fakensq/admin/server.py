@@ -33,7 +33,8 @@ from typing import Any
 import httpx
 import trio
 
-from ..golang.flags import format_go_duration
+from trionsq.tools.flags import format_duration
+
 from ..http.router import Router
 from ..http.server import READ_ALL, HTTPServer, Request, Response
 from ..serving import ServingNode
@@ -360,7 +361,7 @@ class Admin(ServingNode):
             request.method,
             request.path + (f"?{request.raw_query}" if request.raw_query else ""),
             request.remote_addr,
-            format_go_duration(time.perf_counter() - started),
+            format_duration(time.perf_counter() - started),
         )
         return response
 

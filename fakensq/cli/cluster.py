@@ -10,44 +10,43 @@ from typing import Any
 
 import trio
 
+from trionsq.tools.flags import FlagSet
+
 from ..admin import Admin
-from ..golang.flags import FlagSet
 from ..testing.cluster import Cluster
-from .common import _fatal, _first_error, _parse_or_exit, _setup_logging, _wait_for_signal
+from .common import fatal, first_error, setup_logging, wait_for_signal
 
 __all__ = ["cluster_flagset", "cluster_main"]
 
 
 def cluster_flagset() -> FlagSet:
     fs = FlagSet("fakensq cluster")
-    fs.add_int("nsqd", 1, "number of nsqds", "nsqd")
-    fs.add_int("lookupd", 1, "number of nsqlookupds", "lookupd")
-    fs.add_string("host", "127.0.0.1", "address every node listens on and broadcasts", "host")
-    fs.add_int(
+    fs.int("nsqd", 1, "number of nsqds")
+    fs.int("lookupd", 1, "number of nsqlookupds")
+    fs.string("host", "127.0.0.1", "address every node listens on and broadcasts")
+    fs.int(
         "base-port",
         0,
         "first port: nsqd i listens on base+2i (TCP) and base+2i+1 (HTTP), nsqlookupd j on "
         "base+100+2j and base+101+2j (default 0: free ports)",
-        "base_port",
     )
-    fs.add_string("data-path", "", "directory for the nsqds' data (default: a temporary one)")
-    fs.add_string(
+    fs.string("data-path", "", "directory for the nsqds' data (default: a temporary one)")
+    fs.string(
         "admin-http-address",
         "",
         "<addr>:<port> to serve the admin web UI on, with fault controls (default: none)",
     )
-    fs.add_string(
-        "log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal", "log_level"
-    )
+    fs.string("log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal")
     return fs
 
 
 def cluster_main(argv: Sequence[str]) -> int:
     """``fakensq cluster``: run a Cluster, print its addresses, stop on Ctrl-C."""
     fs = cluster_flagset()
-    values = _parse_or_exit(fs, argv)
-    if isinstance(values, int):
-        return values
+    parsed = fs.parse_or_exit(argv)
+    if isinstance(parsed, int):
+        return parsed
+    values = parsed[0]
     n_nsqd = values.get("nsqd", 1)
     n_lookupd = values.get("lookupd", 1)
     base = values.get("base-port", 0)
@@ -55,7 +54,7 @@ def cluster_main(argv: Sequence[str]) -> int:
     lookupd_ports = [
         (base + 100 + 2 * j, base + 101 + 2 * j) if base else (0, 0) for j in range(n_lookupd)
     ]
-    _setup_logging("[fakensq] ", values.get("log-level", "warn"), sys.stderr)
+    setup_logging("[fakensq] ", values.get("log-level", "warn"), sys.stderr)
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -70,16 +69,16 @@ def cluster_main(argv: Sequence[str]) -> int:
                 admin_address = values.get("admin-http-address", "")
                 if not admin_address:
                     _print_cluster(cluster)
-                    await _wait_for_signal(signals)
+                    await wait_for_signal(signals)
                     return
                 async with Admin(cluster=cluster, http_address=admin_address) as admin:
                     _print_cluster(cluster, admin_url=admin.url)
-                    await _wait_for_signal(signals)
+                    await wait_for_signal(signals)
 
     try:
         trio.run(run)
     except (OSError, BaseExceptionGroup) as exc:
-        return _fatal("[fakensq] ", f"failed to start the cluster - {_first_error(exc)}")
+        return fatal("[fakensq] ", f"failed to start the cluster - {first_error(exc)}")
     return 0
 
 

@@ -1,6 +1,8 @@
-"""What the commands share: logging set-up, fatal exits, flag parsing as Go's
-``ExitOnError``, config files (TOML, nsqd's cfg names) and ``options.Resolve``,
-waiting for a signal.
+"""What the commands share: logging set-up, fatal exits, config files (TOML,
+nsqd's cfg names) and ``options.Resolve``, waiting for a signal.
+
+fakensq.cli's internal API: its commands' modules use these; nothing outside
+the package does.
 """
 
 from __future__ import annotations
@@ -9,40 +11,45 @@ import logging
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any, TextIO, TypeVar
 
-from ..golang.flags import (
-    FlagError,
-    FlagFatal,
-    FlagSet,
-    FlagValueError,
-    HelpRequested,
-    parse_go_duration,
-)
-from ..golang.lg import _LEVELS, GoLogFormatter, _parse_log_level, version_string
+from trionsq.tools.flags import FlagSet, FlagValueError, go_duration
+
+from ..golang.lg import GoLogFormatter, parse_log_level, python_level, version_string
 from ..lookupd.options import LookupdOptions
-from ..nsqd.flags import _parse_tls_min_version, _parse_tls_required
+from ..nsqd.flags import parse_tls_min_version, parse_tls_required
 from ..nsqd.listeners import listen_error
 from ..nsqd.options import NSQDOptions
 
-__all__ = ["ConfigError"]
+__all__ = [
+    "ConfigError",
+    "check_listeners",
+    "config_values",
+    "daemon_options",
+    "fatal",
+    "first_error",
+    "go_os_error",
+    "resolve",
+    "setup_logging",
+    "wait_for_signal",
+]
 
 
-def _setup_logging(prefix: str, level: str, stream: TextIO) -> logging.Handler:
+def setup_logging(prefix: str, level: str, stream: TextIO) -> logging.Handler:
+    """fakensq's log lines as nsq's ``lg`` writes them, on ``stream``."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(GoLogFormatter(prefix))
     root = logging.getLogger("fakensq")
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(_LEVELS.get(level.lower(), logging.INFO))
+    root.setLevel(python_level(level))
     root.propagate = False
     return handler
 
 
-def _fatal(prefix: str, message: str) -> int:
-    # lg.LogFatal: one FATAL line, exit 1.
+def fatal(prefix: str, message: str) -> int:
+    """``lg.LogFatal``: one FATAL line on stderr; the exit status (1)."""
     record = logging.LogRecord("fakensq", logging.CRITICAL, "", 0, message, None, None)
     print(GoLogFormatter(prefix).format(record), file=sys.stderr, flush=True)
     return 1
@@ -51,7 +58,7 @@ def _fatal(prefix: str, message: str) -> int:
 def _coerce_duration(value: Any) -> float:
     # options.Resolve: strings are Go durations, integers are milliseconds.
     if isinstance(value, str):
-        return parse_go_duration(value)
+        return go_duration(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value / 1000.0
     if isinstance(value, float):
@@ -72,11 +79,11 @@ def _load_config(
         if name in durations:
             value = _coerce_duration(value)
         elif name == "tls_required":
-            value = _parse_tls_required(str(value))
+            value = parse_tls_required(str(value))
         elif name == "tls_min_version":
-            value = _parse_tls_min_version(str(value))
+            value = parse_tls_min_version(str(value))
         elif name == "log_level":
-            value = _parse_log_level(str(value))
+            value = parse_log_level(str(value))
         values[name] = value
     return values
 
@@ -85,39 +92,25 @@ class ConfigError(Exception):
     """The ``--config`` file cannot be read (nsqd exits 1 with this text)."""
 
 
-def _config_values(
+def config_values(
     values: dict[str, Any], fields: set[str], durations: set[str], aliases: dict[str, str]
 ) -> dict[str, Any]:
+    """The ``--config`` file's values (given in ``values``), by option name:
+    ``fields`` the options, ``durations`` those that are durations, ``aliases``
+    the file's names that are not the options'; ConfigError as nsqd's."""
     path = values.get("config")
     if not path:
         return {}
     try:
         return _load_config(path, fields, durations, aliases)
     except (OSError, tomllib.TOMLDecodeError, FlagValueError) as exc:
-        reason = _go_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        reason = go_os_error(exc) if isinstance(exc, OSError) else str(exc)
         raise ConfigError(f"failed to load config file {path} - {reason}") from None
 
 
-def _parse_or_exit(fs: FlagSet, argv: Sequence[str]) -> dict[str, Any] | int:
-    """Parsed flags, or the exit code after Go's ExitOnError output."""
-    try:
-        values, _rest = fs.parse(argv)
-    except HelpRequested:
-        sys.stderr.write(fs.usage())
-        return 0
-    except FlagError as exc:
-        sys.stderr.write(f"{exc}\n{fs.usage()}")
-        return 2
-    except FlagFatal as exc:
-        # Go's log.Fatalf: "2006/01/02 15:04:05 message", exit status 1.
-        sys.stderr.write(f"{datetime.now().strftime('%Y/%m/%d %H:%M:%S')} {exc}\n")
-        return 1
-    return values
-
-
-def _resolve(fs: FlagSet, values: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    # options.Resolve: a flag given on the command line, else the config file,
-    # else the flag's default.
+def resolve(fs: FlagSet, values: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """``options.Resolve``: a flag given on the command line, else the config
+    file (the flag's default is the options' own); by option name."""
     resolved = dict(config)
     for name, value in values.items():
         dest = fs.flags[name].dest
@@ -126,7 +119,8 @@ def _resolve(fs: FlagSet, values: dict[str, Any], config: dict[str, Any]) -> dic
     return resolved
 
 
-async def _wait_for_signal(receiver: Any) -> None:
+async def wait_for_signal(receiver: Any) -> None:
+    """Return at the first signal ``receiver`` (trio's signal receiver) gets."""
     async for _ in receiver:
         return
 
@@ -134,7 +128,7 @@ async def _wait_for_signal(receiver: Any) -> None:
 _Options = TypeVar("_Options", NSQDOptions, LookupdOptions)
 
 
-def _daemon_options(
+def daemon_options(
     name: str,
     fs: FlagSet,
     options_from_flags: Callable[[dict[str, Any]], _Options],
@@ -143,9 +137,10 @@ def _daemon_options(
     """A daemon's options from its flags, or the exit status when there is
     nothing to run (a flag error, ``--help``, ``--version``, a bad config)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    values = _parse_or_exit(fs, args)
-    if isinstance(values, int):
-        return values
+    parsed = fs.parse_or_exit(args)
+    if isinstance(parsed, int):
+        return parsed
+    values = parsed[0]
     if values.get("version"):
         print(version_string(name), flush=True)
         return 0
@@ -153,17 +148,17 @@ def _daemon_options(
     try:
         return options_from_flags(values)
     except ConfigError as exc:
-        return _fatal(prefix, str(exc))
+        return fatal(prefix, str(exc))
 
 
-def _go_os_error(exc: OSError, op: str = "open") -> str:
+def go_os_error(exc: OSError, op: str = "open") -> str:
     """An OSError as Go's os.PathError prints: ``open /x: no such file or directory``."""
     reason = exc.strerror or str(exc)
     reason = reason[:1].lower() + reason[1:]
     return f"{op} {exc.filename}: {reason}" if exc.filename else reason
 
 
-def _check_listeners(*addresses: str, unix: bool = True) -> None:
+def check_listeners(*addresses: str, unix: bool = True) -> None:
     """nsqd.New's and nsqlookupd.New's listens, in order: ValueError with
     ``listen (ADDRESS) failed - ...`` for the first that would fail."""
     for address in addresses:
@@ -173,7 +168,8 @@ def _check_listeners(*addresses: str, unix: bool = True) -> None:
                 raise ValueError(f"listen ({address}) failed - {error}")
 
 
-def _first_error(exc: BaseException) -> BaseException:
+def first_error(exc: BaseException) -> BaseException:
+    """The first error of an exception group (nested ones too), or ``exc``."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc

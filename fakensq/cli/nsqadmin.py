@@ -26,11 +26,12 @@ from typing import Any
 
 import trio
 
+from trionsq.tools.flags import FlagSet, FlagValueError, go_duration
+
 from ..admin.options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
 from ..admin.server import Admin, client_tls_context
-from ..golang.flags import FlagSet, FlagValueError, parse_go_duration
-from ..golang.lg import GoLogFormatter, _daemon_flagset, version_string
-from .common import _parse_or_exit
+from ..golang.lg import daemon_flagset, version_string
+from .common import fatal, first_error, resolve, setup_logging
 
 __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]
 
@@ -40,137 +41,105 @@ log = logging.getLogger("fakensq.admin")
 def admin_flagset(defaults: AdminOptions | None = None) -> FlagSet:
     """The flags of ``fakensq admin``: nsqadmin v1.3.0's, with its defaults."""
     o = defaults or AdminOptions()
-    fs = _daemon_flagset("nsqadmin", o.log_level)  # version, config, log-*, verbose
-    fs.add_string(
-        "http-address",
-        o.http_address,
-        "<addr>:<port> to listen on for HTTP clients",
-        "http_address",
-    )
-    fs.add_string("base-path", o.base_path, "URL base path", "base_path")
-    fs.add_string(
+    fs = daemon_flagset("nsqadmin", o.log_level)  # version, config, log-*, verbose
+    fs.string("http-address", o.http_address, "<addr>:<port> to listen on for HTTP clients")
+    fs.string("base-path", o.base_path, "URL base path")
+    fs.string(
         "dev-static-dir",
         o.dev_static_dir,
         "(development use only) here: a folder whose files replace the pages' "
         "admin.js/admin.css/chart.js",
-        "dev_static_dir",
     )
-    fs.add_string(
+    fs.string(
         "graphite-url",
         o.graphite_url,
         "graphite HTTP address (here: /api/graphite asks it for rates; the pages' "
         "charts come from the admin's own polling of /stats)",
-        "graphite_url",
     )
-    fs.add_bool(
-        "proxy-graphite", o.proxy_graphite, "proxy HTTP requests to graphite", "proxy_graphite"
-    )
-    fs.add_string(
+    fs.bool("proxy-graphite", o.proxy_graphite, "proxy HTTP requests to graphite")
+    fs.string(
         "statsd-counter-format",
         o.statsd_counter_format,
         "The counter stats key formatting applied by the implementation of statsd. If no "
         "formatting is desired, set this to an empty string. (here: only reported by "
         "/config; nsqadmin's pages use it to name graphite series)",
-        "statsd_counter_format",
     )
-    fs.add_string(
+    fs.string(
         "statsd-gauge-format",
         o.statsd_gauge_format,
         "The gauge stats key formatting applied by the implementation of statsd. If no "
         "formatting is desired, set this to an empty string. (here: only reported by /config)",
-        "statsd_gauge_format",
     )
-    fs.add_string(
+    fs.string(
         "statsd-prefix",
         o.statsd_prefix,
         "prefix used for keys sent to statsd (%s for host replacement, must match nsqd) "
         "(here: only reported by /config)",
-        "statsd_prefix",
     )
-    fs.add_duration(
+    fs.duration(
         "statsd-interval",
         o.statsd_interval,
         "time interval nsqd is configured to push to statsd (must match nsqd) "
         "(here: the window /api/graphite asks graphite for)",
-        "statsd_interval",
     )
-    fs.add_list(
+    fs.strings(
         "lookupd-http-address",
         "lookupd HTTP address (may be given multiple times)",
-        "nsqlookupd_http_addresses",
+        dest="nsqlookupd_http_addresses",
     )
-    fs.add_list(
+    fs.strings(
         "nsqd-http-address",
         "nsqd HTTP address (may be given multiple times)",
-        "nsqd_http_addresses",
+        dest="nsqd_http_addresses",
     )
     # fakensq's own (nsqadmin has no such flag): the Faults page's proxy buttons.
-    fs.add_list(
+    fs.strings(
         "proxy-http-address",
         "here only (not nsqadmin's): HTTP address of a 'fakensq proxy' whose fault buttons "
         "the Faults page shows (may be given multiple times)",
-        "proxy_http_addresses",
+        dest="proxy_http_addresses",
     )
-    fs.add_duration(
-        "http-client-connect-timeout",
-        o.http_client_connect_timeout,
-        "timeout for HTTP connect",
-        "http_client_connect_timeout",
+    fs.duration(
+        "http-client-connect-timeout", o.http_client_connect_timeout, "timeout for HTTP connect"
     )
-    fs.add_duration(
-        "http-client-request-timeout",
-        o.http_client_request_timeout,
-        "timeout for HTTP request",
-        "http_client_request_timeout",
+    fs.duration(
+        "http-client-request-timeout", o.http_client_request_timeout, "timeout for HTTP request"
     )
-    fs.add_bool(
+    fs.bool(
         "http-client-tls-insecure-skip-verify",
         o.http_client_tls_insecure_skip_verify,
         "configure the HTTP client to skip verification of TLS certificates",
-        "http_client_tls_insecure_skip_verify",
     )
-    fs.add_string(
+    fs.string(
         "http-client-tls-root-ca-file",
         o.http_client_tls_root_ca_file,
         "path to CA file for the HTTP client",
-        "http_client_tls_root_ca_file",
     )
-    fs.add_string(
+    fs.string(
         "http-client-tls-cert",
         o.http_client_tls_cert,
         "path to certificate file for the HTTP client",
-        "http_client_tls_cert",
     )
-    fs.add_string(
-        "http-client-tls-key",
-        o.http_client_tls_key,
-        "path to key file for the HTTP client",
-        "http_client_tls_key",
-    )
-    fs.add_string(
+    fs.string("http-client-tls-key", o.http_client_tls_key, "path to key file for the HTTP client")
+    fs.string(
         "allow-config-from-cidr",
         o.allow_config_from_cidr,
         "A CIDR from which to allow HTTP requests to the /config endpoint",
-        "allow_config_from_cidr",
     )
-    fs.add_string(
+    fs.string(
         "notification-http-endpoint",
         o.notification_http_endpoint,
         "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
-        "notification_http_endpoint",
     )
-    fs.add_string(
-        "acl-http-header",
-        o.acl_http_header,
-        "HTTP header to check for authenticated admin users",
-        "acl_http_header",
+    fs.string(
+        "acl-http-header", o.acl_http_header, "HTTP header to check for authenticated admin users"
     )
-    fs.add_list(
+    fs.strings(
         "admin-user",
         "admin user (may be given multiple times; if specified, only these users will be "
         "able to perform privileged actions; acl-http-header is used to determine the "
         "authenticated user)",
-        "admin_users",
+        dest="admin_users",
     )
     return fs
 
@@ -194,7 +163,7 @@ def _coerce(name: str, value: Any) -> Any:
     if name in _DURATION_FIELDS:
         # Go durations as strings, or integer milliseconds.
         if isinstance(value, str):
-            return parse_go_duration(value)
+            return go_duration(value)
         if isinstance(value, int | float) and not isinstance(value, bool):
             return value / 1000.0
         raise FlagValueError(f"invalid time.Duration value type {type(value).__name__}")
@@ -246,44 +215,16 @@ def _load_config(path: str) -> dict[str, Any]:
 def admin_options_from_flags(values: dict[str, Any]) -> AdminOptions:
     """:class:`AdminOptions` from parsed flags: a flag given on the command line
     wins over the ``--config`` file, which wins over nsqadmin's defaults."""
-    resolved: dict[str, Any] = {}
-    if values.get("config"):
-        resolved.update(_load_config(values["config"]))
-    fs = admin_flagset()
-    for name, value in values.items():
-        dest = fs.flags[name].dest
-        if dest is not None:
-            resolved[dest] = value
-    return AdminOptions(**resolved)
-
-
-def _setup_logging(options: AdminOptions) -> logging.Handler:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(GoLogFormatter(options.log_prefix))
-    root = logging.getLogger("fakensq")
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(
-        {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING}.get(
-            options.log_level, logging.ERROR
-        )
-    )
-    root.propagate = False
-    return handler
-
-
-def _fatal(prefix: str, message: str) -> int:
-    when = datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")
-    print(f"{prefix}{when} FATAL: {message}", file=sys.stderr, flush=True)
-    return 1
+    config = _load_config(values["config"]) if values.get("config") else {}
+    return AdminOptions(**resolve(admin_flagset(), values, config))
 
 
 def admin_main(argv: Sequence[str]) -> int:
     """Run the admin server until SIGTERM/SIGINT, as ``nsqadmin`` runs."""
-    values = _parse_or_exit(admin_flagset(), argv)
-    if isinstance(values, int):
-        return values
+    parsed = admin_flagset().parse_or_exit(argv)
+    if isinstance(parsed, int):
+        return parsed
+    values = parsed[0]
     if values.get("version"):
         print(version_string("nsqadmin"), flush=True)
         return 0
@@ -291,29 +232,26 @@ def admin_main(argv: Sequence[str]) -> int:
     try:
         options = admin_options_from_flags(values)
     except ConfigError as exc:
-        return _fatal(prefix, str(exc))
+        return fatal(prefix, str(exc))
     try:
         options.validate()
         client_tls_context(options)
     except OptionsError as exc:
-        return _fatal(options.log_prefix, f"failed to instantiate nsqadmin - {exc}")
-    _setup_logging(options)
+        return fatal(options.log_prefix, f"failed to instantiate nsqadmin - {exc}")
+    setup_logging(options.log_prefix, options.log_level, sys.stderr)
     log.info(version_string("nsqadmin"))
     try:
         split_host_port(options.http_address)
     except ValueError as exc:
-        return _fatal(
-            options.log_prefix, _listen_failed(options.http_address, f"listen tcp: {exc}")
-        )
+        return fatal(options.log_prefix, _listen_failed(options.http_address, f"listen tcp: {exc}"))
     try:
         trio.run(_serve, options)
-    except (OSError, OptionsError, BaseExceptionGroup) as exc:
-        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-            exc = exc.exceptions[0]
-        if isinstance(exc, OptionsError):
-            return _fatal(options.log_prefix, f"failed to instantiate nsqadmin - {exc}")
-        return _fatal(
-            options.log_prefix, _listen_failed(options.http_address, _os_error(options, exc))
+    except (OSError, OptionsError, BaseExceptionGroup) as group:
+        error = first_error(group)
+        if isinstance(error, OptionsError):
+            return fatal(options.log_prefix, f"failed to instantiate nsqadmin - {error}")
+        return fatal(
+            options.log_prefix, _listen_failed(options.http_address, _os_error(options, error))
         )
     return 0
 

@@ -16,8 +16,8 @@ import trio
 from ..golang.json import format_float
 from ..golang.lg import version_string
 from ..nsqd.flags import (
-    _DURATION_FIELDS_NSQD,
-    _NSQD_CFG_ALIASES,
+    CFG_ALIASES,
+    DURATION_FIELDS,
     nsqd_command_defaults,
     nsqd_flagset,
 )
@@ -25,15 +25,15 @@ from ..nsqd.lookup_peer import lookup_peers_of, run_lookup_peers
 from ..nsqd.node import NSQD
 from ..nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED, NSQDOptions
 from .common import (
-    _check_listeners,
-    _config_values,
-    _daemon_options,
-    _fatal,
-    _first_error,
-    _go_os_error,
-    _resolve,
-    _setup_logging,
-    _wait_for_signal,
+    check_listeners,
+    config_values,
+    daemon_options,
+    fatal,
+    first_error,
+    go_os_error,
+    resolve,
+    setup_logging,
+    wait_for_signal,
 )
 
 __all__ = ["check_nsqd_options", "nsqd_main", "nsqd_options_from_flags"]
@@ -45,18 +45,18 @@ def nsqd_options_from_flags(values: dict[str, Any]) -> NSQDOptions:
     As nsqd's ``options.Resolve``: a flag given on the command line wins over the
     ``--config`` file (TOML, nsqd's cfg names), which wins over the defaults.
     """
-    config = _config_values(
+    config = config_values(
         values,
         set(NSQDOptions.__dataclass_fields__),
-        set(_DURATION_FIELDS_NSQD),
-        dict(_NSQD_CFG_ALIASES),
+        set(DURATION_FIELDS),
+        dict(CFG_ALIASES),
     )
-    return nsqd_command_defaults().replace(**_resolve(nsqd_flagset(), values, config))
+    return nsqd_command_defaults().replace(**resolve(nsqd_flagset(), values, config))
 
 
 def nsqd_main(argv: Sequence[str] | None = None) -> int:
     """The ``nsqd`` command: parse nsqd's flags, serve until SIGTERM/SIGINT."""
-    options = _daemon_options("nsqd", nsqd_flagset(), nsqd_options_from_flags, argv)
+    options = daemon_options("nsqd", nsqd_flagset(), nsqd_options_from_flags, argv)
     if isinstance(options, int):
         return options
     if not options.data_path:
@@ -68,22 +68,22 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
         lock = _lock_data_path(options.data_path)
         options = check_nsqd_options(options)
         # nsqd.New logs these once its options are checked, then listens.
-        _setup_logging(options.log_prefix, options.log_level, sys.stderr)
+        setup_logging(options.log_prefix, options.log_level, sys.stderr)
         log = logging.getLogger("fakensq.nsqd.main")
         log.info(version_string("nsqd"))
         log.info("ID: %d", options.node_id)
-        _check_listeners(options.tcp_address, options.http_address)
+        check_listeners(options.tcp_address, options.http_address)
     except ValueError as exc:
         if lock is not None:
             os.close(lock)
-        return _fatal(options.log_prefix, f"failed to instantiate nsqd - {exc}")
+        return fatal(options.log_prefix, f"failed to instantiate nsqd - {exc}")
     try:
         try:
             trio.run(_run_nsqd, options)
         except (OSError, ValueError) as exc:
-            return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(exc)}")
+            return fatal(options.log_prefix, f"failed to start nsqd - {first_error(exc)}")
         except BaseExceptionGroup as group:
-            return _fatal(options.log_prefix, f"failed to start nsqd - {_first_error(group)}")
+            return fatal(options.log_prefix, f"failed to start nsqd - {first_error(group)}")
         return 0
     finally:
         os.close(lock)
@@ -97,12 +97,12 @@ def _lock_data_path(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
-        raise ValueError(f"failed to lock data-path: {_go_os_error(exc)}") from None
+        raise ValueError(f"failed to lock data-path: {go_os_error(exc)}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
-        reason = _go_os_error(exc)
+        reason = go_os_error(exc)
         raise ValueError(
             f"failed to lock data-path: cannot flock directory {path} - {reason} "
             "(possibly in use by another instance of nsqd)"
@@ -126,7 +126,7 @@ def check_nsqd_options(options: NSQDOptions) -> NSQDOptions:
                 with open(path, "rb"):
                     pass
             except OSError as exc:
-                raise ValueError(f"failed to build TLS config - {_go_os_error(exc)}") from None
+                raise ValueError(f"failed to build TLS config - {go_os_error(exc)}") from None
     if not has_tls and options.tls_required != TLS_NOT_REQUIRED:
         raise ValueError("cannot require TLS client connections without TLS key and cert")
     for value in options.e2e_processing_latency_percentiles:
@@ -148,7 +148,7 @@ async def _run_nsqd(options: NSQDOptions) -> None:
             async with trio.open_nursery() as nursery:
                 if lookup_peers_of(nsqd) is None and options.lookupd_tcp_addresses:
                     await nursery.start(run_lookup_peers, nsqd)
-                await _wait_for_signal(signals)
+                await wait_for_signal(signals)
                 nursery.cancel_scope.cancel()
             log.info("TCP: closing %s", nsqd.tcp_address)
             if nsqd.http_address:

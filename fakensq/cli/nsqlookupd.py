@@ -15,14 +15,14 @@ from ..lookupd.daemon import NSQLookupd
 from ..lookupd.flags import nsqlookupd_command_defaults, nsqlookupd_flagset
 from ..lookupd.options import LookupdOptions
 from .common import (
-    _check_listeners,
-    _config_values,
-    _daemon_options,
-    _fatal,
-    _first_error,
-    _resolve,
-    _setup_logging,
-    _wait_for_signal,
+    check_listeners,
+    config_values,
+    daemon_options,
+    fatal,
+    first_error,
+    resolve,
+    setup_logging,
+    wait_for_signal,
 )
 
 __all__ = ["nsqlookupd_main", "nsqlookupd_options_from_flags"]
@@ -30,43 +30,43 @@ __all__ = ["nsqlookupd_main", "nsqlookupd_options_from_flags"]
 
 def nsqlookupd_options_from_flags(values: dict[str, Any]) -> LookupdOptions:
     """:class:`LookupdOptions` from parsed nsqlookupd flags (and ``--config``)."""
-    config = _config_values(
+    config = config_values(
         values,
         set(LookupdOptions.__dataclass_fields__),
         {"inactive_producer_timeout", "tombstone_lifetime"},
         {},
     )
     base = nsqlookupd_command_defaults()
-    return LookupdOptions(**{**base.__dict__, **_resolve(nsqlookupd_flagset(), values, config)})
+    return LookupdOptions(**{**base.__dict__, **resolve(nsqlookupd_flagset(), values, config)})
 
 
 def nsqlookupd_main(argv: Sequence[str] | None = None) -> int:
     """The ``nsqlookupd`` command: parse nsqlookupd's flags, serve until a signal."""
-    options = _daemon_options(
+    options = daemon_options(
         "nsqlookupd", nsqlookupd_flagset(), nsqlookupd_options_from_flags, argv
     )
     if isinstance(options, int):
         return options
-    _setup_logging(options.log_prefix, options.log_level, sys.stderr)
+    setup_logging(options.log_prefix, options.log_level, sys.stderr)
     # nsqlookupd.New logs its version, then listens.
     logging.getLogger("fakensq.nsqlookupd").info(
         version_string("nsqlookupd"), extra={"nsq_prefix": options.log_prefix}
     )
     try:
-        _check_listeners(options.tcp_address, options.http_address, unix=False)
+        check_listeners(options.tcp_address, options.http_address, unix=False)
     except ValueError as exc:
         # nsqlookupd's main.go passes the error to a format without a verb:
         # Go prints it as %!(EXTRA ...).
-        return _fatal(
+        return fatal(
             options.log_prefix,
             f"failed to instantiate nsqlookupd%!(EXTRA *errors.errorString={exc})",
         )
     try:
         trio.run(_run_nsqlookupd, options)
     except (OSError, ValueError) as exc:
-        return _fatal(options.log_prefix, f"failed to start nsqlookupd - {_first_error(exc)}")
+        return fatal(options.log_prefix, f"failed to start nsqlookupd - {first_error(exc)}")
     except BaseExceptionGroup as group:
-        return _fatal(options.log_prefix, f"failed to start nsqlookupd - {_first_error(group)}")
+        return fatal(options.log_prefix, f"failed to start nsqlookupd - {first_error(group)}")
     return 0
 
 
@@ -74,4 +74,4 @@ async def _run_nsqlookupd(options: LookupdOptions) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         # NSQLookupd logs "TCP: listening on" and "HTTP: listening on" itself.
         async with NSQLookupd(options):
-            await _wait_for_signal(signals)
+            await wait_for_signal(signals)

@@ -11,10 +11,11 @@ from typing import Final
 
 import trio
 
-from ..golang.flags import FlagSet
+from trionsq.tools.flags import FlagSet
+
 from ..golang.net import split_host_port
 from ..testing.proxy import SCHEDULE_KINDS, FaultProxy
-from .common import _fatal, _first_error, _parse_or_exit, _setup_logging, _wait_for_signal
+from .common import fatal, first_error, setup_logging, wait_for_signal
 
 __all__ = ["proxy_main"]
 
@@ -28,22 +29,23 @@ def proxy_main(argv: Sequence[str]) -> int:
     as it happens.  Exit 2 for bad flags, 1 (one line) when upstream cannot be
     reached."""
     fs = FlagSet("fakensq proxy")
-    fs.add_string("upstream", "", "<addr>:<port> of the real nsqd's TCP address (required)")
-    fs.add_string("tcp-address", "127.0.0.1:0", "<addr>:<port> to listen on for NSQ clients")
-    fs.add_string("http-address", "127.0.0.1:0", "<addr>:<port> of the faults' HTTP API")
-    fs.add_duration("connect-timeout", 5.0, "how long to wait for upstream (e.g. 5s)")
-    fs.add_string(
+    fs.string("upstream", "", "<addr>:<port> of the real nsqd's TCP address (required)")
+    fs.string("tcp-address", "127.0.0.1:0", "<addr>:<port> to listen on for NSQ clients")
+    fs.string("http-address", "127.0.0.1:0", "<addr>:<port> of the faults' HTTP API")
+    fs.duration("connect-timeout", 5.0, "how long to wait for upstream (e.g. 5s)")
+    fs.string(
         "faults-seed",
         "",
         "play fault schedules drawn from this seed (an integer) on consumers' connections",
     )
-    fs.add_float("faults-rate", 4.0, "mean number of faults per --faults-every")
-    fs.add_duration("faults-every", 60.0, "how long each drawn schedule spans (e.g. 30s)")
-    fs.add_string("faults-kinds", ",".join(SCHEDULE_KINDS), "the kinds the schedules may hold")
-    fs.add_string("log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal")
-    values = _parse_or_exit(fs, argv)
-    if isinstance(values, int):
-        return values
+    fs.float("faults-rate", 4.0, "mean number of faults per --faults-every")
+    fs.duration("faults-every", 60.0, "how long each drawn schedule spans (e.g. 30s)")
+    fs.string("faults-kinds", ",".join(SCHEDULE_KINDS), "the kinds the schedules may hold")
+    fs.string("log-level", "warn", "set log verbosity: debug, info, warn, error, or fatal")
+    parsed = fs.parse_or_exit(argv)
+    if isinstance(parsed, int):
+        return parsed
+    values = parsed[0]
     upstream = values.get("upstream", "")
     addresses = {
         "upstream": upstream,
@@ -81,7 +83,7 @@ def proxy_main(argv: Sequence[str]) -> int:
     if rate < 0 or every <= 0:
         sys.stderr.write("fakensq proxy: --faults-rate must be >= 0 and --faults-every > 0\n")
         return 2
-    _setup_logging(_PREFIX, values.get("log-level", "warn"), sys.stderr)
+    setup_logging(_PREFIX, values.get("log-level", "warn"), sys.stderr)
     proxy = FaultProxy(
         upstream,
         tcp_address=addresses["tcp-address"],
@@ -110,11 +112,11 @@ def proxy_main(argv: Sequence[str]) -> int:
                                 on_met=lambda met: print(f"fault: {met.describe()}", flush=True),
                             )
                         )
-                    await _wait_for_signal(signals)
+                    await wait_for_signal(signals)
                     nursery.cancel_scope.cancel()
 
     try:
         trio.run(run)
     except (OSError, BaseExceptionGroup) as exc:
-        return _fatal(_PREFIX, f"{_first_error(exc)}")
+        return fatal(_PREFIX, f"{first_error(exc)}")
     return 0

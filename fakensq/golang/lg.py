@@ -10,13 +10,23 @@ import logging
 from datetime import datetime
 from typing import Final
 
+from trionsq.tools.flags import FlagSet, FlagValueError
+
 from ..version import BUILD, VERSION
-from .flags import Flag, FlagSet, FlagValueError
 
-__all__ = ["GoLogFormatter", "version_string"]
+__all__ = [
+    "LOG_LEVELS",
+    "GoLogFormatter",
+    "daemon_flagset",
+    "parse_log_level",
+    "python_level",
+    "version_string",
+]
 
+#: ``lg.LogLevel``'s values by name (``/config/log_level`` shows the number).
+LOG_LEVELS: Final = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 
-_LEVELS: Final = {
+_PYTHON_LEVELS: Final = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
     "warn": logging.WARNING,
@@ -62,28 +72,31 @@ class GoLogFormatter(logging.Formatter):
         return text
 
 
-def _parse_log_level(text: str) -> str:
-    if text.lower() not in _LEVELS:
+def python_level(name: str, default: int = logging.INFO) -> int:
+    """Python logging's level for an ``lg`` level name (any case)."""
+    return _PYTHON_LEVELS.get(name.lower(), default)
+
+
+def parse_log_level(text: str) -> str:
+    """``lg.ParseLogLevel``: the level's name, lower case; FlagValueError with
+    nsq's text for an unknown one."""
+    if text.lower() not in LOG_LEVELS:
         raise FlagValueError(f"invalid log level '{text}' (debug, info, warn, error, fatal)")
     return text.lower()
 
 
-def _daemon_flagset(name: str, log_level: str) -> FlagSet:
-    """The flags nsqd and nsqlookupd share: version, config, logging."""
+def daemon_flagset(name: str, log_level: str) -> FlagSet:
+    """The flags nsqd, nsqlookupd and nsqadmin share: version, config, logging."""
     fs = FlagSet(name)
-    fs.add_bool("version", False, "print version string")
-    fs.add_string("config", "", "path to config file")
-    fs.add(
-        Flag(
-            "log-level",
-            "custom",
-            log_level,
-            "set log verbosity: debug, info, warn, error, or fatal",
-            "log_level",
-            parse=_parse_log_level,
-            default_text=_LEVEL_NAMES[_LEVELS[log_level]],
-        )
+    fs.bool("version", False, "print version string", dest=None)
+    fs.string("config", "", "path to config file", dest=None)
+    fs.var(
+        "log-level",
+        parse_log_level,
+        log_level,
+        "set log verbosity: debug, info, warn, error, or fatal",
+        default_text=_LEVEL_NAMES[_PYTHON_LEVELS[log_level]],
     )
-    fs.add_string("log-prefix", f"[{name}] ", "log message prefix", "log_prefix")
-    fs.add_bool("verbose", False, "[deprecated] has no effect, use --log-level")  # ignored
+    fs.string("log-prefix", f"[{name}] ", "log message prefix")
+    fs.bool("verbose", False, "[deprecated] has no effect, use --log-level", dest=None)
     return fs

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..golang.flags import FlagSet
-from ..golang.lg import _daemon_flagset
+from trionsq.tools.flags import FlagSet
+
+from ..golang.lg import daemon_flagset
 from .options import LookupdOptions
 
 __all__ = ["nsqlookupd_command_defaults", "nsqlookupd_flagset"]
@@ -17,32 +18,22 @@ def nsqlookupd_command_defaults() -> LookupdOptions:
 def nsqlookupd_flagset(defaults: LookupdOptions | None = None) -> FlagSet:
     """nsqlookupd v1.3's flags, mapped onto :class:`LookupdOptions` fields."""
     o = defaults or nsqlookupd_command_defaults()
-    fs = _daemon_flagset("nsqlookupd", o.log_level)
-    fs.add_string(
-        "tcp-address", o.tcp_address, "<addr>:<port> to listen on for TCP clients", "tcp_address"
-    )
-    fs.add_string(
-        "http-address",
-        o.http_address,
-        "<addr>:<port> to listen on for HTTP clients",
-        "http_address",
-    )
-    fs.add_string(
+    fs = daemon_flagset("nsqlookupd", o.log_level)
+    fs.string("tcp-address", o.tcp_address, "<addr>:<port> to listen on for TCP clients")
+    fs.string("http-address", o.http_address, "<addr>:<port> to listen on for HTTP clients")
+    fs.string(
         "broadcast-address",
         o.broadcast_address,
         "address of this lookupd node, (default to the OS hostname)",
-        "broadcast_address",
     )
-    fs.add_duration(
+    fs.duration(
         "inactive-producer-timeout",
         o.inactive_producer_timeout,
         "duration of time a producer will remain in the active list since its last ping",
-        "inactive_producer_timeout",
     )
-    fs.add_duration(
+    fs.duration(
         "tombstone-lifetime",
         o.tombstone_lifetime,
         "duration of time a producer will remain tombstoned if registration remains",
-        "tombstone_lifetime",
     )
     return fs

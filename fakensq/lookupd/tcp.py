@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
+from trionsq.tools.flags import format_duration
 
-from ..golang.flags import format_go_duration
 from ..golang.net import join_host_port
 from ..version import VERSION
 from .protocol import MAGIC_V1, encode_response
@@ -232,7 +232,7 @@ class LookupProtocolV1:
                 self.node.logf(
                     logging.INFO,
                     f"CLIENT({peer.id}): pinged "
-                    f"(last ping {format_go_duration(now - peer.last_update)})",
+                    f"(last ping {format_duration(now - peer.last_update)})",
                 )
                 peer.last_update = now
             return b"OK", peer

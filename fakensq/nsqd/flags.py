@@ -8,15 +8,25 @@ import functools
 from typing import Final
 
 from trionsq.protocol.names import go_quote
+from trionsq.tools.flags import Flag, FlagFatal, FlagSet, FlagValueError, go_float
 
-from ..golang.flags import Flag, FlagSet, FlagValueError
-from ..golang.lg import _daemon_flagset
+from ..golang.lg import daemon_flagset
 from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, NSQDOptions
 
-__all__ = ["nsqd_cfg_fields", "nsqd_command_defaults", "nsqd_flagset"]
+__all__ = [
+    "CFG_ALIASES",
+    "DURATION_FIELDS",
+    "TLS_VERSIONS",
+    "nsqd_cfg_fields",
+    "nsqd_command_defaults",
+    "nsqd_flagset",
+    "parse_tls_min_version",
+    "parse_tls_required",
+]
 
 
-def _parse_tls_required(text: str) -> int:
+def parse_tls_required(text: str) -> int:
+    """``--tls-required`` (and its config key): nsqd's tlsRequiredOption."""
     lowered = text.lower()
     if lowered == "tcp-https":
         return TLS_REQUIRED_EXCEPT_HTTP
@@ -27,14 +37,27 @@ def _parse_tls_required(text: str) -> int:
     raise FlagValueError(f'strconv.ParseBool: parsing "{lowered}": invalid syntax')
 
 
-_TLS_VERSIONS: Final = {"ssl3.0": 768, "tls1.0": 769, "tls1.1": 770, "tls1.2": 771, "tls1.3": 772}
+#: ``--tls-min-version``'s names and Go's numbers (``/config/tls_min_version``).
+TLS_VERSIONS: Final = {"ssl3.0": 768, "tls1.0": 769, "tls1.1": 770, "tls1.2": 771, "tls1.3": 772}
 
 
-def _parse_tls_min_version(text: str) -> str:
+def parse_tls_min_version(text: str) -> str:
+    """``--tls-min-version`` (and its config key): nsqd's tlsMinVersionOption."""
     lowered = text.lower()
-    if lowered and lowered not in _TLS_VERSIONS:
+    if lowered and lowered not in TLS_VERSIONS:
         raise FlagValueError(f"unknown tlsVersionOption {go_quote(lowered)}")
     return lowered
+
+
+def _parse_percentiles(text: str) -> list[float]:
+    # nsqd's FloatArray.Set: log.Fatalf on a part it cannot parse.
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(go_float(part))
+        except FlagValueError:
+            raise FlagFatal(f"Could not parse: {part}") from None
+    return values
 
 
 def nsqd_command_defaults() -> NSQDOptions:
@@ -56,265 +79,185 @@ _ADDRESS_USAGE: Final = (
 def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
     """nsqd v1.3's flags, each mapped onto its :class:`NSQDOptions` field."""
     o = defaults or nsqd_command_defaults()
-    fs = _daemon_flagset("nsqd", o.log_level)
-    fs.add_int(
+    fs = daemon_flagset("nsqd", o.log_level)
+    fs.int(
         "node-id",
         o.node_id,
         "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
-        "node_id",
     )
-    fs.add_bool("worker-id", False, "[deprecated] use --node-id")  # ignored
-    fs.add_string(
-        "https-address",
-        o.https_address,
-        "<addr>:<port> to listen on for HTTPS clients",
-        "https_address",
-    )
-    fs.add_string("http-address", o.http_address, _ADDRESS_USAGE.format("HTTP"), "http_address")
-    fs.add_string("tcp-address", o.tcp_address, _ADDRESS_USAGE.format("TCP"), "tcp_address")
-    fs.add_list(
+    fs.bool("worker-id", False, "[deprecated] use --node-id", dest=None)  # ignored
+    fs.string("https-address", o.https_address, "<addr>:<port> to listen on for HTTPS clients")
+    fs.string("http-address", o.http_address, _ADDRESS_USAGE.format("HTTP"))
+    fs.string("tcp-address", o.tcp_address, _ADDRESS_USAGE.format("TCP"))
+    fs.strings(
         "auth-http-address",
         "<addr>:<port> or a full url to query auth server (may be given multiple times)",
-        "auth_http_addresses",
+        dest="auth_http_addresses",
     )
-    fs.add_string(
+    fs.string(
         "broadcast-address",
         o.broadcast_address,
         "address that will be registered with lookupd (defaults to the OS hostname)",
-        "broadcast_address",
     )
-    fs.add_int(
+    fs.int(
         "broadcast-tcp-port",
         o.broadcast_tcp_port,
         "TCP port that will be registered with lookupd "
         "(defaults to the TCP port that this nsqd is listening on)",
-        "broadcast_tcp_port",
     )
-    fs.add_int(
+    fs.int(
         "broadcast-http-port",
         o.broadcast_http_port,
         "HTTP port that will be registered with lookupd "
         "(defaults to the HTTP port that this nsqd is listening on)",
-        "broadcast_http_port",
     )
-    fs.add_list(
+    fs.strings(
         "lookupd-tcp-address",
         "lookupd TCP address (may be given multiple times)",
-        "lookupd_tcp_addresses",
+        dest="lookupd_tcp_addresses",
     )
-    fs.add_duration(
-        "http-client-connect-timeout",
-        o.http_client_connect_timeout,
-        "timeout for HTTP connect",
-        "http_client_connect_timeout",
+    fs.duration(
+        "http-client-connect-timeout", o.http_client_connect_timeout, "timeout for HTTP connect"
     )
-    fs.add_duration(
-        "http-client-request-timeout",
-        o.http_client_request_timeout,
-        "timeout for HTTP request",
-        "http_client_request_timeout",
+    fs.duration(
+        "http-client-request-timeout", o.http_client_request_timeout, "timeout for HTTP request"
     )
     # diskqueue options
-    fs.add_string("data-path", o.data_path, "path to store disk-backed messages", "data_path")
-    fs.add_int(
+    fs.string("data-path", o.data_path, "path to store disk-backed messages")
+    fs.int(
         "mem-queue-size",
         o.mem_queue_size,
         "number of messages to keep in memory (per topic/channel)",
-        "mem_queue_size",
     )
-    fs.add_int(
+    fs.int(
         "max-bytes-per-file",
         o.max_bytes_per_file,
         "number of bytes per diskqueue file before rolling",
-        "max_bytes_per_file",
     )
-    fs.add_int("sync-every", o.sync_every, "number of messages per diskqueue fsync", "sync_every")
-    fs.add_duration(
-        "sync-timeout", o.sync_timeout, "duration of time per diskqueue fsync", "sync_timeout"
-    )
-    fs.add_int(
+    fs.int("sync-every", o.sync_every, "number of messages per diskqueue fsync")
+    fs.duration("sync-timeout", o.sync_timeout, "duration of time per diskqueue fsync")
+    fs.int(
         "queue-scan-worker-pool-max",
         o.queue_scan_worker_pool_max,
         "max concurrency for checking in-flight and deferred message timeouts",
-        "queue_scan_worker_pool_max",
     )
-    fs.add_int(
+    fs.int(
         "queue-scan-selection-count",
         o.queue_scan_selection_count,
         "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts",
-        "queue_scan_selection_count",
     )
     # msg and command options
-    fs.add_duration(
-        "msg-timeout",
-        o.msg_timeout,
-        "default duration to wait before auto-requeing a message",
-        "msg_timeout",
+    fs.duration(
+        "msg-timeout", o.msg_timeout, "default duration to wait before auto-requeing a message"
     )
-    fs.add_duration(
-        "max-msg-timeout",
-        o.max_msg_timeout,
-        "maximum duration before a message will timeout",
-        "max_msg_timeout",
+    fs.duration(
+        "max-msg-timeout", o.max_msg_timeout, "maximum duration before a message will timeout"
     )
-    fs.add_int(
-        "max-msg-size", o.max_msg_size, "maximum size of a single message in bytes", "max_msg_size"
-    )
-    fs.add_duration(
-        "max-req-timeout",
-        o.max_req_timeout,
-        "maximum requeuing timeout for a message",
-        "max_req_timeout",
-    )
-    fs.add_int(
-        "max-body-size", o.max_body_size, "maximum size of a single command body", "max_body_size"
-    )
+    fs.int("max-msg-size", o.max_msg_size, "maximum size of a single message in bytes")
+    fs.duration("max-req-timeout", o.max_req_timeout, "maximum requeuing timeout for a message")
+    fs.int("max-body-size", o.max_body_size, "maximum size of a single command body")
     # client overridable configuration options
-    fs.add_duration(
+    fs.duration(
         "max-heartbeat-interval",
         o.max_heartbeat_interval,
         "maximum client configurable duration of time between client heartbeats",
-        "max_heartbeat_interval",
     )
-    fs.add_int("max-rdy-count", o.max_rdy_count, "maximum RDY count for a client", "max_rdy_count")
-    fs.add_int(
+    fs.int("max-rdy-count", o.max_rdy_count, "maximum RDY count for a client")
+    fs.int(
         "max-output-buffer-size",
         o.max_output_buffer_size,
         "maximum client configurable size (in bytes) for a client output buffer",
-        "max_output_buffer_size",
     )
-    fs.add_duration(
+    fs.duration(
         "max-output-buffer-timeout",
         o.max_output_buffer_timeout,
         "maximum client configurable duration of time between flushing to a client",
-        "max_output_buffer_timeout",
     )
-    fs.add_duration(
+    fs.duration(
         "min-output-buffer-timeout",
         o.min_output_buffer_timeout,
         "minimum client configurable duration of time between flushing to a client",
-        "min_output_buffer_timeout",
     )
-    fs.add_duration(
+    fs.duration(
         "output-buffer-timeout",
         o.output_buffer_timeout,
         "default duration of time between flushing data to clients",
-        "output_buffer_timeout",
     )
-    fs.add_int(
+    fs.int(
         "max-channel-consumers",
         o.max_channel_consumers,
         "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)",
-        "max_channel_consumers",
     )
     # statsd integration options
-    fs.add_string(
-        "statsd-address",
-        o.statsd_address,
-        "UDP <addr>:<port> of a statsd daemon for pushing stats",
-        "statsd_address",
+    fs.string(
+        "statsd-address", o.statsd_address, "UDP <addr>:<port> of a statsd daemon for pushing stats"
     )
-    fs.add_duration(
-        "statsd-interval",
-        o.statsd_interval,
-        "duration between pushing to statsd",
-        "statsd_interval",
-    )
-    fs.add_bool(
-        "statsd-mem-stats",
-        o.statsd_mem_stats,
-        "toggle sending memory and GC stats to statsd",
-        "statsd_mem_stats",
-    )
-    fs.add_string(
+    fs.duration("statsd-interval", o.statsd_interval, "duration between pushing to statsd")
+    fs.bool("statsd-mem-stats", o.statsd_mem_stats, "toggle sending memory and GC stats to statsd")
+    fs.string(
         "statsd-prefix",
         o.statsd_prefix,
         "prefix used for keys sent to statsd (%s for host replacement)",
-        "statsd_prefix",
     )
-    fs.add_int(
+    fs.int(
         "statsd-udp-packet-size",
         o.statsd_udp_packet_size,
         "the size in bytes of statsd UDP packets",
-        "statsd_udp_packet_size",
     )
-    fs.add_bool(
+    fs.bool(
         "statsd-exclude-ephemeral",
         o.statsd_exclude_ephemeral,
         "Skip ephemeral topics and channels when sending stats to statsd",
-        "statsd_exclude_ephemeral",
     )
     # End to end percentile flags
-    fs.add(
-        Flag(
-            "e2e-processing-latency-percentile",
-            "floatlist",
-            [],
-            "message processing time percentiles (as float (0, 1.0]) to track "
-            "(can be specified multiple times or comma separated '1.0,0.99,0.95', default none)",
-            "e2e_processing_latency_percentiles",
-        )
+    fs.var(
+        "e2e-processing-latency-percentile",
+        _parse_percentiles,
+        [],
+        "message processing time percentiles (as float (0, 1.0]) to track "
+        "(can be specified multiple times or comma separated '1.0,0.99,0.95', default none)",
+        dest="e2e_processing_latency_percentiles",
+        join="extend_sorted",
     )
-    fs.add_duration(
+    fs.duration(
         "e2e-processing-latency-window-time",
         o.e2e_processing_latency_window_time,
         "calculate end to end latency quantiles for this duration of time "
         "(ie: 60s would only show quantile calculations from the past 60 seconds)",
-        "e2e_processing_latency_window_time",
     )
     # TLS config
-    fs.add_string("tls-cert", o.tls_cert, "path to certificate file", "tls_cert")
-    fs.add_string("tls-key", o.tls_key, "path to key file", "tls_key")
-    fs.add_string(
+    fs.string("tls-cert", o.tls_cert, "path to certificate file")
+    fs.string("tls-key", o.tls_key, "path to key file")
+    fs.string(
         "tls-client-auth-policy",
         o.tls_client_auth_policy,
         "client certificate auth policy ('require' or 'require-verify')",
-        "tls_client_auth_policy",
     )
-    fs.add_string(
-        "tls-root-ca-file",
-        o.tls_root_ca_file,
-        "path to certificate authority file",
-        "tls_root_ca_file",
+    fs.string("tls-root-ca-file", o.tls_root_ca_file, "path to certificate authority file")
+    fs.var(
+        "tls-required",
+        parse_tls_required,
+        o.tls_required,
+        "require TLS for client connections (true, false, tcp-https)",
+        kind="",
+        is_bool=True,
+        default_text=str(o.tls_required) if o.tls_required else "",
     )
-    fs.add(
-        Flag(
-            "tls-required",
-            "custom",
-            o.tls_required,
-            "require TLS for client connections (true, false, tcp-https)",
-            "tls_required",
-            parse=_parse_tls_required,
-            is_bool=True,
-            type_name="",
-            default_text=str(o.tls_required) if o.tls_required else "",
-        )
-    )
-    fs.add(
-        Flag(
-            "tls-min-version",
-            "custom",
-            o.tls_min_version,
-            "minimum SSL/TLS version acceptable "
-            "('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
-            "tls_min_version",
-            parse=_parse_tls_min_version,
-            default_text=o.tls_min_version,
-        )
+    fs.var(
+        "tls-min-version",
+        parse_tls_min_version,
+        o.tls_min_version,
+        "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
+        default_text=o.tls_min_version,
     )
     # compression
-    fs.add_bool(
-        "deflate", o.deflate, "enable deflate feature negotiation (client compression)", "deflate"
-    )
-    fs.add_int(
+    fs.bool("deflate", o.deflate, "enable deflate feature negotiation (client compression)")
+    fs.int(
         "max-deflate-level",
         o.max_deflate_level,
         "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)",
-        "max_deflate_level",
     )
-    fs.add_bool(
-        "snappy", o.snappy, "enable snappy feature negotiation (client compression)", "snappy"
-    )
+    fs.bool("snappy", o.snappy, "enable snappy feature negotiation (client compression)")
     return fs
 
 
@@ -339,14 +282,16 @@ def nsqd_cfg_fields() -> dict[str, Flag]:
     }
 
 
-# nsqd's cfg names that are not fakensq's field names.
-_NSQD_CFG_ALIASES: Final = {
+#: nsqd's cfg names that are not fakensq's field names.
+CFG_ALIASES: Final = {
     "nsqlookupd_tcp_addresses": "lookupd_tcp_addresses",
     "id": "node_id",
     "e2e_processing_latency_percentile": "e2e_processing_latency_percentiles",
 }
 
 
-_DURATION_FIELDS_NSQD: Final = {
+#: The options that are durations (a config file gives them as Go's text or
+#: integer milliseconds).
+DURATION_FIELDS: Final = {
     f.dest for f in nsqd_flagset().flags.values() if f.kind == "duration" and f.dest
 } | {"queue_scan_interval", "queue_scan_refresh_interval", "client_timeout"}

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
+from ..golang.lg import LOG_LEVELS
 from ..http import pprof
 from ..http.router import Router
 from ..http.server import READ_ALL, HTTPServer, Request, Response
-from .flags import nsqd_cfg_fields
+from .flags import TLS_VERSIONS, nsqd_cfg_fields
 from .options import TLS_REQUIRED, VERSION
 from .persist import write_metadata
 from .stats import format_text_stats
@@ -453,7 +454,7 @@ class NSQDHTTP:
                 opts.lookupd_tcp_addresses = NilList() if value is None else value
             elif opt == "log_level":
                 level = body.decode("utf-8", "replace").lower()  # lg.ParseLogLevel
-                if level not in _LOG_LEVELS:
+                if level not in LOG_LEVELS:
                     raise HTTPError(400, "INVALID_VALUE")
                 opts.log_level = level
             else:
@@ -486,10 +487,6 @@ def _decode_string_list(body: bytes) -> Any:
     return value
 
 
-_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
-_TLS_VERSIONS = {"ssl3.0": 768, "tls1.0": 769, "tls1.1": 770, "tls1.2": 771, "tls1.3": 772}
-
-
 def config_value(nsqd: NSQD, name: str) -> tuple[bool, Any]:
     """``getOptByCfgName``: the option nsqd's ``/config/<name>`` shows, as nsqd
     keeps it (durations in ns, the log level and TLS version as numbers, the
@@ -507,9 +504,9 @@ def config_value(nsqd: NSQD, name: str) -> tuple[bool, Any]:
     if field.kind == "duration":
         return True, round(value * 1e9)
     if field.dest == "log_level":
-        return True, _LOG_LEVELS.get(str(value).lower(), 2)
+        return True, LOG_LEVELS.get(str(value).lower(), 2)
     if field.dest == "tls_min_version":
-        return True, _TLS_VERSIONS.get(str(value).lower(), 0)
+        return True, TLS_VERSIONS.get(str(value).lower(), 0)
     # Broadcast ports default to the listeners' (none for a Unix socket: 0).
     if field.dest == "broadcast_tcp_port" and not value:
         return True, max(0, _port(nsqd.tcp_address))

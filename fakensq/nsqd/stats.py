@@ -8,7 +8,8 @@ from collections import deque
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..golang.flags import format_go_duration
+from trionsq.tools.flags import format_duration
+
 from .options import BUILD, VERSION, NSQDOptions
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ def format_text_stats(doc: dict[str, Any]) -> str:
 def _client_text(c: dict[str, Any]) -> str:
     """ClientV2Stats.String()."""
     # time.Since(connectTime).Truncate(time.Second)
-    connected = format_go_duration(float(max(0, int(time.time() - c["connect_ts"]))))
+    connected = format_duration(float(max(0, int(time.time() - c["connect_ts"]))))
     port = c["remote_address"].rpartition(":")[2]
     ident = f"{c['hostname']}:{port} {c['user_agent']}"
     pub_counts = c.get("pub_counts") or []
@@ -260,4 +261,4 @@ def _rfc3339(ts: int) -> str:
 
 
 def _uptime(ts: int) -> str:
-    return format_go_duration(max(0.0, time.time() - ts))
+    return format_duration(max(0.0, time.time() - ts))

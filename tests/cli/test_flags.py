@@ -1,27 +1,28 @@
-"""Go flag-package semantics of fakensq.flags."""
+"""Go flag-package semantics of the daemons' flags (trionsq.tools.flags, as
+fakensq's nsqd declares them)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fakensq.golang.flags import (
+from trionsq.tools.flags import (
     FlagError,
     FlagSet,
     HelpRequested,
-    format_go_duration,
-    parse_go_duration,
-    parse_go_int,
+    format_duration,
+    go_duration,
+    go_int,
 )
 
 
 def make() -> FlagSet:
     fs = FlagSet("nsqd")
-    fs.add_string("tcp-address", "0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
-    fs.add_bool("snappy", True, "enable snappy feature negotiation (client compression)")
-    fs.add_bool("verbose", False, "[deprecated] has no effect, use --log-level")
-    fs.add_int("max-rdy-count", 2500, "maximum RDY count for a client")
-    fs.add_duration("msg-timeout", 60.0, "default duration to wait before auto-requeing a message")
-    fs.add_list("lookupd-tcp-address", "lookupd TCP address (may be given multiple times)")
+    fs.string("tcp-address", "0.0.0.0:4150", "<addr>:<port> to listen on for TCP clients")
+    fs.bool("snappy", True, "enable snappy feature negotiation (client compression)")
+    fs.bool("verbose", False, "[deprecated] has no effect, use --log-level")
+    fs.int("max-rdy-count", 2500, "maximum RDY count for a client")
+    fs.duration("msg-timeout", 60.0, "default duration to wait before auto-requeing a message")
+    fs.strings("lookupd-tcp-address", "lookupd TCP address (may be given multiple times)")
     return fs
 
 
@@ -117,13 +118,13 @@ def test_usage_is_go_printdefaults() -> None:
     ],
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_go_duration(text) == pytest.approx(seconds)
+    assert go_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "60", "s", "1x", "1.s.", ".s", "1m-2s"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(Exception, match="parse error"):
-        parse_go_duration(text)
+        go_duration(text)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +141,7 @@ def test_bad_durations(text: str) -> None:
     ],
 )
 def test_format_durations(seconds: float, text: str) -> None:
-    assert format_go_duration(seconds) == text
+    assert format_duration(seconds) == text
 
 
 @pytest.mark.parametrize(
@@ -148,4 +149,4 @@ def test_format_durations(seconds: float, text: str) -> None:
     [("10", 10), ("0x1f", 31), ("010", 8), ("0b11", 3), ("1_000", 1000), ("-5", -5), ("0", 0)],
 )
 def test_go_ints(text: str, value: int) -> None:
-    assert parse_go_int(text) == value
+    assert go_int(text) == value

@@ -15,13 +15,13 @@ from fakensq.cli import (
     nsqlookupd_flagset,
     nsqlookupd_options_from_flags,
 )
-from fakensq.golang.flags import FlagError
 from fakensq.nsqd.options import (
     TLS_NOT_REQUIRED,
     TLS_REQUIRED,
     TLS_REQUIRED_EXCEPT_HTTP,
     NSQDOptions,
 )
+from trionsq.tools.flags import FlagError
 
 
 def nsqd(*args: str) -> NSQDOptions:

@@ -3,23 +3,28 @@ and no command line, however odd, ends in anything but a parse or a FlagError.""
 
 from __future__ import annotations
 
-import io
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trionsq.tools.flags import FlagError, FlagSet, format_duration, go_duration, go_int
+from trionsq.tools.flags import (
+    FlagError,
+    FlagSet,
+    HelpRequested,
+    format_duration,
+    go_int,
+    seconds_or_duration,
+)
 
 
 def flag_set() -> FlagSet:
-    flags = FlagSet(prog="t", out=io.StringIO())
+    flags = FlagSet("t")
     flags.string("topic", "", "a topic")
     flags.strings("address", "repeatable")
     flags.int("n", 0, "a count")
     flags.float("sample", 1.0, "a fraction")
-    flags.duration("interval", 2.0, "a duration")
-    flags.bool("gzip", "a switch")
+    flags.duration("interval", 2.0, "a duration", plain_seconds=True)
+    flags.bool("gzip", False, "a switch")
     return flags
 
 
@@ -33,19 +38,21 @@ def flag_set() -> FlagSet:
     ],
 )
 def test_every_form_go_accepts(argv: list[str]) -> None:
-    args = flag_set().parse_or_raise(argv)
+    args = flag_set().parse_args(argv)
     assert (args.topic, args.n, args.gzip, args.interval, args.sample) == ("a", 3, True, 90.0, 0.5)
 
 
 def test_defaults_repetition_last_wins_and_stopping() -> None:
-    args = flag_set().parse_or_raise(
+    flags = flag_set()
+    values, ignored = flags.parse(
         ["--address=a", "-address", "b", "-topic=x", "-topic=y", "--gzip=false", "rest", "-n=9"]
     )
+    args = flags.namespace(values)
     assert args.address == ["a", "b"] and args.topic == "y" and args.gzip is False
-    assert args.n == 0 and args._ignored == ["rest", "-n=9"]  # stopped at the first non-flag
-    assert flag_set().parse_or_raise(["--", "-n=1"])._ignored == ["-n=1"]
-    assert flag_set().parse_or_raise(["-topic", "-n"]).topic == "-n"  # a value may start with -
-    assert flag_set().parse_or_raise(["-topic="]).topic == ""
+    assert args.n == 0 and ignored == ["rest", "-n=9"]  # stopped at the first non-flag
+    assert flag_set().parse(["--", "-n=1"])[1] == ["-n=1"]
+    assert flag_set().parse_args(["-topic", "-n"]).topic == "-n"  # a value may start with -
+    assert flag_set().parse_args(["-topic="]).topic == ""
 
 
 @pytest.mark.parametrize(
@@ -59,12 +66,24 @@ def test_defaults_repetition_last_wins_and_stopping() -> None:
         (["-gzip=yes"], 'invalid boolean value "yes" for -gzip: parse error'),
         (["---n=1"], "bad flag syntax: ---n=1"),
         (["-=1"], "bad flag syntax: -=1"),
-        (["-sample=1_0"], 'invalid value "1_0" for flag -sample: parse error'),
+        (["-sample=1__0"], 'invalid value "1__0" for flag -sample: parse error'),
+        (["-sample=1e400"], 'invalid value "1e400" for flag -sample: value out of range'),
+        (["-n=1e3"], 'invalid value "1e3" for flag -n: parse error'),
+        (
+            ["-n=0x8000000000000000"],
+            'invalid value "0x8000000000000000" for flag -n: value out of range',
+        ),
     ],
 )
 def test_go_s_errors(argv: list[str], message: str) -> None:
     with pytest.raises(FlagError, match="^" + message.replace(".", r"\.") + "$"):
-        flag_set().parse_or_raise(argv)
+        flag_set().parse_args(argv)
+
+
+def test_go_s_float_forms() -> None:
+    """strconv.ParseFloat's forms, as nsq_to_http's --sample takes them."""
+    for text, value in [("1_0", 10.0), ("0x1p-2", 0.25), ("inf", float("inf")), ("5e-1", 0.5)]:
+        assert flag_set().parse_args([f"-sample={text}"]).sample == value
 
 
 def test_usage_as_go_prints_it() -> None:
@@ -98,7 +117,7 @@ def test_go_integers(text: str, value: int) -> None:
     [("300ms", 0.3), ("1h30m", 5400.0), ("-1.5s", -1.5), ("0", 0.0), ("2.5", 2.5), ("1µs", 1e-6)],
 )
 def test_go_durations(text: str, seconds: float) -> None:
-    assert go_duration(text) == pytest.approx(seconds)
+    assert seconds_or_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
@@ -113,8 +132,8 @@ def test_durations_shown_as_go_shows_them(seconds: float, text: str) -> None:
 def test_any_command_line_parses_or_is_refused(argv: list[str]) -> None:
     flags = flag_set()
     try:
-        flags.parse_or_raise(argv)
+        flags.parse_args(argv)
     except FlagError as exc:
         assert str(exc)
-    except SystemExit as exc:  # -h/-help prints the usage
-        assert exc.code == 0
+    except HelpRequested:  # -h/-help
+        assert {"-h", "--h", "-help", "--help"} & {a.partition("=")[0] for a in argv}

@@ -202,7 +202,7 @@ def test_to_http_finishes_what_it_delivered_when_stopped(
     monkeypatch.setattr(to_http, "FIN_DELAY", 3600.0)  # only the stop finishes them
     endpoint = endpoint_factory()
     publish(nsqd.http_address, "later", [f"m{i}".encode() for i in range(5)])
-    args = tool_flags("to-http").parse(
+    args = tool_flags("to-http").parse_args(
         [
             "--topic=later",
             f"--nsqd-tcp-address={nsqd.tcp_address}",

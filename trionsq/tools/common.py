@@ -24,7 +24,7 @@ from ..config import BackoffPolicy, Config, load_client_certificate
 from ..connection import Connection, NegotiationError
 from ..protocol.errors import NSQError
 from ..protocol.names import is_valid_channel_name, is_valid_topic_name
-from .flags import FlagSet, explained, go_bool, go_duration, go_int
+from .flags import FlagSet, explained, go_bool, go_int, seconds_or_duration
 
 __all__ = [
     "STOP_GRACE",
@@ -42,6 +42,7 @@ __all__ = [
     "check_nsqds",
     "check_sources",
     "consumer_options",
+    "opt_pair",
     "parse_opts",
     "producer_options",
     "reason",
@@ -82,11 +83,11 @@ def add_source_flags(flags: FlagSet) -> None:
 def add_tls_flags(flags: FlagSet) -> None:
     """TLS and AUTH, as trionsq flags (the Go tools take them as ``--consumer-opt``
     ``tls_v1,true``, ``tls_root_ca_file,FILE``, ...; both work)."""
-    flags.bool("tls", "negotiate TLS with nsqd (trionsq; or --consumer-opt=tls_v1,true)")
+    flags.bool("tls", False, "negotiate TLS with nsqd (trionsq; or --consumer-opt=tls_v1,true)")
     flags.string("tls-root-ca-file", "", "CA bundle to verify nsqd (implies --tls; trionsq)")
     flags.string("tls-cert", "", "client certificate (implies --tls; trionsq)")
     flags.string("tls-key", "", "client certificate's key (trionsq)")
-    flags.bool("tls-insecure-skip-verify", "do not verify nsqd's certificate (trionsq)")
+    flags.bool("tls-insecure-skip-verify", False, "do not verify nsqd's certificate (trionsq)")
     flags.string("auth-secret", "", "secret sent when nsqd asks for AUTH (trionsq)")
 
 
@@ -104,14 +105,14 @@ def add_consumer_flags(
     flags.string("channel", channel_default, channel_help)
     add_source_flags(flags)
     flags.int("max-in-flight", 200, "max number of messages to allow in flight")
-    flags.custom(
+    flags.var(
         "consumer-opt",
-        _opt_pair,
+        opt_pair,
         [],
         "option to passthrough to nsq.Consumer (may be given multiple times, "
         f"{consumer_opt_help}); go-nsq's names (name,value), or a trionsq.Config "
         "option (name=value)",
-        repeat=True,
+        join="append",
     )
     add_tls_flags(flags)
 
@@ -132,14 +133,21 @@ def add_status_every(flags: FlagSet, *, default: int, per: str = "") -> None:
 
 def add_http_client_flags(flags: FlagSet, *, request_timeout: float) -> None:
     """The HTTP client timeouts of nsq_to_http, nsq_to_file and nsq_stat."""
-    flags.duration("http-client-connect-timeout", 2.0, "timeout for HTTP connect")
-    flags.duration("http-client-request-timeout", request_timeout, "timeout for HTTP request")
+    flags.duration(
+        "http-client-connect-timeout", 2.0, "timeout for HTTP connect", plain_seconds=True
+    )
+    flags.duration(
+        "http-client-request-timeout",
+        request_timeout,
+        "timeout for HTTP request",
+        plain_seconds=True,
+    )
 
 
 # --- go-nsq options ------------------------------------------------------------
 
 
-def _opt_pair(text: str) -> tuple[str, str | None]:
+def opt_pair(text: str) -> tuple[str, str | None]:
     """``name,value`` (go-nsq's ConfigFlag; a bare name means true) or
     ``name=value`` (a trionsq.Config name), checked now: a bad one is a flag
     error, as in the Go tools."""
@@ -159,7 +167,7 @@ def _opt_pair(text: str) -> tuple[str, str | None]:
 
 
 def _seconds(value: str) -> float:
-    return go_duration(value)
+    return seconds_or_duration(value)
 
 
 #: go-nsq Config option -> (trionsq Config field, conversion).  Options with no
@@ -218,7 +226,7 @@ def _trionsq_value(name: str, text: str | None) -> Any:
     if isinstance(default, int):
         return go_int(text)
     if isinstance(default, float) or default is None:
-        return go_duration(text)
+        return seconds_or_duration(text)
     return text
 
 
@@ -235,9 +243,9 @@ def parse_opts(pairs: Sequence[tuple[str, str | None]], flag: str) -> dict[str, 
             elif name in ("tls_root_ca_file", "tls_insecure_skip_verify"):
                 tls[name] = value if name == "tls_root_ca_file" else go_bool(value)
             elif name == "max_backoff_duration":
-                backoff["max"] = go_duration(value)
+                backoff["max"] = seconds_or_duration(value)
             elif name == "backoff_multiplier":
-                backoff["base"] = go_duration(value)
+                backoff["base"] = seconds_or_duration(value)
             elif name in _GO_OPTIONS:
                 field, convert = _GO_OPTIONS[name]
                 options[field] = convert(value)

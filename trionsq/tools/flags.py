@@ -1,27 +1,31 @@
-"""Go's command-line flag syntax, as NSQ's tools parse it (Go's ``flag`` package).
+"""Go's command-line flag package, as NSQ's programs parse their command lines.
 
-The tools take their flags exactly as ``nsq_tail``, ``nsq_to_file``... do, so a
-command line written for one runs the other:
+One :class:`FlagSet` for every NSQ command line in this repository: the trionsq
+tools (``nsq_tail``, ``nsq_to_file``... flags, :mod:`trionsq.cli`) and fakensq's
+daemons (nsqd, nsqlookupd, nsqadmin, :mod:`fakensq.cli`), which both follow the
+Go programs' ``flag.FlagSet``, so a command line written for one runs the other:
 
 - ``-flag=value``, ``-flag value``, ``--flag=value`` and ``--flag value`` alike;
 - boolean flags as ``-flag`` (true), ``-flag=true`` or ``-flag=false`` (also
   ``1``, ``0``, ``t``, ``f``, ``T``, ``F``, ``TRUE``, ``FALSE``, ``True``,
-  ``False``), never with a separate value;
-- repeatable flags (``--topic``, ``--nsqd-tcp-address``, ...) by repetition;
-- integers in Go's notation (``0x1f``, ``0o17``, ``017``, ``0b101``, ``1_000``);
-  durations as Go writes them (``300ms``, ``1h30m``, ``-1.5s``; ``0``), or, an
-  addition, as plain seconds (``2.5``);
-- parsing stops at the first argument that is not a flag, or after ``--``;
-  what follows is ignored (with a warning here);
-- the same errors on stderr, each followed by the usage, and exit status 2:
-  ``flag provided but not defined: -bogus``, ``flag needs an argument: -topic``,
-  ``invalid value "x" for flag -n: parse error``, ``invalid boolean value "x"
-  for -print-topic: parse error``; ``-h``/``-help``/``--help`` print the usage
-  and exit 0.
+  ``False``: ``strconv.ParseBool``), never with a separate value;
+- repeatable flags (``--topic``, ``--lookupd-tcp-address``, ...) by repetition;
+- integers in Go's notation (``0x1f``, ``0o17``, ``017``, ``0b101``, ``1_000``),
+  floats as ``strconv.ParseFloat`` reads them, durations as Go writes them
+  (``300ms``, ``1h30m``, ``-1.5s``; ``0``); the tools add plain seconds
+  (``2.5``, :func:`seconds_or_duration`);
+- parsing stops at the first argument that is not a flag, at a lone ``-``, or
+  after ``--``;
+- Go's errors: ``flag provided but not defined: -bogus``, ``flag needs an
+  argument: -topic``, ``invalid value "x" for flag -n: parse error``, ``invalid
+  boolean value "x" for -print-topic: parse error``, ``bad flag syntax: ---x``;
+  with ``ExitOnError`` (:meth:`FlagSet.parse_or_exit`) each is followed by the
+  usage, exit status 2; ``-h``/``-help`` print the usage and exit 0;
+- the usage is ``flag.PrintDefaults``'s layout.
 
 argparse cannot express this grammar (bool flags with ``=false``, values that
 start with a dash, Go's integer forms, stopping at the first non-flag), so this
-module parses it, and prints the usage as Go's ``flag.PrintDefaults`` does.
+module parses it.
 """
 
 from __future__ import annotations
@@ -33,331 +37,517 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TextIO
+from datetime import datetime
+from typing import Any, Final
+
+from ..protocol.names import go_quote
 
 __all__ = [
+    "Flag",
     "FlagSet",
     "FlagError",
+    "FlagFatal",
+    "FlagValueError",
+    "HelpRequested",
+    "explained",
     "go_bool",
-    "go_duration",
     "go_int",
+    "go_float",
+    "go_duration",
+    "seconds_or_duration",
     "format_duration",
     "plain_text",
 ]
 
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNITS = {
+class FlagError(Exception):
+    """A command line Go's flag package refuses; ``str()`` is Go's message."""
+
+
+class FlagFatal(Exception):
+    """A flag value whose ``Set`` calls Go's ``log.Fatalf`` (nsqd's float lists):
+    the message after the date and time on stderr, exit status 1."""
+
+
+class HelpRequested(Exception):
+    """``-h`` or ``-help`` was given and no such flag is defined (``flag.ErrHelp``)."""
+
+
+class FlagValueError(ValueError):
+    """A value a flag refuses; ``str()`` goes after ``invalid value ... :``.
+
+    A converter's plain ``ValueError`` or ``TypeError`` reads ``parse error``."""
+
+
+def explained(message: str) -> FlagValueError:
+    """An error for a converter to raise: ``message`` instead of ``parse error``."""
+    return FlagValueError(message)
+
+
+# Go's flag package reports every strconv failure as one of these two.
+_PARSE_ERROR: Final = "parse error"
+_RANGE_ERROR: Final = "value out of range"
+
+# --- Go's value syntaxes ------------------------------------------------------
+
+_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE: Final = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def go_bool(text: str) -> bool:
+    """``strconv.ParseBool``."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise FlagValueError(_PARSE_ERROR)
+
+
+_INT: Final = re.compile(
+    r"[+-]?(0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+|0[0-7_]*|[1-9][0-9_]*)"
+)
+
+
+def go_int(text: str, bits: int = 64) -> int:
+    """``strconv.ParseInt(text, 0, bits)``: decimal, ``0x``, ``0o``, ``0b``, a
+    leading ``0`` for octal, ``_`` between digits."""
+    if not _INT.fullmatch(text):
+        raise FlagValueError(_PARSE_ERROR)
+    sign = -1 if text[0] == "-" else 1
+    body = text.lstrip("+-")
+    # Go allows '_' only between digits (and after a base prefix), never doubled.
+    if "_" in body and (body.endswith("_") or "__" in body):
+        raise FlagValueError(_PARSE_ERROR)
+    lower = body.lower()
+    if lower.startswith(("0x", "0b", "0o")):
+        base = {"x": 16, "b": 2, "o": 8}[lower[1]]
+        digits = body[2:].replace("_", "")
+    elif len(body) > 1 and body[0] == "0":
+        base, digits = 8, body[1:].replace("_", "")
+    else:
+        base, digits = 10, body.replace("_", "")
+    if not digits:
+        raise FlagValueError(_PARSE_ERROR)
+    value = sign * int(digits, base)
+    if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+        raise FlagValueError(_RANGE_ERROR)
+    return value
+
+
+_FLOAT: Final = re.compile(
+    r"[+-]?(([0-9]+(_[0-9]+)*)?\.?[0-9]*([eE][+-]?[0-9]+)?|inf(inity)?|nan"
+    r"|0[xX][0-9a-fA-F.]+[pP][+-]?[0-9]+)",
+    re.IGNORECASE,
+)
+
+
+def go_float(text: str) -> float:
+    """``strconv.ParseFloat(text, 64)`` (decimal, ``inf``/``nan`` and hex forms)."""
+    if not text or not _FLOAT.fullmatch(text) or text in ("+", "-", ".", "+.", "-."):
+        raise FlagValueError(_PARSE_ERROR)
+    try:
+        if "x" in text.lower() and "p" in text.lower():
+            sign = -1.0 if text.startswith("-") else 1.0
+            value = sign * float.fromhex(text.lstrip("+-"))
+        else:
+            value = float(text.replace("_", ""))
+    except ValueError:
+        raise FlagValueError(_PARSE_ERROR) from None
+    if math.isinf(value) and "inf" not in text.lower():
+        raise FlagValueError(_RANGE_ERROR)
+    return value
+
+
+_DURATION_UNITS: Final = {
     "ns": 1e-9,
     "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
+    "µs": 1e-6,  # U+00B5 MICRO SIGN
+    "μs": 1e-6,  # U+03BC GREEK SMALL LETTER MU
     "ms": 1e-3,
     "s": 1.0,
     "m": 60.0,
     "h": 3600.0,
 }
-
-
-class FlagError(Exception):
-    """A command line Go's flag package would refuse (exit status 2)."""
-
-
-def go_bool(text: str) -> bool:
-    """Go's ``strconv.ParseBool``."""
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(text)
-
-
-def go_int(text: str) -> int:
-    """Go's ``strconv.ParseInt(text, 0, 64)``: decimal, ``0x``, ``0o``, ``0b``,
-    a leading ``0`` for octal, ``_`` between digits."""
-    if not text or text.strip() != text:
-        raise ValueError(text)
-    sign, body = ("", text) if text[0] not in "+-" else (text[0], text[1:])
-    if len(body) > 1 and body[0] == "0" and body[1] not in "xXoObB":
-        body = "0o" + body[1:]  # Go's legacy octal
-    value = int(sign + body, 0)
-    if not -(2**63) <= value < 2**63:
-        raise ValueError(text)
-    return value
+_DURATION_PART: Final = re.compile(r"([0-9]*)(\.[0-9]*)?([^0-9.]+)")
 
 
 def go_duration(text: str) -> float:
-    """Go's ``time.ParseDuration``, in seconds; plain numbers are seconds too."""
-    value = text.strip()
-    if value != text or not value:
-        raise ValueError(text)
+    """``time.ParseDuration``, in seconds: ``"1m30s"`` → 90.0, ``"250ms"`` → 0.25."""
+    rest = text
+    sign = 1.0
+    if rest[:1] in ("+", "-"):
+        sign = -1.0 if rest[0] == "-" else 1.0
+        rest = rest[1:]
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise FlagValueError(_PARSE_ERROR)
+    total = 0.0
+    pos = 0
+    while pos < len(rest):
+        m = _DURATION_PART.match(rest, pos)
+        if m is None:
+            raise FlagValueError(_PARSE_ERROR)
+        whole, frac, unit = m.group(1), m.group(2), m.group(3)
+        if not whole and (not frac or frac == "."):
+            raise FlagValueError(_PARSE_ERROR)
+        if unit not in _DURATION_UNITS:
+            raise FlagValueError(_PARSE_ERROR)
+        number = float((whole or "0") + (frac if frac and frac != "." else ""))
+        total += number * _DURATION_UNITS[unit]
+        pos = m.end()
+    if total * 1e9 > (1 << 63):
+        raise FlagValueError(_PARSE_ERROR)
+    return sign * total
+
+
+def seconds_or_duration(text: str) -> float:
+    """A Go duration, or (the tools' addition) a plain number of seconds."""
+    if text.strip() != text or not text:
+        raise FlagValueError(_PARSE_ERROR)
     try:
-        seconds = float(value)
+        seconds = float(text)
     except ValueError:
-        sign = -1.0 if value.startswith("-") else 1.0
-        rest = value.lstrip("+-")
-        if len(value) - len(rest) > 1 or not rest:
-            raise ValueError(text) from None
-        pos, seconds = 0, 0.0
-        while pos < len(rest):
-            match = _DURATION_PART.match(rest, pos)
-            if match is None:
-                raise ValueError(text) from None
-            seconds += float(match.group(1)) * _UNITS[match.group(2)]
-            pos = match.end()
-        seconds *= sign
+        return go_duration(text)
     if not math.isfinite(seconds):
-        raise ValueError(text)
+        raise FlagValueError(_PARSE_ERROR)
     return seconds
 
 
 def format_duration(seconds: float) -> str:
-    """Go's ``Duration.String`` (``30s``, ``1m0s``, ``1h0m0s``, ``250ms``)."""
-    if seconds == 0:
+    """``time.Duration.String``: 60.0 → ``"1m0s"``, 0.25 → ``"250ms"``, 0 → ``"0s"``."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
         return "0s"
-    sign = "-" if seconds < 0 else ""
-    seconds = abs(seconds)
-    if seconds < 1:
-        for unit, size in (("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
-            if seconds >= size:
-                return f"{sign}{_trim(seconds / size)}{unit}"
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{sign}{int(hours)}h{int(minutes)}m{_trim(secs)}s"
-    if minutes:
-        return f"{sign}{int(minutes)}m{_trim(secs)}s"
-    return f"{sign}{_trim(secs)}s"
+    neg = ns < 0
+    ns = abs(ns)
+    if ns < 1_000_000_000:
+        # Sub-second: the largest unit that keeps a non-zero integer part.
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if ns >= size:
+                text = _trim_fraction(ns, size) + unit
+                break
+    else:
+        hours, rem = divmod(ns, 3_600_000_000_000)
+        minutes, rem = divmod(rem, 60_000_000_000)
+        secs = _trim_fraction(rem, 1_000_000_000) + "s"
+        if hours:
+            text = f"{hours}h{minutes}m{secs}"
+        elif minutes:
+            text = f"{minutes}m{secs}"
+        else:
+            text = secs
+    return ("-" if neg else "") + text
 
 
-def _trim(value: float) -> str:
-    text = f"{value:.9f}".rstrip("0").rstrip(".")
-    return text or "0"
+def _trim_fraction(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    if not frac:
+        return str(whole)
+    width = len(str(unit)) - 1
+    return f"{whole}.{str(frac).rjust(width, '0').rstrip('0')}"
+
+
+def _format_float(value: float) -> str:
+    # strconv.FormatFloat(v, 'g', -1, 64): the shortest repr, Go's exponent style.
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+# --- flags ----------------------------------------------------------------------
+
+#: How the values of a repeated flag join: ``append`` (a list, one value each
+#: time), ``extend_sorted`` (nsqd's FloatArray: each value a comma-separated list,
+#: all kept sorted, largest first).
+JOINS: Final = ("append", "extend_sorted")
 
 
 @dataclass
-class _Flag:
+class Flag:
+    """One flag.
+
+    ``kind`` is the type word the usage shows (``string``, ``int``, ``float``,
+    ``duration``, ``value``; ``""`` for a boolean); ``convert`` turns a value's
+    text into the value; ``dest`` is the name the value goes by (an option's
+    field, a namespace's attribute), None for a flag that is accepted and
+    sets nothing; ``join``, for a repeatable flag, is one of :data:`JOINS`;
+    ``is_bool`` makes it take no separate value; ``default_text`` replaces the
+    default the usage shows ("": none); a ``hidden`` flag is not in the usage.
+    """
+
     name: str
-    kind: str  # the type word Go shows: "string", "int", "duration", "value", "float", ""
+    kind: str
     convert: Callable[[str], Any]
     default: Any
-    help: str
-    dest: str
-    repeat: bool = False
-    shown_default: str | None = None
+    usage: str
+    dest: str | None
+    join: str | None = None
+    is_bool: bool = False
     hidden: bool = False
     aliases: tuple[str, ...] = ()
-    set_count: int = 0
+    default_text: str | None = None
 
 
 @dataclass
 class FlagSet:
-    """One tool's flags: declare them, then :meth:`parse` a command line.
+    """A Go ``flag.FlagSet`` named ``name`` (the program name in the usage).
 
-    ``parse`` returns an :class:`argparse.Namespace` with one attribute per flag
-    (``-max-in-flight`` becomes ``max_in_flight``; repeatable flags are lists)
-    and ``_given``, the set of flags that appeared (Go's ``flag.Visit``).
+    Declare flags (:meth:`string`, :meth:`int`, :meth:`bool`, ... as Go's
+    ``fs.String``...), then :meth:`parse` a command line (Go's
+    ``ContinueOnError``) or :meth:`parse_or_exit` it (``ExitOnError``).
+    ``description`` heads the usage the tools print; ``help_to_stdout``: ``-h``
+    prints it on stdout (the tools) rather than on stderr (Go's default).
     """
 
-    prog: str
+    name: str
     description: str = ""
-    out: TextIO | None = None  # for tests; default stderr
-    _flags: dict[str, _Flag] = field(default_factory=dict)
-    _order: list[_Flag] = field(default_factory=list)
+    help_to_stdout: bool = False
+    #: every flag by each of its names (aliases included)
+    flags: dict[str, Flag] = field(default_factory=dict)
 
     # --- declaring ---
+    # Each declaration takes the flag's name, default and usage text (the Go
+    # program's own words); ``dest`` (keyword) names what the value goes to:
+    # by default the name with ``_`` for ``-``, None for nothing.
 
-    def _add(self, flag: _Flag) -> None:
+    def add(self, flag: Flag) -> None:
         for name in (flag.name, *flag.aliases):
-            if name in self._flags:
+            if name in self.flags:
                 raise ValueError(f"flag redefined: {name}")
-            self._flags[name] = flag
-        self._order.append(flag)
+            self.flags[name] = flag
 
-    # Each declaration takes the flag's name, default and help text (the Go
-    # tools' own words); ``dest`` renames the attribute, ``hidden`` keeps it out
-    # of the usage, ``aliases`` adds other names, ``shown_default`` replaces the
-    # default the usage shows.
-
-    def string(self, name: str, default: str = "", help: str = "", **kw: Any) -> None:
-        self.custom(name, str, default, help, kind="string", **kw)
-
-    def strings(self, name: str, help: str = "", **kw: Any) -> None:
-        """A repeatable flag (Go's ``flag.Var`` of a string list)."""
-        self.custom(name, str, [], help, repeat=True, **kw)
-
-    def int(self, name: str, default: int = 0, help: str = "", **kw: Any) -> None:
-        self.custom(name, go_int, default, help, **{"kind": "int", **kw})
-
-    def float(self, name: str, default: builtins.float = 0.0, help: str = "", **kw: Any) -> None:
-        self.custom(name, _go_float, default, help, kind="float", **kw)
-
-    def duration(self, name: str, default: builtins.float = 0.0, help: str = "", **kw: Any) -> None:
-        self.custom(name, go_duration, default, help, kind="duration", **kw)
-
-    def bool(self, name: str, help: str = "", default: builtins.bool = False, **kw: Any) -> None:
-        self.custom(name, go_bool, default, help, kind="", **kw)
-
-    def custom(
+    def var(
         self,
         name: str,
         convert: Callable[[str], Any],
         default: Any,
-        help: str = "",
+        usage: str,
         *,
         kind: str = "value",
-        repeat: builtins.bool = False,
-        dest: str | None = None,
-        **kw: Any,
+        dest: str | None = "",
+        join: str | None = None,
+        is_bool: builtins.bool = False,
+        hidden: builtins.bool = False,
+        aliases: tuple[str, ...] = (),
+        default_text: str | None = None,
     ) -> None:
-        """A flag with its own conversion (a ValueError: ``invalid value``)."""
-        self._add(
-            _Flag(name, kind, convert, default, help, dest or _dest(name), repeat=repeat, **kw)
+        """A flag with its own conversion (Go's ``fs.Var``): ``convert`` raises
+        :class:`FlagValueError` (its text shown) or ValueError (``parse error``)."""
+        if join is not None and join not in JOINS:
+            raise ValueError(f"unknown join {join!r}")
+        self.add(
+            Flag(
+                name,
+                kind,
+                convert,
+                default,
+                usage,
+                name.replace("-", "_") if dest == "" else dest,
+                join=join,
+                is_bool=is_bool,
+                hidden=hidden,
+                aliases=aliases,
+                default_text=default_text,
+            )
         )
 
+    def string(self, name: str, default: str, usage: str, **kw: Any) -> None:
+        self.var(name, str, default, usage, kind="string", **kw)
+
+    def strings(self, name: str, usage: str, **kw: Any) -> None:
+        """A repeatable string flag (Go's ``fs.Var`` of a string list)."""
+        self.var(name, str, [], usage, join="append", **kw)
+
+    def bool(self, name: str, default: builtins.bool, usage: str, **kw: Any) -> None:
+        self.var(name, go_bool, default, usage, kind="", is_bool=True, **kw)
+
+    def int(self, name: str, default: builtins.int, usage: str, **kw: Any) -> None:
+        self.var(name, go_int, default, usage, **{"kind": "int", **kw})
+
+    def float(self, name: str, default: builtins.float, usage: str, **kw: Any) -> None:
+        self.var(name, go_float, default, usage, kind="float", **kw)
+
+    def duration(
+        self,
+        name: str,
+        default: builtins.float,
+        usage: str,
+        *,
+        plain_seconds: builtins.bool = False,
+        **kw: Any,
+    ) -> None:
+        """A ``time.Duration`` flag, in seconds (``plain_seconds``: a plain
+        number is seconds too, as the tools take it)."""
+        convert = seconds_or_duration if plain_seconds else go_duration
+        self.var(name, convert, default, usage, kind="duration", **kw)
+
     def has(self, name: str) -> builtins.bool:
-        return name in self._flags
+        return name in self.flags
 
     def names(self) -> list[str]:
         """Every flag's name (aliases and hidden ones included), sorted."""
-        return sorted(self._flags)
+        return sorted(self.flags)
 
     # --- parsing ---
 
-    def parse(self, argv: Sequence[str]) -> argparse.Namespace:
-        """Parse ``argv``; on an error print it and the usage, and exit 2."""
-        try:
-            return self.parse_or_raise(argv)
-        except FlagError as exc:
-            self._fail(str(exc))
+    def parse(self, args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+        """Parse ``args`` (without the program name), as Go's ``ContinueOnError``.
 
-    def parse_or_raise(self, argv: Sequence[str]) -> argparse.Namespace:
+        Returns the values given, by flag name (repeatable flags joined), and
+        the arguments after the flags.  Raises :class:`HelpRequested`,
+        :class:`FlagError` (whose text is Go's message) or :class:`FlagFatal`.
+        """
         values: dict[str, Any] = {}
-        given: set[str] = set()
-        for flag in self._order:
-            values[flag.dest] = list(flag.default) if flag.repeat else flag.default
-        args = list(argv)
-        i = 0
-        rest: list[str] = []
-        while i < len(args):
-            arg = args[i]
-            if arg == "--":
-                rest = args[i + 1 :]
-                break
+        rest = list(args)
+        while rest:
+            arg = rest[0]
             if len(arg) < 2 or arg[0] != "-":
-                rest = args[i:]
                 break
-            name = arg[2:] if arg[1] == "-" else arg[1:]
+            dashes = 1
+            if arg[1] == "-":
+                dashes = 2
+                if len(arg) == 2:  # "--" ends the flags
+                    rest.pop(0)
+                    break
+            name = arg[dashes:]
             if not name or name[0] in "-=":
                 raise FlagError(f"bad flag syntax: {arg}")
-            name, has_value, value = name.partition("=")
-            if name in ("h", "help") and name not in self._flags:
-                self.print_usage(sys.stdout if self.out is None else self.out)
-                raise SystemExit(0)
-            found = self._flags.get(name)
-            if found is None:
+            rest.pop(0)
+            value: str | None = None
+            if "=" in name:
+                name, _, value = name.partition("=")
+            flag = self.flags.get(name)
+            if flag is None:
+                if name in ("help", "h"):
+                    raise HelpRequested()
                 raise FlagError(f"flag provided but not defined: -{name}")
-            flag = found
-            if flag.kind == "" and not flag.repeat:  # a bool flag
-                if has_value:
-                    try:
-                        converted = go_bool(value)
-                    except ValueError:
-                        raise FlagError(
-                            f'invalid boolean value "{value}" for -{name}: parse error'
-                        ) from None
-                else:
-                    converted = True
-            else:
-                if not has_value:
-                    if i + 1 >= len(args):
-                        raise FlagError(f"flag needs an argument: -{name}")
-                    i += 1
-                    value = args[i]
+            if flag.is_bool:
                 try:
-                    converted = flag.convert(value)
-                except (ValueError, TypeError) as exc:
-                    detail = str(exc) if isinstance(exc, _Explained) else "parse error"
-                    raise FlagError(f'invalid value "{value}" for flag -{name}: {detail}') from None
-            if flag.repeat:
-                values[flag.dest].append(converted)
+                    converted = _convert(flag, "true" if value is None else value)
+                except FlagValueError as exc:
+                    if value is None:
+                        raise FlagError(f"invalid boolean flag {name}: {exc}") from None
+                    raise FlagError(
+                        f"invalid boolean value {go_quote(value)} for -{name}: {exc}"
+                    ) from None
             else:
-                values[flag.dest] = converted
-            given.add(flag.name)
-            i += 1
-        namespace = argparse.Namespace(**values)
-        namespace._given = given
-        namespace._ignored = rest
-        return namespace
+                if value is None:
+                    if not rest:
+                        raise FlagError(f"flag needs an argument: -{name}")
+                    value = rest.pop(0)
+                try:
+                    converted = _convert(flag, value)
+                except FlagValueError as exc:
+                    raise FlagError(
+                        f"invalid value {go_quote(value)} for flag -{name}: {exc}"
+                    ) from None
+            if flag.join is None:
+                values[flag.name] = converted
+            elif flag.join == "append":
+                values.setdefault(flag.name, []).append(converted)
+            else:
+                joined = values.setdefault(flag.name, [])
+                joined.extend(converted)
+                joined.sort(reverse=True)
+        return values, rest
+
+    def parse_or_exit(self, args: Sequence[str]) -> tuple[dict[str, Any], list[str]] | builtins.int:
+        """:meth:`parse` as Go's ``ExitOnError``: the values and the rest, or
+        the exit status once the usage (0, ``-h``), the error and the usage (2)
+        or a fatal line (1) is printed."""
+        try:
+            return self.parse(args)
+        except HelpRequested:
+            (sys.stdout if self.help_to_stdout else sys.stderr).write(self.full_usage())
+            return 0
+        except FlagError as exc:
+            sys.stderr.write(f"{exc}\n{self.full_usage()}")
+            return 2
+        except FlagFatal as exc:
+            # Go's log.Fatalf: "2006/01/02 15:04:05 message".
+            sys.stderr.write(f"{datetime.now().strftime('%Y/%m/%d %H:%M:%S')} {exc}\n")
+            return 1
+
+    def namespace(self, values: dict[str, Any]) -> argparse.Namespace:
+        """Every flag's value by its ``dest``: those in ``values`` (as
+        :meth:`parse` returns them), the defaults for the others."""
+        found: dict[str, Any] = {}
+        for flag in self.flags.values():
+            if flag.dest is None:
+                continue
+            if flag.name in values:
+                found[flag.dest] = values[flag.name]
+            else:
+                found[flag.dest] = list(flag.default) if flag.join else flag.default
+        return argparse.Namespace(**found)
+
+    def parse_args(self, args: Sequence[str]) -> argparse.Namespace:
+        """:meth:`namespace` of what :meth:`parse` finds (the rest is dropped)."""
+        return self.namespace(self.parse(args)[0])
 
     # --- usage ---
 
-    def _fail(self, message: str) -> NoReturn:
-        out = sys.stderr if self.out is None else self.out
-        print(message, file=out)
-        self.print_usage(out)
-        raise SystemExit(2)
-
     def usage(self) -> str:
-        """The flags as Go's ``flag.PrintDefaults`` lists them (sorted by name)."""
-        lines = [f"Usage of {self.prog}:"]
-        for flag in sorted(self._order, key=lambda f: f.name):
-            if flag.hidden:
+        """``Usage of NAME:`` and Go's ``PrintDefaults`` text (sorted by name)."""
+        lines = [f"Usage of {self.name}:"]
+        for name in sorted(self.flags):
+            flag = self.flags[name]
+            if flag.hidden or name != flag.name:
                 continue
-            head = f"  -{flag.name}" + (f" {flag.kind}" if flag.kind else "")
+            kind, usage = _unquote_usage(flag)
+            head = f"  -{name}" + (f" {kind}" if kind else "")
+            # one-letter flags keep the usage on their line
             head += "\t" if len(head) <= 4 else "\n    \t"
-            text = flag.help.replace("\n", "\n    \t")
-            shown = flag.shown_default
-            if shown is None:
-                shown = _shown_default(flag)
-            if shown:
-                text += f" (default {shown})"
-            lines.append(head + text)
-        return "\n".join(lines)
+            head += usage.replace("\n", "\n    \t")
+            default = _default_text(flag)
+            if default:
+                head += f" (default {default})"
+            lines.append(head)
+        return "\n".join(lines) + "\n"
 
-    def print_usage(self, out: TextIO) -> None:
+    def full_usage(self) -> str:
+        """The description (if any), a blank line, and :meth:`usage`."""
         if self.description:
-            print(self.description.rstrip() + "\n", file=out)
-        print(self.usage(), file=out)
+            return self.description.rstrip() + "\n\n" + self.usage()
+        return self.usage()
 
 
-class _Explained(ValueError):
-    """A ValueError whose text replaces Go's ``parse error``."""
+def _convert(flag: Flag, text: str) -> Any:
+    try:
+        return flag.convert(text)
+    except FlagValueError:
+        raise
+    except (ValueError, TypeError):
+        raise FlagValueError(_PARSE_ERROR) from None
 
 
-def explained(message: str) -> ValueError:
-    """An error for a custom converter, shown instead of ``parse error``."""
-    return _Explained(message)
+def _unquote_usage(flag: Flag) -> tuple[str, str]:
+    # Go: a `back-quoted` word in the usage names the value; else the type word.
+    m = re.search(r"`([^`]*)`", flag.usage)
+    if m:
+        return m.group(1), flag.usage[: m.start()] + m.group(1) + flag.usage[m.end() :]
+    return flag.kind, flag.usage
 
 
-def _go_float(text: str) -> float:
-    if text.strip() != text or "_" in text.strip("_"):
-        raise ValueError(text)
-    return float(text)
-
-
-def _dest(name: str) -> str:
-    return name.replace("-", "_")
-
-
-def _shown_default(flag: _Flag) -> str:
+def _default_text(flag: Flag) -> str:
+    """The default the usage shows ("" for none: Go leaves out zero values)."""
+    if flag.default_text is not None:
+        return flag.default_text
     default = flag.default
-    if flag.repeat or default in (None, "", 0, 0.0, False):
+    if flag.join or default is None or default in ("", 0, False):
         return ""
     if flag.kind == "string":
-        return (
-            '"' + str(default).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        )
-    if flag.kind == "duration":
-        return format_duration(float(default))
-    if flag.kind == "":
+        return go_quote(str(default))
+    if flag.is_bool:
         return "true"
-    if isinstance(default, float) and default.is_integer():
-        return str(int(default))
+    if flag.kind == "duration":
+        return format_duration(default)
+    if isinstance(default, builtins.float):
+        return _format_float(default)
     return str(default)
 
+
+# --- --help's heading -------------------------------------------------------------
 
 #: ``:role:`text``` (a Sphinx cross-reference) and ````literal````: their text.
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")

@@ -30,9 +30,9 @@ from ..protocol.errors import NSQError
 from ..protocol.names import is_valid_topic_name
 from .common import (
     ToolError,
-    _opt_pair,
     add_status_every,
     add_tls_flags,
+    opt_pair,
     producer_options,
 )
 from .flags import FlagSet
@@ -50,13 +50,13 @@ def configure(flags: FlagSet) -> None:
     flags.strings("nsqd-tcp-address", "destination nsqd TCP address (may be given multiple times)")
     flags.string("delimiter", "\n", "character to split input from stdin")
     flags.int("rate", 0, "Throttle messages to n/second. 0 to disable")
-    flags.custom(
+    flags.var(
         "producer-opt",
-        _opt_pair,
+        opt_pair,
         [],
         "option to passthrough to nsq.Producer (may be given multiple times, "
         "http://godoc.org/github.com/nsqio/go-nsq#Config)",
-        repeat=True,
+        join="append",
     )
     flags.int("batch", 200, "most messages per MPUB (trionsq)")
     add_status_every(flags, default=0, per="trionsq: messages published")

@@ -40,8 +40,11 @@ def configure(flags: FlagSet) -> None:
     flags.string("channel", "", "NSQ channel")
     flags.strings("nsqd-http-address", "nsqd HTTP address (may be given multiple times)")
     flags.strings("lookupd-http-address", "lookupd HTTP address (may be given multiple times)")
-    flags.duration("interval", 2.0, "duration of time between polling/printing output")
-    flags.custom("count", _count, 0, "number of reports")
+    flags.duration(
+        "interval", 2.0, "duration of time between polling/printing output", plain_seconds=True
+    )
+    # (None: not given; Go's flag.Value knows whether it was set)
+    flags.var("count", _count, None, "number of reports")
     add_http_client_flags(flags, request_timeout=5.0)
 
 
@@ -69,7 +72,7 @@ def prepare(args: argparse.Namespace) -> None:
                 raise ToolError(f"{flag} error - address should not contain scheme")
     if args.interval <= 0:
         raise ToolError("--interval should be positive")
-    if "count" in args._given and args.count <= 0:
+    if args.count is not None and args.count <= 0:
         raise ToolError("--count should be positive")
     for timeout in (args.http_client_connect_timeout, args.http_client_request_timeout):
         if timeout <= 0:

@@ -40,7 +40,7 @@ def configure(flags: FlagSet) -> None:
         flags, channel_default="", channel_help="NSQ channel", topic_help="NSQ topic"
     )
     flags.int("n", 0, "total messages to show (will wait if starved)")
-    flags.bool("print-topic", "print topic name where message was received")
+    flags.bool("print-topic", False, "print topic name where message was received")
 
 
 def ephemeral_channel(rng: random.Random | None = None) -> str:

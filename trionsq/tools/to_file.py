@@ -89,19 +89,24 @@ def configure(flags: FlagSet) -> None:
         "value to output in log filename in place of hostname. <SHORT_HOST> and <HOSTNAME> "
         "are valid replacement tokens",
     )
-    flags.bool("gzip", "gzip output files.")
+    flags.bool("gzip", False, "gzip output files.")
     flags.int("gzip-level", 6, "gzip compression level (1-9, 1=BestSpeed, 9=BestCompression)")
-    flags.duration("rotate-interval", 0.0, "rotate the file every duration")
+    flags.duration("rotate-interval", 0.0, "rotate the file every duration", plain_seconds=True)
     flags.int(
         "rotate-size",
         0,
         "rotate the file when it grows bigger than rotate-size bytes",
         kind="rotate-size",
     )
-    flags.bool("skip-empty-files", "skip writing empty files")
-    flags.duration("sync-interval", 30.0, "sync file to disk every duration")
+    flags.bool("skip-empty-files", False, "skip writing empty files")
+    flags.duration("sync-interval", 30.0, "sync file to disk every duration", plain_seconds=True)
     flags.string("topic-pattern", "", "only log topics matching the following pattern")
-    flags.duration("topic-refresh", 60.0, "how frequently the topic list should be refreshed")
+    flags.duration(
+        "topic-refresh",
+        60.0,
+        "how frequently the topic list should be refreshed",
+        plain_seconds=True,
+    )
     flags.string("log-level", "info", "set log verbosity: debug, info, warn, error, or fatal")
     flags.string("log-prefix", "[nsq_to_file] ", "log message prefix")
     add_http_client_flags(flags, request_timeout=5.0)

@@ -81,13 +81,13 @@ def configure(flags: FlagSet) -> None:
         "",
         "use this destination topic for all consumed topics (default is consumed topic name)",
     )
-    flags.custom(
+    flags.var(
         "producer-opt",
         _producer_opt,
         [],
         "option to passthrough to nsq.Producer (may be given multiple times, "
         "see http://godoc.org/github.com/nsqio/go-nsq#Config)",
-        repeat=True,
+        join="append",
     )
     flags.string(
         "mode",
@@ -109,9 +109,9 @@ def configure(flags: FlagSet) -> None:
 
 
 def _producer_opt(text: str) -> tuple[str, str | None]:
-    from .common import _opt_pair
+    from .common import opt_pair
 
-    return _opt_pair(text)
+    return opt_pair(text)
 
 
 @dataclass
