@@ -101,6 +101,11 @@ class FaultKind:
         return self.hits_producers and LEVELS.index(level) >= LEVELS.index("harsh")
 
 
+def _by_hand(name: str, label: str, summary: str) -> FaultKind:
+    """A kind no schedule draws: a lasting fault inside fakensq's nsqd."""
+    return FaultKind(name, None, "nsqd", "kept", label, summary, lasting=True)
+
+
 _ALL: Final[tuple[FaultKind, ...]] = (
     # -- safe: a correct at-least-once consumer gets every message, no publish fails
     FaultKind(
@@ -165,22 +170,16 @@ _ALL: Final[tuple[FaultKind, ...]] = (
         "kill", "lossy", "nodes", "lost", "Kill nsqd",
         "nsqd killed (no clean stop) and started again",
     ),
-    # -- by hand only (the Faults API)
-    FaultKind(
-        "fail_backend", None, "nsqd", "kept", "Fail the backend",
-        "nsqd's store refuses writes: publishes fail, /ping says unhealthy", lasting=True,
-    ),
-    FaultKind(
-        "refuse_auth", None, "nsqd", "kept", "Refuse auth",
-        "the auth server refuses connections: AUTH fails", lasting=True,
-    ),
-    FaultKind(
-        "hang_auth", None, "nsqd", "kept", "Hang auth",
-        "the auth server never answers: AUTH hangs", lasting=True,
-    ),
-    FaultKind(
-        "pause_channel", None, "nsqd", "kept", "Pause channel",
-        "a channel paused until healed", lasting=True,
+    # -- by hand only (the Faults API): inside fakensq's nsqd, until healed
+    *(
+        _by_hand(name, label, summary)
+        for name, label, summary in (
+            ("fail_backend", "Fail the backend",
+             "nsqd's store refuses writes: publishes fail, /ping says unhealthy"),
+            ("refuse_auth", "Refuse auth", "the auth server refuses connections: AUTH fails"),
+            ("hang_auth", "Hang auth", "the auth server never answers: AUTH hangs"),
+            ("pause_channel", "Pause channel", "a channel paused until healed"),
+        )
     ),
 )  # fmt: skip
 

@@ -4,7 +4,6 @@ nsqadmin, and the test machinery's cluster and restartable nsqd)."""
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import Any, Self
 
 import trio
@@ -53,18 +52,14 @@ class ServingNode:
         self._serving = (manager, nursery)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
+        # The body's exception (exc_info) is not the node's to handle: it
+        # propagates by itself once the node's tasks have ended.
         assert self._serving is not None, "the node was not started"
         manager, nursery = self._serving
         self._serving = None
         nursery.cancel_scope.cancel()
         try:
-            # The body's exception (if any) is left to propagate by itself.
             await manager.__aexit__(None, None, None)
         finally:
             self._stopped(started=True)

@@ -296,14 +296,7 @@ class ClusterInfo:
                 f"http://{address}/stats?format=json&include_clients=false"
             )()
             names = [(str_field(t, "topic_name"), False) for t in stats.get("topics") or []]
-            return Producer(
-                version=str_field(info, "version"),
-                broadcast_address=str_field(info, "broadcast_address"),
-                hostname=str_field(info, "hostname"),
-                http_port=int_field(info, "http_port"),
-                tcp_port=int_field(info, "tcp_port"),
-                topics=names or None,
-            )
+            return Producer.from_node(info, names or None)
 
         producers, errors = await self._gather([functools.partial(one, a) for a in nsqds])
         outcome = self._outcome("nsqd", errors, len(nsqds))

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import trio
 
+from .gotypes import CHANNEL_SUMS
+
 __all__ = [
     "ChannelTotals",
     "LookupdInfo",
@@ -31,15 +33,9 @@ REQUEST_TIMEOUT = 2.0
 #: Message rates are averaged over this window (seconds).
 RATE_WINDOW = 10.0
 
-_CHANNEL_COUNTERS = (
-    "depth",
-    "in_flight_count",
-    "deferred_count",
-    "requeue_count",
-    "timeout_count",
-    "message_count",
-    "client_count",
-)
+#: The counters a channel's totals add up (its depth as a whole, not split
+#: into memory and disk).
+_CHANNEL_COUNTERS = tuple(c for c in CHANNEL_SUMS if c not in ("memory_depth", "backend_depth"))
 
 
 @dataclass

@@ -14,9 +14,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+from ..golang.net import join_host_port
 
 __all__ = [
+    "CHANNEL_SUMS",
     "ChannelStats",
     "ClientStats",
     "E2eAggregate",
@@ -29,11 +32,6 @@ __all__ = [
     "str_field",
     "stable_sort_by_hostname",
 ]
-
-
-def join_host_port(host: str, port: int | str) -> str:
-    """Go's ``net.JoinHostPort``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # -- semver (blang/semver, as far as nsqadmin's out_of_date needs it) ------------
@@ -110,6 +108,12 @@ class Producer:
                 (str(name), bool(tombstones[i]) if i < len(tombstones) else False)
                 for i, name in enumerate(names)
             ]
+        return cls.from_node(doc, topics)
+
+    @classmethod
+    def from_node(cls, doc: dict[str, Any], topics: list[tuple[str, bool]] | None) -> Producer:
+        """From the fields a node is described by, in nsqlookupd's ``/nodes``
+        (or ``/lookup``) or in an nsqd's own ``/info`` (no remote address)."""
         return cls(
             remote_address=str_field(doc, "remote_address"),
             hostname=str_field(doc, "hostname"),
@@ -266,7 +270,8 @@ class ClientStats:
         return out
 
 
-_CHANNEL_SUMS = (
+#: The counters of a channel's ``/stats`` that add up over nodes.
+CHANNEL_SUMS: Final = (
     "depth",
     "memory_depth",
     "backend_depth",
@@ -287,7 +292,7 @@ class ChannelStats:
     hostname: str = ""
     topic_name: str = ""
     channel_name: str = ""
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_CHANNEL_SUMS, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHANNEL_SUMS, 0))
     nodes: list[ChannelStats] | None = None
     clients: list[ClientStats] | None = None
     paused: bool = False
@@ -295,7 +300,7 @@ class ChannelStats:
 
     @classmethod
     def from_nsqd(cls, doc: dict[str, Any]) -> ChannelStats:
-        counts = {key: int_field(doc, key) for key in _CHANNEL_SUMS}
+        counts = {key: int_field(doc, key) for key in CHANNEL_SUMS}
         raw = doc.get("clients")
         clients = (
             [ClientStats.from_nsqd(c) for c in raw if isinstance(c, dict)]
@@ -312,7 +317,7 @@ class ChannelStats:
 
     def add(self, a: ChannelStats) -> None:
         self.node = "*"
-        for key in _CHANNEL_SUMS:
+        for key in CHANNEL_SUMS:
             self.counts[key] += a.counts[key]
         if a.paused:
             self.paused = True

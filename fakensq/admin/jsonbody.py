@@ -19,6 +19,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..golang.json import value_kind
+
 __all__ = ["GoJSONError", "decode_struct", "struct_type_name"]
 
 
@@ -209,17 +211,8 @@ def _char_sequence(data: bytes) -> str:
 
 
 def _kind(value: Any) -> str:
-    if isinstance(value, _Object):
-        return "object"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
+    # An object keeps its key order as a list of pairs here: not an array.
+    return "object" if isinstance(value, _Object) else value_kind(value)
 
 
 def struct_type_name(fields: Sequence[str]) -> str:

@@ -10,6 +10,7 @@ from .data import LookupdInfo, NodeInfo, Snapshot
 from .timeline import Event
 from .views import (
     PAUSED,
+    QUEUE_COLS,
     Col,
     FaultCaps,
     Page,
@@ -19,6 +20,7 @@ from .views import (
     e,
     node_url,
     num,
+    queue_cells,
     status_badge,
     table,
     td,
@@ -100,7 +102,7 @@ def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps, *, full: bool = Fals
         for fault in (n.stats or {}).get("faults") or []:
             health += f' <span class="badge warn">{e(fault.get("kind", "fault"))}</span>'
         address = f'<a href="{node_url(n.address)}">{e(n.address)}</a>' if n.up else e(n.address)
-        rows.append(
+        row = (
             f'<tr data-node="{e(n.address)}" class="{"" if n.up else "is-down"}">'
             f"<td>{e(n.index) if n.index is not None else ''}</td>"
             f'<td data-k="address">{address}</td>'
@@ -110,11 +112,19 @@ def nodes_table(nodes: Sequence[NodeInfo], caps: FaultCaps, *, full: bool = Fals
             f"{td('topic_count', len(n.topics))}"
             f'<td class="topics">{topics}</td>'
             f'<td class="muted">{e(n.source)}</td>'
-            + (f'<td class="controls">{controls}</td>' if caps.kill_restart else "")
-            + "</tr>"
         )
-    cols = _NODE_COLS + ((Col("Fault"),) if caps.kill_restart else ())
-    return table(cols, rows, empty="no nsqd found", title="nsqd nodes")
+        rows.append((row, controls))
+    return _controlled_table(_NODE_COLS, rows, caps, empty="no nsqd found", title="nsqd nodes")
+
+
+def _controlled_table(
+    cols: tuple[Col, ...], rows: list[tuple[str, str]], caps: FaultCaps, **kw: str
+) -> str:
+    """A table of nodes whose rows (each unclosed, with its fault controls) end
+    in a Fault column when the cluster's node controls are on."""
+    on = caps.kill_restart
+    body = [row + (f'<td class="controls">{c}</td>' if on else "") + "</tr>" for row, c in rows]
+    return table((*cols, Col("Fault")) if on else cols, body, **kw)
 
 
 _LOOKUPD_COLS = (
@@ -152,17 +162,15 @@ def lookupds_table(lookupds: Sequence[LookupdInfo], caps: FaultCaps) -> str:
         registered = ", ".join(
             e(f"{n.get('broadcast_address')}:{n.get('tcp_port')}") for n in lk.nodes
         )
-        rows.append(
+        row = (
             f'<tr data-lookupd="{e(lk.address)}" class="{"" if lk.up else "is-down"}">'
             f"<td>{e(lk.index)}</td><td>{e(lk.address)}</td>"
             f"<td>{status_badge(lk.up, lk.error)}</td>"
             f"{td('node_count', len(lk.nodes))}<td>{registered}</td>"
             f"{td('topic_count', len(lk.topics))}"
-            + (f'<td class="controls">{controls}</td>' if caps.kill_restart else "")
-            + "</tr>"
         )
-    cols = _LOOKUPD_COLS + ((Col("Fault"),) if caps.kill_restart else ())
-    return table(cols, rows, title="nsqlookupd")
+        rows.append((row, controls))
+    return _controlled_table(_LOOKUPD_COLS, rows, caps, title="nsqlookupd")
 
 
 def node_page(snap: Snapshot, address: str) -> Page:
@@ -190,10 +198,7 @@ def node_page(snap: Snapshot, address: str) -> Page:
         name = str(t.get("topic_name"))
         rows.append(
             f'<tr data-topic="{e(name)}"><td><a href="{topic_url(name)}">{e(name)}</a>'
-            f"{' ' + PAUSED if t.get('paused') else ''}</td>"
-            f"{td('depth', int(t.get('depth', 0)))}"
-            f"{td('backend_depth', int(t.get('backend_depth', 0)))}"
-            f"{td('message_count', int(t.get('message_count', 0)))}"
+            f"{' ' + PAUSED if t.get('paused') else ''}</td>{queue_cells(t)}"
             f"{td('channel_count', len(t.get('channels') or []))}</tr>"
         )
         for c in t.get("channels") or []:
@@ -201,19 +206,10 @@ def node_page(snap: Snapshot, address: str) -> Page:
             rows.append(
                 f'<tr class="sub" data-topic="{e(name)}" data-channel="{e(cname)}"><td>'
                 f'↳ <a href="{channel_url(name, cname)}">{e(cname)}</a>'
-                f"{' ' + PAUSED if c.get('paused') else ''}</td>"
-                f"{td('depth', int(c.get('depth', 0)))}"
-                f"{td('backend_depth', int(c.get('backend_depth', 0)))}"
-                f"{td('message_count', int(c.get('message_count', 0)))}"
+                f"{' ' + PAUSED if c.get('paused') else ''}</td>{queue_cells(c)}"
                 f"{td('client_count', int(c.get('client_count', 0)))}</tr>"
             )
-    cols = (
-        Col("Topic / channel"),
-        Col("Depth", num=True),
-        Col("Disk depth", num=True),
-        Col("Messages", num=True),
-        Col("Channels / clients", num=True),
-    )
+    cols = (Col("Topic / channel"), *QUEUE_COLS, Col("Channels / clients", num=True))
     return Page(
         f"nsqd {address}",
         {

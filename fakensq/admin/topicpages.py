@@ -11,6 +11,7 @@ from .data import ChannelTotals, Snapshot, TopicTotals
 from .history import History
 from .views import (
     PAUSED,
+    QUEUE_COLS,
     Col,
     FaultCaps,
     Page,
@@ -19,6 +20,7 @@ from .views import (
     channel_url,
     e,
     num,
+    queue_cells,
     table,
     td,
     topic_url,
@@ -136,22 +138,12 @@ def topic_summary(t: TopicTotals, producers: Sequence[str]) -> str:
     )
 
 
-_TOPIC_NODE_COLS = (
-    Col("nsqd"),
-    Col("Depth", num=True),
-    Col("Disk depth", num=True),
-    Col("Messages", num=True),
-    Col("Channels", num=True),
-    Col("Paused"),
-)
+_TOPIC_NODE_COLS = (Col("nsqd"), *QUEUE_COLS, Col("Channels", num=True), Col("Paused"))
 
 
 def topic_nodes(t: TopicTotals) -> str:
     rows = [
-        f'<tr data-node="{e(addr)}"><td data-k="node">{e(addr)}</td>'
-        f"{td('depth', int(doc.get('depth', 0)))}"
-        f"{td('backend_depth', int(doc.get('backend_depth', 0)))}"
-        f"{td('message_count', int(doc.get('message_count', 0)))}"
+        f'<tr data-node="{e(addr)}"><td data-k="node">{e(addr)}</td>{queue_cells(doc)}'
         f"{td('channel_count', len(doc.get('channels') or []))}"
         f'<td data-k="paused">{"paused" if doc.get("paused") else ""}</td></tr>'
         for addr, doc in t.per_node

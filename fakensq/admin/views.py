@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 __all__ = [
     "PAUSED",
+    "QUEUE_COLS",
     "Col",
     "FaultCaps",
     "Page",
@@ -30,6 +31,7 @@ __all__ = [
     "e",
     "node_url",
     "num",
+    "queue_cells",
     "render_page",
     "status_badge",
     "table",
@@ -103,6 +105,18 @@ class Col:
 
     label: str
     num: bool = False
+
+
+#: A topic's or channel's queue on one node: what it holds (in all, on disk)
+#: and what it took in; :func:`queue_cells` fills them.
+QUEUE_COLS = (Col("Depth", num=True), Col("Disk depth", num=True), Col("Messages", num=True))
+
+
+def queue_cells(doc: dict[str, Any]) -> str:
+    """The :data:`QUEUE_COLS` cells of a topic's or channel's ``/stats`` document."""
+    return "".join(
+        td(key, int(doc.get(key, 0))) for key in ("depth", "backend_depth", "message_count")
+    )
 
 
 def table(cols: Sequence[Col], rows: Sequence[str], *, empty: str = "", title: str = "") -> str:

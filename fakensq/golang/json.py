@@ -22,7 +22,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["dumps", "format_float"]
+__all__ = ["dumps", "format_float", "value_kind"]
 
 _ESCAPES = {
     "<": "\\u003c",
@@ -107,3 +107,18 @@ def dumps(obj: Any) -> bytes:
     # Lone surrogates (from undecodable input) become U+FFFD, as Go's invalid
     # UTF-8 does.
     return _SURROGATES.sub("\ufffd", text).encode("utf-8")
+
+
+def value_kind(value: Any) -> str:
+    """The name Go's ``encoding/json`` gives the JSON type of a decoded value in
+    an ``UnmarshalTypeError`` (``json: cannot unmarshal number into ...``):
+    ``bool``, ``number``, ``string``, ``array`` or ``object``."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"

@@ -23,6 +23,8 @@ from urllib.parse import urlencode
 
 import httpx
 
+from ..golang.json import value_kind
+
 __all__ = [
     "AuthHandler",
     "Authorization",
@@ -90,7 +92,7 @@ def _go_string(value: Any) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise _TypeError(f"cannot unmarshal {_json_kind(value)} into string")
+        raise _TypeError(f"cannot unmarshal {value_kind(value)} into string")
     return value
 
 
@@ -98,7 +100,7 @@ def _go_strings(value: Any) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _TypeError(f"cannot unmarshal {_json_kind(value)} into []string")
+        raise _TypeError(f"cannot unmarshal {value_kind(value)} into []string")
     return [_go_string(item) for item in value]
 
 
@@ -108,22 +110,10 @@ def _go_int(value: Any) -> int:
     # A float here came from a literal with a fraction or an exponent, which
     # Go refuses for an int field.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _TypeError(f"cannot unmarshal {_json_kind(value)} into int")
+        raise _TypeError(f"cannot unmarshal {value_kind(value)} into int")
     if not -(1 << 63) <= value < (1 << 63):
         raise _TypeError("number out of range for int")
     return value
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 # RE2 (Go's regexp) has no lookaround and no backreferences; Python's re has.
@@ -143,20 +133,20 @@ def decode_auth_response(doc: Any) -> AuthState:
     if doc is None:
         doc = {}
     if not isinstance(doc, Mapping):
-        raise AuthError(f"json: cannot unmarshal {_json_kind(doc)} into auth.State")
+        raise AuthError(f"json: cannot unmarshal {value_kind(doc)} into auth.State")
     try:
         ttl = _go_int(_go_field(doc, "ttl"))
         identity = _go_string(_go_field(doc, "identity"))
         identity_url = _go_string(_go_field(doc, "identity_url"))
         raw_auths = _go_field(doc, "authorizations")
         if raw_auths is not None and not isinstance(raw_auths, list):
-            raise _TypeError(f"cannot unmarshal {_json_kind(raw_auths)} into []Authorization")
+            raise _TypeError(f"cannot unmarshal {value_kind(raw_auths)} into []Authorization")
         auths: list[Authorization] = []
         for raw in raw_auths or []:
             if raw is None:
                 raw = {}
             if not isinstance(raw, Mapping):
-                raise _TypeError(f"cannot unmarshal {_json_kind(raw)} into Authorization")
+                raise _TypeError(f"cannot unmarshal {value_kind(raw)} into Authorization")
             auths.append(
                 Authorization(
                     topic=_go_string(_go_field(raw, "topic")),

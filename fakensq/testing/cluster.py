@@ -110,22 +110,10 @@ class Cluster(ServingNode):
             # Virtual hosts named after the nodes, on nsq's usual ports.
             nsqd_ports = [(4150, 4151)] * nsqd
             lookupd_ports = [(4160, 4161)] * lookupd
-        self._nsqd_slots: list[_Slot[NSQD]] = [
-            _Slot(
-                join_host_port(f"nsqd-{i}" if network else host, t),
-                join_host_port(f"nsqd-{i}" if network else host, h),
-                name=f"nsqd-{i}",
-            )
-            for i, (t, h) in enumerate(nsqd_ports)
-        ]
-        self._lookupd_slots: list[_Slot[NSQLookupd]] = [
-            _Slot(
-                join_host_port(f"lookupd-{i}" if network else host, t),
-                join_host_port(f"lookupd-{i}" if network else host, h),
-                name=f"lookupd-{i}",
-            )
-            for i, (t, h) in enumerate(lookupd_ports)
-        ]
+        self._nsqd_slots: list[_Slot[NSQD]] = _slots("nsqd", nsqd_ports, host, network is not None)
+        self._lookupd_slots: list[_Slot[NSQLookupd]] = _slots(
+            "lookupd", lookupd_ports, host, network is not None
+        )
         self.tracer = trace if isinstance(trace, Tracer) or trace is None else Tracer(trace)
         #: Fault injection (:class:`fakensq.faults.Faults`).
         self.faults = Faults(self, self.tracer)
@@ -417,6 +405,17 @@ class Cluster(ServingNode):
     def lookup_peers(self, i: int) -> LookupPeers | None:
         """nsqd ``i``'s lookup loop (to ``poke()`` it, or inspect its peers)."""
         return lookup_peers_of(self.nsqd(i))
+
+
+def _slots(kind: str, ports: list[tuple[int, int]], host: str, virtual: bool) -> list[Any]:
+    """A slot per ``(tcp, http)`` port pair for the nodes of ``kind``, named
+    ``kind-N``; on a simulated network each node is a host of its own name."""
+    slots: list[_Slot[Any]] = []
+    for i, (tcp, http) in enumerate(ports):
+        name = f"{kind}-{i}"
+        where = name if virtual else host
+        slots.append(_Slot(join_host_port(where, tcp), join_host_port(where, http), name=name))
+    return slots
 
 
 def _only_oserrors(exc: BaseException) -> bool:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Final
 
 import trio
@@ -44,6 +43,7 @@ from ..faultkinds import KINDS, WIRE_KINDS, Direction, Role, kinds_for
 from ..golang.net import join_host_port, split_host_port
 from ..http.router import Router
 from ..http.server import HTTPServer, Request, Response
+from ..serving import ServingNode
 from .faultplayer import MetFault
 from .faults import Fault, Faults
 from .stream import FaultyStream, socket_peer
@@ -73,13 +73,14 @@ class ProxyRefusal(ValueError):
     """A fault the proxy cannot inject, or malformed parameters (one line)."""
 
 
-class FaultProxy:
+class FaultProxy(ServingNode):
     """Relays NSQ TCP clients to ``upstream`` (``"host:port"`` of a real nsqd)
     through :attr:`faults`; serves the faults' HTTP API on ``http_address``
     (``None``: no HTTP API).  ``tcp_address`` and ``http_address`` take port 0
     for a free port; the bound addresses are set once started.
     ``connect_timeout``: how long a client's connection waits for upstream
-    before the proxy closes it."""
+    before the proxy closes it.  ``async with proxy:`` serves it (a
+    :class:`~fakensq.serving.ServingNode`)."""
 
     def __init__(
         self,
@@ -104,8 +105,6 @@ class FaultProxy:
         self.faults = Faults(None, tracer)
         #: connections relayed so far
         self.relayed = 0
-        self._cancel = trio.CancelScope()
-        self._nursery_manager: Any = None
 
     async def check_upstream(self) -> None:
         """Connect to upstream once (``OSError``, one line, when it cannot)."""
@@ -137,27 +136,8 @@ class FaultProxy:
             )
             task_status.started()
 
-    async def __aenter__(self) -> FaultProxy:
-        self._nursery_manager = trio.open_nursery()
-        nursery = await self._nursery_manager.__aenter__()
-        self._cancel = nursery.cancel_scope
-        try:
-            await nursery.start(self.serve)
-        except BaseException as exc:
-            await self._nursery_manager.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    def _stopped(self, *, started: bool) -> None:
         self.faults.heal_all()
-        self._cancel.cancel()
-        result: bool | None = await self._nursery_manager.__aexit__(exc_type, exc, tb)
-        return result
 
     async def play_seeded(
         self,

@@ -106,28 +106,19 @@ class SimNetwork:
         self, name: str, node: NSQD | NSQLookupd, slot: Any, nursery: trio.Nursery
     ) -> None:
         """Listen on ``slot``'s TCP and HTTP addresses for a cluster's node."""
+        tcp_handler: Callable[[trio.abc.Stream, str], Awaitable[None]]
+        http_handler: Callable[[trio.abc.Stream], Awaitable[None]]
         if isinstance(node, NSQD):
-            http = NSQDHTTP(node, tls=False).server
-
-            async def nsqd_tcp(stream: trio.abc.Stream, remote: str) -> None:
-                await node.handle_stream(stream, remote)
-
-            async def nsqd_http(stream: trio.abc.Stream, remote: str) -> None:
-                await http.handle_stream(stream)
-
-            self.listen(slot.tcp_address, nsqd_tcp, nursery, name)
-            self.listen(slot.http_address, nsqd_http, nursery, name)
+            tcp_handler = node.handle_stream
+            http_handler = NSQDHTTP(node, tls=False).server.handle_stream
         else:
-            lookupd = node
+            tcp_handler, http_handler = node.handle_tcp, node.handle_http
 
-            async def lookupd_tcp(stream: trio.abc.Stream, remote: str) -> None:
-                await lookupd.handle_tcp(stream, remote)
+        async def serve_http(stream: trio.abc.Stream, remote: str) -> None:
+            await http_handler(stream)
 
-            async def lookupd_http(stream: trio.abc.Stream, remote: str) -> None:
-                await lookupd.handle_http(stream)
-
-            self.listen(slot.tcp_address, lookupd_tcp, nursery, name)
-            self.listen(slot.http_address, lookupd_http, nursery, name)
+        self.listen(slot.tcp_address, tcp_handler, nursery, name)
+        self.listen(slot.http_address, serve_http, nursery, name)
 
     def node_at(self, address: str) -> str:
         listener = self._listeners.get(address)

@@ -18,7 +18,7 @@ faults, which :func:`fakensq.testing.atleastonce.check_at_least_once` replays ex
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, TypedDict, Unpack
 
 from hypothesis import strategies as st
 
@@ -34,7 +34,7 @@ from .schedule import (
     parse_kinds,
 )
 
-__all__ = ["fault_events", "fault_schedules"]
+__all__ = ["EventOptions", "fault_events", "fault_schedules"]
 
 
 def _seconds(low: float, high: float, step: float) -> st.SearchStrategy[float]:
@@ -112,30 +112,28 @@ def fault_events(
     return event()
 
 
+class EventOptions(TypedDict, total=False):
+    """:func:`fault_events`' options, which :func:`fault_schedules` passes on."""
+
+    level: Level
+    kinds: Sequence[str] | None
+    nsqd: int
+    lookupd: int
+    horizon: float
+    step: float
+    max_duration: float | None
+
+
 def fault_schedules(
     *,
     max_faults: int = 6,
-    level: Level = "safe",
-    kinds: Sequence[str] | None = None,
-    nsqd: int = 1,
-    lookupd: int = 1,
-    horizon: float = 120.0,
-    step: float = 0.5,
     redeliveries: int = DEFAULT_REDELIVERIES,
-    max_duration: float | None = None,
+    **options: Unpack[EventOptions],
 ) -> st.SearchStrategy[FaultSchedule]:
-    """Schedules of up to ``max_faults`` events (see :func:`fault_events`), with
-    at most ``redeliveries`` redelivering faults (those beyond are left out)."""
-
-    events = fault_events(
-        level=level,
-        kinds=kinds,
-        nsqd=nsqd,
-        lookupd=lookupd,
-        horizon=horizon,
-        step=step,
-        max_duration=max_duration,
-    )
+    """Schedules of up to ``max_faults`` events (drawn by :func:`fault_events`
+    with ``options``: ``level``, ``kinds``, ``nsqd``, ``lookupd``, ``horizon``,
+    ``step``, ``max_duration``), with at most ``redeliveries`` redelivering
+    faults (those beyond are left out)."""
 
     def within_budget(drawn: list[FaultEvent]) -> FaultSchedule:
         kept, budget = [], redeliveries
@@ -145,4 +143,4 @@ def fault_schedules(
                 budget -= event.redelivers
         return FaultSchedule(tuple(kept))
 
-    return st.lists(events, max_size=max_faults).map(within_budget)
+    return st.lists(fault_events(**options), max_size=max_faults).map(within_budget)

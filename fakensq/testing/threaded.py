@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
 from typing import Generic, TypeVar
 
 import trio
@@ -112,10 +111,6 @@ class BackgroundNode(Generic[T]):
     def __enter__(self) -> T:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        # Stopped the same way whatever the block raised (it propagates as is).
         self.stop()
