@@ -41,6 +41,7 @@ import trio
 from .faultplayer import FaultPlayer, MetFault, not_yet_met
 from .schedule import (
     DEFAULT_REDELIVERIES,
+    KINDS,
     FaultSchedule,
     Level,
     draw_schedule,
@@ -125,9 +126,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--nsq-faults-kinds",
         metavar="KIND,...",
         default=None,
-        help="only these fault kinds (drop, delay, stall, swallow_heartbeats, time_out, "
-        "requeue_storm, restart, lookupd_outage, corrupt, truncate, partition, "
-        "fail_publishes, kill)",
+        help=f"only these fault kinds ({', '.join(KINDS)})",
     )
 
 
