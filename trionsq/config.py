@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .protocol.frames import DEFAULT_MAX_FRAME_SIZE
+from .protocol.identify import IdentifyBody
 from .transport import Connector, parse_address, tcp_connector
 
 if TYPE_CHECKING:
@@ -333,9 +334,9 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
-    def identify_body(self) -> dict[str, Any]:
+    def identify_body(self) -> IdentifyBody:
         """The IDENTIFY JSON, with times in milliseconds as nsqd expects."""
-        body: dict[str, Any] = {
+        body: IdentifyBody = {
             "client_id": self.client_id,
             "hostname": self.hostname,
             "user_agent": self.user_agent,

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import struct
 from typing import Final
+
+from trionsq.protocol.frames import sized
 
 __all__ = ["MAGIC_V1", "encode_response"]
 
@@ -14,4 +15,4 @@ MAGIC_V1: Final = b"  V1"
 
 def encode_response(data: bytes) -> bytes:
     """One answer as nsqlookupd (and nsqd's ``SendResponse``) frames it: size, data."""
-    return struct.pack(">l", len(data)) + data
+    return sized(data)

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from trionsq.protocol.errors import (
+    BadBodyError,
+    BadChannelError,
+    BadProtocolError,
+    BadTopicError,
+    InvalidError,
+    NSQErrorResponse,
+)
+from trionsq.protocol.frames import OK, SIZE
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 from trionsq.tools.flags import format_duration
 
@@ -40,13 +48,6 @@ log = logging.getLogger("fakensq.nsqlookupd")
 _MAX_LINE: Final = 8 * 1024 * 1024
 _MAX_IDENTIFY_BODY: Final = 16 * 1024 * 1024
 _READ_SIZE: Final = 16 * 1024
-
-
-class _FatalClientError(Exception):
-    def __init__(self, code: str, description: str) -> None:
-        super().__init__(f"{code} {description}")
-        self.code = code
-        self.description = description
 
 
 # Go's unicode.IsSpace (strings.TrimSpace): Python's whitespace but \x1c-\x1f.
@@ -182,7 +183,7 @@ class LookupProtocolV1:
                 f"CLIENT({remote}): desired protocol magic '{magic.decode('latin-1')}'",
             )
             if magic != MAGIC_V1:
-                await stream.send_all(encode_response(b"E_BAD_PROTOCOL"))
+                await stream.send_all(encode_response(BadProtocolError().to_bytes()))
                 self.node.logf(
                     logging.ERROR,
                     f"client({remote}) bad protocol magic '{magic.decode('latin-1')}'",
@@ -198,11 +199,9 @@ class LookupProtocolV1:
                     response, peer = await self._exec(params, reader, remote, peer)
                 except _SilentClose:
                     break
-                except _FatalClientError as err:
+                except NSQErrorResponse as err:
                     self.node.logf(logging.ERROR, f"[{remote}] - {err}")
-                    await stream.send_all(
-                        encode_response(str(err).encode("utf-8", "surrogateescape"))
-                    )
+                    await stream.send_all(encode_response(err.to_bytes()))
                     break
                 await stream.send_all(encode_response(response))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -235,40 +234,40 @@ class LookupProtocolV1:
                     f"(last ping {format_duration(now - peer.last_update)})",
                 )
                 peer.last_update = now
-            return b"OK", peer
+            return OK, peer
         if command == "IDENTIFY":
             return await self._identify(reader, remote, peer)
         if command == "REGISTER":
             return self._register(params[1:], remote, peer), peer
         if command == "UNREGISTER":
             return self._unregister(params[1:], remote, peer), peer
-        raise _FatalClientError("E_INVALID", f"invalid command {command}")
+        raise InvalidError(f"invalid command {command}")
 
     async def _identify(
         self, reader: _LineReader, remote: str, peer: PeerInfo | None
     ) -> tuple[bytes, PeerInfo]:
         if peer is not None:
-            raise _FatalClientError("E_INVALID", "cannot IDENTIFY again")
+            raise InvalidError("cannot IDENTIFY again")
         size_bytes = await reader.read_exactly(4)
         if size_bytes is None:
-            raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body size")
-        (size,) = struct.unpack(">l", size_bytes)
+            raise BadBodyError("IDENTIFY failed to read body size")
+        (size,) = SIZE.unpack(size_bytes)
         if size < 0:
             # nsqlookupd v1.3.0 panics here (make with a negative length) and
             # its process dies: the connection closes with no answer.
             raise _SilentClose()
         if size > _MAX_IDENTIFY_BODY:
             if not await reader.discard(size):
-                raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body")
-            raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+                raise BadBodyError("IDENTIFY failed to read body")
+            raise BadBodyError("IDENTIFY failed to decode JSON body")
         body = await reader.read_exactly(size)
         if body is None:
-            raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to read body")
+            raise BadBodyError("IDENTIFY failed to read body")
         new_peer = PeerInfo(id=remote)
         try:
             _decode_peer_json(body, new_peer)
         except (ValueError, RecursionError):
-            raise _FatalClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+            raise BadBodyError("IDENTIFY failed to decode JSON body") from None
         new_peer.remote_address = remote
         if (
             not new_peer.broadcast_address
@@ -276,7 +275,7 @@ class LookupProtocolV1:
             or new_peer.http_port == 0
             or not new_peer.version
         ):
-            raise _FatalClientError("E_BAD_BODY", "IDENTIFY missing fields")
+            raise BadBodyError("IDENTIFY missing fields")
         new_peer.last_update = trio.current_time()
         self.node.logf(
             logging.INFO,
@@ -300,20 +299,18 @@ class LookupProtocolV1:
     @staticmethod
     def _topic_channel(command: str, params: list[str]) -> tuple[str, str]:
         if not params:
-            raise _FatalClientError("E_INVALID", f"{command} insufficient number of params")
+            raise InvalidError(f"{command} insufficient number of params")
         topic = params[0]
         channel = params[1] if len(params) >= 2 else ""
         if not is_valid_topic_name(topic):
-            raise _FatalClientError("E_BAD_TOPIC", f"{command} topic name '{topic}' is not valid")
+            raise BadTopicError(f"{command} topic name '{topic}' is not valid")
         if channel and not is_valid_channel_name(channel):
-            raise _FatalClientError(
-                "E_BAD_CHANNEL", f"{command} channel name '{channel}' is not valid"
-            )
+            raise BadChannelError(f"{command} channel name '{channel}' is not valid")
         return topic, channel
 
     def _register(self, params: list[str], remote: str, peer: PeerInfo | None) -> bytes:
         if peer is None:
-            raise _FatalClientError("E_INVALID", "client must IDENTIFY")
+            raise InvalidError("client must IDENTIFY")
         topic, channel = self._topic_channel("REGISTER", params)
         if channel:
             key = Registration("channel", topic, channel)
@@ -326,11 +323,11 @@ class LookupProtocolV1:
             self.node.logf(
                 logging.INFO, f"DB: client({remote}) REGISTER category:topic key:{topic} subkey:"
             )
-        return b"OK"
+        return OK
 
     def _unregister(self, params: list[str], remote: str, peer: PeerInfo | None) -> bytes:
         if peer is None:
-            raise _FatalClientError("E_INVALID", "client must IDENTIFY")
+            raise InvalidError("client must IDENTIFY")
         topic, channel = self._topic_channel("UNREGISTER", params)
         if channel:
             key = Registration("channel", topic, channel)
@@ -364,4 +361,4 @@ class LookupProtocolV1:
                 )
             if left == 0 and topic.endswith("#ephemeral"):
                 self.node.db.remove_registration(key)
-        return b"OK"
+        return OK

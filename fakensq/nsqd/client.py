@@ -10,11 +10,9 @@ messages to :meth:`ClientConnection.send_messages` synchronously.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import ssl
-import struct
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,9 +38,17 @@ from trionsq.protocol.frames import (
     CLOSE_WAIT,
     FRAME_TYPE_MESSAGE,
     HEARTBEAT,
+    MESSAGE_FRAME_HEADER,
     OK,
+    SIZE,
     encode_error,
     encode_response,
+)
+from trionsq.protocol.identify import (
+    AuthResponse,
+    IdentifyBody,
+    IdentifyResponse,
+    decode_identify,
 )
 from trionsq.protocol.names import go_quote
 from trionsq.protocol.states import ConnState
@@ -74,10 +80,10 @@ STATE_NUMBERS: Final = {ConnState.INIT: 0, ConnState.SUBSCRIBED: 3, ConnState.CL
 #: stateDisconnected: the connection has ended.
 STATE_DISCONNECTED: Final = 1
 
-# A message frame's head: size, frame type, timestamp, attempts, id (fakensq's
-# ids are always 16 bytes); the body follows.  Its size counts the 26 bytes of
-# timestamp, attempts and id, and the 4 of the frame type.
-_MESSAGE_FRAME_HEADER: Final = struct.Struct(">lLqH16s")
+# A message frame's head (fakensq's ids are always 16 bytes), and what its
+# size field counts beyond the body (the frame type and the message header).
+_HEAD_SIZE: Final = MESSAGE_FRAME_HEADER.size
+_SIZE_BEYOND_BODY: Final = MESSAGE_FRAME_HEADER.size - SIZE.size
 
 _OK_FRAME: Final = encode_response(OK)
 
@@ -467,7 +473,7 @@ class ClientConnection:
 
     async def _identify(self, body: bytes) -> None:
         opts = self.nsqd.options
-        data = _decode_identify(body)
+        data = decode_identify(body)
         # (v1.3.0 no longer reads the short_id/long_id of older clients)
         self.client_id = data.get("client_id", "")
         self.hostname = data.get("hostname", "")
@@ -489,7 +495,7 @@ class ClientConnection:
         snappy = opts.snappy and bool(data.get("snappy"))
         if deflate and snappy:
             raise IdentifyFailedError("cannot enable both deflate and snappy compression")
-        reply = {
+        reply: IdentifyResponse = {
             "max_rdy_count": opts.max_rdy_count,
             "version": VERSION,
             "max_msg_timeout": int(opts.max_msg_timeout * 1000),
@@ -544,7 +550,7 @@ class ClientConnection:
                 await self._write(encode_response(OK))
         self._pump_wakes()
 
-    def _apply_identify(self, data: dict[str, Any]) -> None:
+    def _apply_identify(self, data: IdentifyBody) -> None:
         """nsqd's clientV2.Identify checks, in its order; raises ValueError."""
         opts = self.nsqd.options
         hb = data.get("heartbeat_interval", 0)
@@ -609,7 +615,7 @@ class ClientConnection:
             raise AuthFailedError("AUTH failed") from None
         if not self.auth_state.authorizations:
             raise UnauthorizedError("AUTH no authorizations found")
-        reply = {
+        reply: AuthResponse = {
             "identity": self.auth_state.identity,
             "identity_url": self.auth_state.identity_url,
             "permission_count": len(self.auth_state.authorizations),
@@ -702,15 +708,19 @@ class ClientConnection:
         # Each frame as its head and the body itself: no copy of a body until
         # the writer joins a piece of the output (at most _WRITE_CHUNK bytes
         # beyond one frame), however many messages RDY lets through.
-        pack = _MESSAGE_FRAME_HEADER.pack
+        pack = MESSAGE_FRAME_HEADER.pack
         add = self._out.append
         size = 0
         for m in batch:
             body = m.body
-            add(pack(len(body) + 30, FRAME_TYPE_MESSAGE, m.timestamp, m.attempts, m.id))
+            add(
+                pack(
+                    len(body) + _SIZE_BEYOND_BODY, FRAME_TYPE_MESSAGE, m.timestamp, m.attempts, m.id
+                )
+            )
             add(body)
             size += len(body)
-        self._out_size += size + 34 * n
+        self._out_size += size + _HEAD_SIZE * n
         if self._out_size + self._wire_buffered() >= self.output_buffer_size or (
             not self.is_ready_for_messages()
         ):
@@ -990,64 +1000,3 @@ def _remote_address(stream: trio.abc.Stream) -> str:
         else:
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return "127.0.0.1:0"
-
-
-# --- IDENTIFY's JSON, decoded as Go's encoding/json fills identifyDataV2 ---
-
-_STR_FIELDS = ("client_id", "hostname", "user_agent")
-_BOOL_FIELDS = ("feature_negotiation", "tls_v1", "snappy", "deflate")
-_INT_FIELDS = {
-    "heartbeat_interval": 64,
-    "output_buffer_size": 64,
-    "output_buffer_timeout": 64,
-    "deflate_level": 64,
-    "sample_rate": 32,
-    "msg_timeout": 64,
-}
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON constant {name}")
-
-
-def _decode_identify(body: bytes) -> dict[str, Any]:
-    """IDENTIFY's body; raises the E_BAD_BODY nsqd sends for bad JSON.
-
-    Go decodes object keys case-insensitively, ignores unknown keys, leaves
-    fields alone on ``null``, and refuses wrongly typed values (a float for an
-    int, a number for a string...).
-    """
-    error = BadBodyError("IDENTIFY failed to decode JSON body")
-    try:
-        doc = json.loads(
-            body.decode("utf-8", "replace"),
-            parse_constant=_reject_constant,
-            parse_float=lambda s: float("nan"),
-        )
-    except ValueError:
-        raise error from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise error
-    data: dict[str, Any] = {}
-    for key, value in doc.items():
-        name = key.lower()
-        if value is None:
-            continue
-        if name in _STR_FIELDS:
-            if not isinstance(value, str):
-                raise error
-        elif name in _BOOL_FIELDS:
-            if not isinstance(value, bool):
-                raise error
-        elif name in _INT_FIELDS:
-            bits = _INT_FIELDS[name]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise error
-            if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
-                raise error
-        else:
-            continue
-        data[name] = value
-    return data

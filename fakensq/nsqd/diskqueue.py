@@ -55,11 +55,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import struct
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
+
+from trionsq.protocol.frames import MESSAGE_HEADER, SIZE
 
 from .message import Message
 
@@ -70,19 +71,17 @@ log = logging.getLogger("fakensq.nsqd")
 #: The mode of every file nsqd (and go-diskqueue) makes: the owner's only.
 FILE_MODE = 0o600
 
-_LEN = struct.Struct(">i")
-_HEAD = struct.Struct(">qH16s")
-
 
 def encode_message(msg: Message) -> bytes:
-    """nsqd's backend encoding of a message (``Message.WriteTo``)."""
-    return _HEAD.pack(msg.timestamp, msg.attempts, msg.id) + msg.body
+    """nsqd's backend encoding of a message (``Message.WriteTo``): a message
+    frame's data; a disk queue file holds each after its :data:`SIZE`."""
+    return MESSAGE_HEADER.pack(msg.timestamp, msg.attempts, msg.id) + msg.body
 
 
 def decode_message(data: bytes) -> Message:
     """The inverse of :func:`encode_message`."""
-    timestamp, attempts, msg_id = _HEAD.unpack_from(data)
-    msg = Message(msg_id, data[_HEAD.size :], timestamp)
+    timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(data)
+    msg = Message(msg_id, data[MESSAGE_HEADER.size :], timestamp)
     msg.attempts = attempts
     return msg
 
@@ -288,10 +287,10 @@ class DiskBackedQueue:
             if self._writer is None:
                 self._writer = self._open_writer()
             data = encode_message(msg)
-            self._writer.write(_LEN.pack(len(data)) + data)
+            self._writer.write(SIZE.pack(len(data)) + data)
             self._disk_order.add(self._put_count)
             self._put_count += 1
-            self.write_pos += _LEN.size + len(data)
+            self.write_pos += SIZE.size + len(data)
             self.backend_depth += 1
             if self.write_pos >= self.max_bytes_per_file:
                 # Roll, as nsqd does once a file reaches max-bytes-per-file
@@ -338,8 +337,8 @@ class DiskBackedQueue:
                     break
                 self._reader.seek(self.read_pos)
             start = (self.read_file, self.read_pos)
-            head = self._reader.read(_LEN.size)
-            size = _LEN.unpack(head)[0] if len(head) == _LEN.size else -1
+            head = self._reader.read(SIZE.size)
+            size = SIZE.unpack(head)[0] if len(head) == SIZE.size else -1
             data = self._reader.read(size) if size >= 0 else b""
             if size < 0 or len(data) < size:
                 if self.read_file < self.write_file:
@@ -349,7 +348,7 @@ class DiskBackedQueue:
                 break
             if start >= self._fresh_from:
                 self._disk_order.pop()
-            self.read_pos += _LEN.size + size
+            self.read_pos += SIZE.size + size
             self.backend_depth -= 1
             self._count_op()
             if (

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import gc
 import json
-import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from trionsq.protocol.frames import SIZE
 from trionsq.protocol.names import is_valid_channel_name, is_valid_topic_name
 
 from ..golang.lg import LOG_LEVELS
@@ -576,7 +576,7 @@ def _read_binary_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> lis
     """nsqd's readMPUB over an HTTP body; errors are 413 with the code sans ``E_``."""
     if len(body) < 4:
         raise HTTPError(413, "BAD_BODY")
-    (count,) = struct.unpack_from(">l", body, 0)
+    (count,) = SIZE.unpack_from(body, 0)
     if count <= 0 or count > (max_body_size - 4) // 5:
         raise HTTPError(413, "BAD_BODY")
     offset = 4
@@ -584,7 +584,7 @@ def _read_binary_mpub(body: bytes, max_msg_size: int, max_body_size: int) -> lis
     for _ in range(count):
         if len(body) < offset + 4:
             raise HTTPError(413, "BAD_MESSAGE")
-        (size,) = struct.unpack_from(">l", body, offset)
+        (size,) = SIZE.unpack_from(body, offset)
         offset += 4
         if size <= 0 or size > max_msg_size or len(body) < offset + size:
             raise HTTPError(413, "BAD_MESSAGE")

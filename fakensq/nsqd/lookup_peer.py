@@ -25,13 +25,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-import struct
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import trio
+
+from trionsq.protocol import commands as cmds
+from trionsq.protocol.errors import InvalidError
+from trionsq.protocol.frames import SIZE
 
 from ..golang.net import split_host_port
 from ..lookupd.protocol import MAGIC_V1
@@ -121,8 +124,8 @@ def _command(name: bytes, *params: str) -> bytes:
 
 
 def identify_command(info: dict[str, Any]) -> bytes:
-    body = json.dumps(info, separators=(",", ":")).encode()
-    return b"IDENTIFY\n" + struct.pack(">l", len(body)) + body
+    """IDENTIFY as nsqd sends it to nsqlookupd: nsqd's peer info, in JSON."""
+    return cmds.identify(info)
 
 
 @dataclass
@@ -218,7 +221,7 @@ class LookupPeer:
         try:
             with trio.fail_after(_IO_TIMEOUT):
                 await self._fill(4)
-                (size,) = struct.unpack(">l", self._buf[:4])
+                (size,) = SIZE.unpack_from(self._buf)
                 limit = self._peers.max_body_size
                 if size > limit:
                     raise LookupPeerError(
@@ -302,7 +305,7 @@ class LookupPeers:
             self.logf(logging.ERROR, f"LOOKUPD({peer}): IDENTIFY - {exc}")
             return False
         assert resp is not None
-        if resp == b"E_INVALID":
+        if resp == InvalidError.code.encode():
             self.logf(logging.INFO, f"LOOKUPD({peer}): lookupd returned {resp.decode()}")
             await peer.close()
             return False

@@ -4,6 +4,7 @@ Shared by the client (:mod:`trionsq`) and the server (:mod:`fakensq`):
 
 - :mod:`.commands`: encoders for every command, and the server's incremental parser;
 - :mod:`.frames`: frames and the message layout, and the client's incremental parser;
+- :mod:`.identify`: IDENTIFY's body and answer (the feature negotiation), AUTH's answer;
 - :mod:`.names`: topic and channel name validation;
 - :mod:`.states`: the connection state machine: which command is valid in which
   state, the transitions, and nsqd's error for each violation;
@@ -11,7 +12,7 @@ Shared by the client (:mod:`trionsq`) and the server (:mod:`fakensq`):
 - :mod:`.codecs`: the deflate and snappy stream codecs.
 """
 
-from . import codecs, commands, frames, names, states
+from . import codecs, commands, frames, identify, names, states
 from .commands import MAGIC_V2, Command, CommandParser
 from .errors import *  # noqa: F403 - the hierarchy is the public API
 from .errors import __all__ as _errors_all
@@ -31,6 +32,7 @@ __all__ = [
     "codecs",
     "commands",
     "frames",
+    "identify",
     "names",
     "states",
     "MAGIC_V2",

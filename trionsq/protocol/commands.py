@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,7 +30,7 @@ from .errors import (
     LineTooLong,
     NSQErrorResponse,
 )
-from .frames import MSG_ID_LENGTH
+from .frames import MSG_ID_LENGTH, SIZE, sized
 from .names import go_quote, is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
@@ -74,15 +73,7 @@ MAGIC_V2: Final = b"  V2"
 #: (newline included) makes it drop the connection without an error frame.
 DEFAULT_MAX_LINE_LENGTH: Final = 16 * 1024
 
-_LEN = struct.Struct(">l")
-_U32 = struct.Struct(">L")
-
-
 # --- encoders (client side) -------------------------------------------------
-
-
-def _body(data: bytes) -> bytes:
-    return _U32.pack(len(data)) + data
 
 
 def _as_bytes(name: str | bytes) -> bytes:
@@ -91,11 +82,11 @@ def _as_bytes(name: str | bytes) -> bytes:
 
 def identify(data: Mapping[str, Any]) -> bytes:
     """``IDENTIFY`` with a JSON body of client metadata and negotiated features."""
-    return b"IDENTIFY\n" + _body(json.dumps(dict(data), separators=(",", ":")).encode())
+    return b"IDENTIFY\n" + sized(json.dumps(dict(data), separators=(",", ":")).encode())
 
 
 def auth(secret: str | bytes) -> bytes:
-    return b"AUTH\n" + _body(_as_bytes(secret))
+    return b"AUTH\n" + sized(_as_bytes(secret))
 
 
 def sub(topic: str, channel: str) -> bytes:
@@ -109,7 +100,7 @@ def _pub_head(topic: str) -> bytes:
 
 
 def pub(topic: str, body: bytes) -> bytes:
-    return _pub_head(topic) + _U32.pack(len(body)) + body
+    return _pub_head(topic) + SIZE.pack(len(body)) + body
 
 
 def mpub(topic: str, bodies: Iterable[bytes]) -> bytes:
@@ -118,15 +109,15 @@ def mpub(topic: str, bodies: Iterable[bytes]) -> bytes:
     sizes = list(map(len, items))
     # [head, size, body, size, body...] filled by slices: no Python loop a body.
     parts = [b""] * (2 * count + 1)
-    parts[1::2] = map(_U32.pack, sizes)
+    parts[1::2] = map(SIZE.pack, sizes)
     parts[2::2] = items
     payload = 4 + 4 * count + sum(sizes)
-    parts[0] = b"MPUB " + topic.encode() + b"\n" + _U32.pack(payload) + _U32.pack(count)
+    parts[0] = b"MPUB " + topic.encode() + b"\n" + SIZE.pack(payload) + SIZE.pack(count)
     return b"".join(parts)
 
 
 def dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
-    return b"DPUB " + topic.encode() + b" " + str(int(delay_ms)).encode() + b"\n" + _body(body)
+    return b"DPUB " + topic.encode() + b" " + str(int(delay_ms)).encode() + b"\n" + sized(body)
 
 
 def rdy(count: int) -> bytes:
@@ -497,7 +488,7 @@ class CommandParser:
 
     def _int32_at(self, offset: int, kind: type[NSQErrorResponse], text: str) -> int:
         self._need(offset, 4, kind, text)
-        value: int = _LEN.unpack_from(self._buffer, self._pos + offset)[0]
+        value: int = SIZE.unpack_from(self._buffer, self._pos + offset)[0]
         return value
 
     def _consume(self, size: int) -> bytes:
@@ -562,7 +553,7 @@ class CommandParser:
         buf, pos = self._buffer, self._pos
         if len(buf) - pos < 4:
             raise _NeedMore(BadMessageError, f"{verb} failed to read message body size")
-        size: int = _LEN.unpack_from(buf, pos)[0]
+        size: int = SIZE.unpack_from(buf, pos)[0]
         if size <= 0:
             raise BadMessageError(f"{verb} invalid message body size {size}")
         if size > self.max_msg_size:
@@ -617,7 +608,7 @@ class CommandParser:
             # size as it comes; the announced body size is not cross-checked.
             buf, pos = self._buffer, self._pos
             have = len(buf) - pos  # (offsets are from pos)
-            unpack = _LEN.unpack_from
+            unpack = SIZE.unpack_from
             max_msg_size = self.max_msg_size
             body_limit = self.max_body_size + 4
             while len(spans) < count:

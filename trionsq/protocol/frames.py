@@ -4,6 +4,12 @@ Every frame nsqd sends is ``[4-byte size][4-byte type][data]`` (big-endian), the
 size covering the type and the data.  A message frame's data is
 ``[8-byte timestamp ns][2-byte attempts][16-byte id][body]``.
 
+The layouts are declared here once (:data:`SIZE`, :data:`FRAME_HEADER`,
+:data:`MESSAGE_HEADER`, :data:`MESSAGE_FRAME_HEADER`) for every side that
+reads or writes them: the client, fakensq's nsqd (its frames and its disk
+queues, which keep a message as its frame's data), nsqlookupd's answers and
+the fault proxy.
+
 :class:`FrameParser` is incremental and sans-IO: feed it bytes as they arrive, in
 any chunking, and it returns the whole frames they complete.  It never holds more
 than one frame's worth of bytes: a frame announcing more than ``max_frame_size``
@@ -32,6 +38,11 @@ __all__ = [
     "OK",
     "CLOSE_WAIT",
     "DEFAULT_MAX_FRAME_SIZE",
+    "SIZE",
+    "FRAME_HEADER",
+    "MESSAGE_HEADER",
+    "MESSAGE_FRAME_HEADER",
+    "sized",
     "Response",
     "Error",
     "MessageFrame",
@@ -61,12 +72,20 @@ CLOSE_WAIT: Final = b"CLOSE_WAIT"
 #: clients talking to nsqds with a larger max-msg-size raise it.
 DEFAULT_MAX_FRAME_SIZE: Final = 1024 * 1024 + MESSAGE_HEADER_SIZE + 4
 
-_SIZE_TYPE = struct.Struct(">lL")
-_SIZE = struct.Struct(">l")
-_TYPE = struct.Struct(">L")
-_MESSAGE_HEADER = struct.Struct(">qH16s")
-_MESSAGE_FRAME_HEADER = struct.Struct(">lLqH16s")
-_MESSAGE_FRAME_HEADER_SIZE: Final = _MESSAGE_FRAME_HEADER.size  # 34
+#: The 4-byte size before what it measures, big-endian, signed (nsqd and
+#: nsqlookupd read it as an int32): of a frame (its type and data), of a
+#: command's body, of an nsqlookupd answer.
+SIZE: Final = struct.Struct(">l")
+#: A frame's head: its size, then its type.
+FRAME_HEADER: Final = struct.Struct(">lL")
+#: A message's head, before its body: nanosecond timestamp, attempts, id (as a
+#: message frame's data holds it, and as nsqd's Message.WriteTo writes it to a
+#: disk queue).
+MESSAGE_HEADER: Final = struct.Struct(">qH16s")
+#: A message frame's head: FRAME_HEADER then MESSAGE_HEADER (34 bytes).
+MESSAGE_FRAME_HEADER: Final = struct.Struct(">lLqH16s")
+
+_MESSAGE_FRAME_HEADER_SIZE: Final = MESSAGE_FRAME_HEADER.size  # 34
 #: the smallest size field of a message frame: type, header, empty body
 _MIN_MESSAGE_SIZE: Final = 4 + MESSAGE_HEADER_SIZE
 
@@ -108,8 +127,13 @@ class MessageFrame:
 Frame = Response | Error | MessageFrame
 
 
+def sized(data: bytes) -> bytes:
+    """``data`` after its :data:`SIZE` (a command's body, an nsqlookupd answer)."""
+    return SIZE.pack(len(data)) + data
+
+
 def encode_frame(frame_type: int, data: bytes) -> bytes:
-    return _SIZE_TYPE.pack(len(data) + 4, frame_type) + data
+    return FRAME_HEADER.pack(len(data) + 4, frame_type) + data
 
 
 def encode_response(data: bytes) -> bytes:
@@ -125,7 +149,7 @@ def message_frame_header(timestamp: int, attempts: int, msg_id: bytes, body_len:
     """The 30 bytes before a message body in its frame (lets callers avoid copying)."""
     if len(msg_id) != MSG_ID_LENGTH:
         raise ValueError(f"message id must be {MSG_ID_LENGTH} bytes, got {len(msg_id)}")
-    return _MESSAGE_FRAME_HEADER.pack(
+    return MESSAGE_FRAME_HEADER.pack(
         body_len + MESSAGE_HEADER_SIZE + 4, FRAME_TYPE_MESSAGE, timestamp, attempts, msg_id
     )
 
@@ -139,7 +163,7 @@ def decode_message(data: bytes) -> MessageFrame:
     """Decode a message frame's data (everything after the frame type)."""
     if len(data) < MESSAGE_HEADER_SIZE:
         raise InvalidFrame(f"message frame too short ({len(data)} < {MESSAGE_HEADER_SIZE} bytes)")
-    timestamp, attempts, msg_id = _MESSAGE_HEADER.unpack_from(data)
+    timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(data)
     return MessageFrame(timestamp, attempts, msg_id, data[MESSAGE_HEADER_SIZE:])
 
 
@@ -221,7 +245,7 @@ class FrameParser(Generic[M]):
         frames: list[Response | Error | M] = []
         append = frames.append
         make = self._make
-        unpack_message = _MESSAGE_FRAME_HEADER.unpack_from
+        unpack_message = MESSAGE_FRAME_HEADER.unpack_from
         limit = self.max_frame_size
         others = 0
         pos = 0
@@ -242,21 +266,21 @@ class FrameParser(Generic[M]):
                     continue
             elif left < 4:
                 break
-            (size,) = _SIZE.unpack_from(buf, pos)
+            (size,) = SIZE.unpack_from(buf, pos)
             if size < 4:
                 raise InvalidFrame(f"frame size {size} is below the minimum of 4")
             if size > limit:
                 raise FrameTooLarge(f"frame size {size} exceeds the limit of {limit}")
             if left - 4 < size:
                 break
-            (frame_type,) = _TYPE.unpack_from(buf, pos + 4)
+            frame_type = FRAME_HEADER.unpack_from(buf, pos)[1]
             end_of_frame = pos + 4 + size
             if frame_type == FRAME_TYPE_MESSAGE:
                 if size - 4 < MESSAGE_HEADER_SIZE:
                     raise InvalidFrame(
                         f"message frame too short ({size - 4} < {MESSAGE_HEADER_SIZE} bytes)"
                     )
-                timestamp, attempts, msg_id = _MESSAGE_HEADER.unpack_from(buf, pos + 8)
+                timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(buf, pos + 8)
                 append(make(timestamp, attempts, msg_id, buf[pos + 34 : end_of_frame]))
             elif frame_type == FRAME_TYPE_RESPONSE:
                 append(Response(bytes(buf[pos + 8 : end_of_frame])))
@@ -271,7 +295,7 @@ class FrameParser(Generic[M]):
         if pos < end:
             self._rest = bytearray(memoryview(buf)[pos:])
             left = end - pos
-            self._need = 4 + _SIZE.unpack_from(buf, pos)[0] if left >= 4 else 4
+            self._need = 4 + SIZE.unpack_from(buf, pos)[0] if left >= 4 else 4
         elif rest:
             self._rest = bytearray()
             self._need = 4
