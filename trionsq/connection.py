@@ -53,6 +53,7 @@ from .protocol.frames import (
     FRAME_TYPE_RESPONSE,
     HEARTBEAT,
     OK,
+    SIZE,
     Error,
     FrameParser,
     MessageFactory,
@@ -433,7 +434,7 @@ class Connection:
         """Read one handshake frame: a response's data, or raise the error
         frame (a heartbeat: None with ``heartbeats``, else an error)."""
         header = await self._receive_exactly(4)
-        size = int.from_bytes(header, "big", signed=True)
+        (size,) = SIZE.unpack(header)
         if size > self.config.max_frame_size or size < 4:
             # Let the parser produce the typed error.
             FrameParser(self.config.max_frame_size).feed(header)

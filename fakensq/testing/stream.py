@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
 from trionsq.protocol.frames import (
+    FRAME_HEADER,
     FRAME_TYPE_MESSAGE,
     FRAME_TYPE_RESPONSE,
     HEARTBEAT,
     MESSAGE_HEADER_SIZE,
+    SIZE,
     decode_message,
 )
 
@@ -46,7 +47,7 @@ _MAX_FRAME_HOLD = 64 * 1024
 #: How much of a message's body the trace keeps.
 _TRACED_BODY = 200
 #: The frame type a ``corrupt`` fault writes (no such type in NSQ).
-_BAD_FRAME_TYPE = struct.pack(">l", 0x7F)
+_BAD_FRAME_TYPE = FRAME_HEADER.pack(0, 0x7F)[SIZE.size :]
 
 
 def socket_peer(stream: trio.abc.Stream) -> str:
@@ -280,7 +281,7 @@ class FaultyStream(trio.abc.Stream):
             if name in _BODY_COMMANDS:
                 if len(buf) < end + 5:
                     return
-                (size,) = struct.unpack(">l", buf[end + 1 : end + 5])
+                (size,) = SIZE.unpack_from(buf, end + 1)
                 if size < 0 or size > _MAX_SCAN:
                     self._go_opaque()
                     return
@@ -373,7 +374,7 @@ class FaultyStream(trio.abc.Stream):
                 continue
             if len(buf) < 8:
                 break
-            (size,) = struct.unpack(">l", buf[:4])
+            (size,) = SIZE.unpack_from(buf)
             if size < 4 or size > _MAX_SCAN:
                 out += buf
                 buf.clear()
@@ -386,7 +387,7 @@ class FaultyStream(trio.abc.Stream):
                 break
             frame = bytes(buf[: 4 + size])
             del buf[: 4 + size]
-            (ftype,) = struct.unpack(">l", frame[4:8])
+            ftype = FRAME_HEADER.unpack_from(frame)[1]
             payload = frame[8:]
             self._trace_out(ftype, payload)
             if ftype == FRAME_TYPE_RESPONSE and payload == HEARTBEAT:
@@ -413,7 +414,7 @@ class FaultyStream(trio.abc.Stream):
         of a large body): traced, and spoiled by a frame fault, by its head
         (corrupt: its type; truncate: half of it goes, then the connection)."""
         buf = self._out_buf
-        (ftype,) = struct.unpack(">l", buf[4:8])
+        ftype = FRAME_HEADER.unpack_from(buf)[1]
         self._trace_out(ftype, bytes(buf[8 : 8 + MESSAGE_HEADER_SIZE + _TRACED_BODY]), size - 4)
         self._out_passing = 4 + size
         spoiled = self._spoil(names, role)
