@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from trionsq.protocol.commands import BODY_COMMANDS
 from trionsq.protocol.frames import (
     FRAME_HEADER,
     FRAME_TYPE_MESSAGE,
@@ -26,6 +27,7 @@ from trionsq.protocol.frames import (
     SIZE,
     decode_message,
 )
+from trionsq.protocol.identify import UPGRADES
 
 from ..faultkinds import Role
 
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FaultyStream", "socket_peer"]
 
-_BODY_COMMANDS = (b"IDENTIFY", b"PUB", b"MPUB", b"DPUB", b"AUTH")
 _MAX_SCAN = 64 * 1024 * 1024
 #: The longest command line followed (nsqd's own limit is 16 KiB), and the
 #: largest IDENTIFY body read for the client's names (nsqd's default
@@ -278,7 +279,7 @@ class FaultyStream(trio.abc.Stream):
             name = line.split(b" ", 1)[0]
             body: bytes | None = None
             size = -1
-            if name in _BODY_COMMANDS:
+            if name in BODY_COMMANDS:
                 if len(buf) < end + 5:
                     return
                 (size,) = SIZE.unpack_from(buf, end + 1)
@@ -436,7 +437,7 @@ class FaultyStream(trio.abc.Stream):
             doc = json.loads(payload)
         except ValueError:
             return False
-        return isinstance(doc, dict) and any(doc.get(k) for k in ("tls_v1", "snappy", "deflate"))
+        return isinstance(doc, dict) and any(doc.get(k) for k in UPGRADES)
 
     def _trace_out(self, ftype: int, payload: bytes, length: int | None = None) -> None:
         """Trace one frame of the node's (``length``: the payload's, when

@@ -218,3 +218,28 @@ def test_mpub_takes_any_iterable_of_bodies(topic: str, bodies: list[bytes]) -> N
     assert expected.startswith(
         b"MPUB %s\n%s" % (topic.encode(), struct.pack(">LL", size, len(bodies)))
     )
+
+
+def test_body_commands_are_those_that_wait_for_a_body() -> None:
+    msg_id = b"0123456789abcdef"
+    lines = [
+        b"IDENTIFY\n",
+        b"AUTH\n",
+        b"PUB t\n",
+        b"MPUB t\n",
+        b"DPUB t 10\n",
+        b"SUB t c\n",
+        b"RDY 1\n",
+        b"FIN " + msg_id + b"\n",
+        b"REQ " + msg_id + b" 0\n",
+        b"TOUCH " + msg_id + b"\n",
+        b"CLS\n",
+        b"NOP\n",
+    ]
+    waiting = set()
+    for line in lines:
+        parser = CommandParser(expect_magic=False)
+        parser.feed(line)
+        if parser.next_command() is None:
+            waiting.add(line.split(b" ")[0].strip())
+    assert waiting == c.BODY_COMMANDS

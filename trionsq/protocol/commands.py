@@ -65,6 +65,7 @@ __all__ = [
     "CommandParser",
     "parse_base10",
     "DEFAULT_MAX_LINE_LENGTH",
+    "BODY_COMMANDS",
 ]
 
 MAGIC_V2: Final = b"  V2"
@@ -72,6 +73,9 @@ MAGIC_V2: Final = b"  V2"
 #: nsqd reads command lines through a 16 KiB buffered reader; a longer line
 #: (newline included) makes it drop the connection without an error frame.
 DEFAULT_MAX_LINE_LENGTH: Final = 16 * 1024
+
+#: The commands whose line is followed by a body (``[4-byte size][data]``).
+BODY_COMMANDS: Final = frozenset({b"IDENTIFY", b"AUTH", b"PUB", b"MPUB", b"DPUB"})
 
 # --- encoders (client side) -------------------------------------------------
 
