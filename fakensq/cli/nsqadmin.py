@@ -22,7 +22,7 @@ import sys
 import tomllib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -30,7 +30,7 @@ from trionsq.tools.flags import FlagSet, FlagValueError, go_duration
 
 from ..admin.options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
 from ..admin.server import Admin, client_tls_context
-from ..golang.lg import daemon_flagset, version_string
+from ..golang.lg import OptionFlag, add_option_flags, daemon_flagset, version_string
 from .common import fatal, first_error, resolve, setup_logging
 
 __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]
@@ -38,50 +38,77 @@ __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigErr
 log = logging.getLogger("fakensq.admin")
 
 
-def admin_flagset(defaults: AdminOptions | None = None) -> FlagSet:
-    """The flags of ``fakensq admin``: nsqadmin v1.3.0's, with its defaults."""
-    o = defaults or AdminOptions()
-    fs = daemon_flagset("nsqadmin", o.log_level)  # version, config, log-*, verbose
-    fs.string("http-address", o.http_address, "<addr>:<port> to listen on for HTTP clients")
-    fs.string("base-path", o.base_path, "URL base path")
-    fs.string(
+#: nsqadmin's flags that each set the option of their name: (declaration, name, usage).
+_OPTION_FLAGS: Final[tuple[OptionFlag, ...]] = (
+    ("string", "http-address", "<addr>:<port> to listen on for HTTP clients"),
+    ("string", "base-path", "URL base path"),
+    (
+        "string",
         "dev-static-dir",
-        o.dev_static_dir,
         "(development use only) here: a folder whose files replace the pages' "
         "admin.js/admin.css/chart.js",
-    )
-    fs.string(
+    ),
+    (
+        "string",
         "graphite-url",
-        o.graphite_url,
         "graphite HTTP address (here: /api/graphite asks it for rates; the pages' "
         "charts come from the admin's own polling of /stats)",
-    )
-    fs.bool("proxy-graphite", o.proxy_graphite, "proxy HTTP requests to graphite")
-    fs.string(
+    ),
+    ("bool", "proxy-graphite", "proxy HTTP requests to graphite"),
+    (
+        "string",
         "statsd-counter-format",
-        o.statsd_counter_format,
         "The counter stats key formatting applied by the implementation of statsd. If no "
         "formatting is desired, set this to an empty string. (here: only reported by "
         "/config; nsqadmin's pages use it to name graphite series)",
-    )
-    fs.string(
+    ),
+    (
+        "string",
         "statsd-gauge-format",
-        o.statsd_gauge_format,
         "The gauge stats key formatting applied by the implementation of statsd. If no "
         "formatting is desired, set this to an empty string. (here: only reported by /config)",
-    )
-    fs.string(
+    ),
+    (
+        "string",
         "statsd-prefix",
-        o.statsd_prefix,
         "prefix used for keys sent to statsd (%s for host replacement, must match nsqd) "
         "(here: only reported by /config)",
-    )
-    fs.duration(
+    ),
+    (
+        "duration",
         "statsd-interval",
-        o.statsd_interval,
         "time interval nsqd is configured to push to statsd (must match nsqd) "
         "(here: the window /api/graphite asks graphite for)",
-    )
+    ),
+    ("duration", "http-client-connect-timeout", "timeout for HTTP connect"),
+    ("duration", "http-client-request-timeout", "timeout for HTTP request"),
+    (
+        "bool",
+        "http-client-tls-insecure-skip-verify",
+        "configure the HTTP client to skip verification of TLS certificates",
+    ),
+    ("string", "http-client-tls-root-ca-file", "path to CA file for the HTTP client"),
+    ("string", "http-client-tls-cert", "path to certificate file for the HTTP client"),
+    ("string", "http-client-tls-key", "path to key file for the HTTP client"),
+    (
+        "string",
+        "allow-config-from-cidr",
+        "A CIDR from which to allow HTTP requests to the /config endpoint",
+    ),
+    (
+        "string",
+        "notification-http-endpoint",
+        "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
+    ),
+    ("string", "acl-http-header", "HTTP header to check for authenticated admin users"),
+)
+
+
+def admin_flagset(defaults: AdminOptions | None = None) -> FlagSet:
+    """The flags of ``fakensq admin``: nsqadmin v1.3.0's, with its defaults."""
+    o = defaults or AdminOptions()
+    fs = daemon_flagset("nsqadmin", o.log_level)
+    add_option_flags(fs, o, _OPTION_FLAGS)
     fs.strings(
         "lookupd-http-address",
         "lookupd HTTP address (may be given multiple times)",
@@ -98,41 +125,6 @@ def admin_flagset(defaults: AdminOptions | None = None) -> FlagSet:
         "here only (not nsqadmin's): HTTP address of a 'fakensq proxy' whose fault buttons "
         "the Faults page shows (may be given multiple times)",
         dest="proxy_http_addresses",
-    )
-    fs.duration(
-        "http-client-connect-timeout", o.http_client_connect_timeout, "timeout for HTTP connect"
-    )
-    fs.duration(
-        "http-client-request-timeout", o.http_client_request_timeout, "timeout for HTTP request"
-    )
-    fs.bool(
-        "http-client-tls-insecure-skip-verify",
-        o.http_client_tls_insecure_skip_verify,
-        "configure the HTTP client to skip verification of TLS certificates",
-    )
-    fs.string(
-        "http-client-tls-root-ca-file",
-        o.http_client_tls_root_ca_file,
-        "path to CA file for the HTTP client",
-    )
-    fs.string(
-        "http-client-tls-cert",
-        o.http_client_tls_cert,
-        "path to certificate file for the HTTP client",
-    )
-    fs.string("http-client-tls-key", o.http_client_tls_key, "path to key file for the HTTP client")
-    fs.string(
-        "allow-config-from-cidr",
-        o.allow_config_from_cidr,
-        "A CIDR from which to allow HTTP requests to the /config endpoint",
-    )
-    fs.string(
-        "notification-http-endpoint",
-        o.notification_http_endpoint,
-        "HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
-    )
-    fs.string(
-        "acl-http-header", o.acl_http_header, "HTTP header to check for authenticated admin users"
     )
     fs.strings(
         "admin-user",

@@ -7,8 +7,9 @@ levels and their names, the log line (``[nsqd] 2026/11/22 01:02:03.123456 INFO:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Final
+from typing import Final, TypeAlias
 
 from trionsq.tools.flags import FlagSet, FlagValueError
 
@@ -17,6 +18,8 @@ from ..version import BUILD, VERSION
 __all__ = [
     "LOG_LEVELS",
     "GoLogFormatter",
+    "OptionFlag",
+    "add_option_flags",
     "daemon_flagset",
     "parse_log_level",
     "python_level",
@@ -100,3 +103,21 @@ def daemon_flagset(name: str, log_level: str) -> FlagSet:
     fs.string("log-prefix", f"[{name}] ", "log message prefix")
     fs.bool("verbose", False, "[deprecated] has no effect, use --log-level", dest=None)
     return fs
+
+
+#: A flag that sets the option of its name (``-`` for ``_``), the option's
+#: value its default: ``(declaration, name, usage)``, the declaration one of
+#: ``string``, ``int``, ``bool``, ``duration``.
+OptionFlag: TypeAlias = tuple[str, str, str]
+
+
+def add_option_flags(fs: FlagSet, defaults: object, flags: Iterable[OptionFlag]) -> None:
+    """Declare ``flags`` on ``fs``, each with its option's value in ``defaults``."""
+    declare: dict[str, Callable[..., None]] = {
+        "string": fs.string,
+        "int": fs.int,
+        "bool": fs.bool,
+        "duration": fs.duration,
+    }
+    for kind, name, usage in flags:
+        declare[kind](name, getattr(defaults, name.replace("-", "_")), usage)

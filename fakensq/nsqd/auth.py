@@ -14,18 +14,34 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
+import random
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import httpx
+import trio
+
+from trionsq.protocol.errors import (
+    AuthDisabledError,
+    AuthFailedError,
+    AuthFirstError,
+    InvalidError,
+    UnauthorizedError,
+)
+from trionsq.protocol.identify import AuthResponse
+from trionsq.protocol.names import go_quote
 
 from ..golang.json import value_kind
+from .options import NSQDOptions
 
 __all__ = [
+    "AuthOwner",
+    "ClientAuth",
     "AuthHandler",
     "Authorization",
     "AuthState",
@@ -42,6 +58,9 @@ AuthHandler = Callable[[dict[str, str]], "Mapping[str, Any] | Awaitable[Mapping[
 
 class AuthError(Exception):
     """The auth server could not be asked, or answered something unusable."""
+
+
+log = logging.getLogger("fakensq.nsqd.client")
 
 
 @dataclass
@@ -241,3 +260,92 @@ async def query_auth(
         except (httpx.HTTPError, ValueError, AuthError) as exc:
             last = exc
     raise AuthError(f"unable to access auth server: {last}")
+
+
+class AuthOwner(Protocol):
+    """What a client's authorization asks of its nsqd."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def rng(self) -> random.Random:
+        """The seeded choice of the auth server asked first."""
+        ...
+
+    @property
+    def auth_handler(self) -> AuthHandler | None: ...
+
+    @property
+    def auth_enabled(self) -> bool: ...
+
+
+class ClientAuth:
+    """One client's authorization: nsqd's AUTH command, and the checks before
+    PUB, MPUB, DPUB and SUB (asking the auth server again once its TTL ran out).
+
+    ``peer()`` gives what the auth server is told of the client besides its
+    secret (``remote_ip``, ``tls``, ``common_name``), as it is at the time;
+    ``who`` names the client in the log.  The errors raised are nsqd's.
+    """
+
+    def __init__(self, owner: AuthOwner, peer: Callable[[], dict[str, str]], who: str) -> None:
+        self.owner = owner
+        self.peer = peer
+        self.who = who
+        self.secret = ""
+        #: what the auth server granted (None before AUTH)
+        self.state: AuthState | None = None
+
+    @property
+    def authed(self) -> bool:
+        return self.state is not None and bool(self.state.authorizations)
+
+    async def authenticate(self, secret: bytes) -> AuthResponse:
+        """AUTH: ask the auth server about ``secret``; nsqd's answer."""
+        if self.authed:
+            raise InvalidError("AUTH already set")
+        if not self.owner.auth_enabled:
+            raise AuthDisabledError("AUTH disabled")
+        self.secret = secret.decode("utf-8", "surrogateescape")
+        state = self.state = await self._ask()
+        if not state.authorizations:
+            raise UnauthorizedError("AUTH no authorizations found")
+        return {
+            "identity": state.identity,
+            "identity_url": state.identity_url,
+            "permission_count": len(state.authorizations),
+        }
+
+    async def check(self, verb: str, topic: str, channel: str) -> None:
+        """nsqd's ``CheckAuth`` before ``verb`` on ``topic`` (and ``channel``)."""
+        if not self.owner.auth_enabled:
+            return
+        state = self.state
+        if state is None or not state.authorizations:
+            raise AuthFirstError(f"AUTH required before {verb}")
+        if trio.current_time() >= state.expires:
+            state = self.state = await self._ask()
+        if not state.is_allowed(topic, channel):
+            raise UnauthorizedError(
+                f"AUTH failed for {verb} on {go_quote(topic)} {go_quote(channel)}"
+            )
+
+    async def _ask(self) -> AuthState:
+        opts = self.owner.options
+        addresses = opts.auth_http_addresses
+        try:
+            state = await query_auth(
+                addresses,
+                self.owner.auth_handler,
+                {**self.peer(), "secret": self.secret},
+                method=opts.auth_http_request_method,
+                connect_timeout=opts.http_client_connect_timeout,
+                request_timeout=opts.http_client_request_timeout,
+                start=self.owner.rng.randrange(len(addresses)) if addresses else 0,
+            )
+        except AuthError as exc:
+            log.warning("client %s: AUTH failed %s", self.who, exc)
+            raise AuthFailedError("AUTH failed") from None
+        state.expires = trio.current_time() + state.ttl
+        return state

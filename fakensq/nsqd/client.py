@@ -22,9 +22,6 @@ from trionsq.protocol import commands as cmds
 from trionsq.protocol import states
 from trionsq.protocol.codecs import Decoder, DeflateDecoder, SnappyDecoder
 from trionsq.protocol.errors import (
-    AuthDisabledError,
-    AuthFailedError,
-    AuthFirstError,
     BadBodyError,
     CompressionError,
     IdentifyFailedError,
@@ -32,7 +29,6 @@ from trionsq.protocol.errors import (
     LineTooLong,
     NSQErrorResponse,
     SubFailedError,
-    UnauthorizedError,
 )
 from trionsq.protocol.frames import (
     CLOSE_WAIT,
@@ -44,13 +40,7 @@ from trionsq.protocol.frames import (
     encode_error,
     encode_response,
 )
-from trionsq.protocol.identify import (
-    AuthResponse,
-    IdentifyBody,
-    IdentifyResponse,
-    decode_identify,
-)
-from trionsq.protocol.names import go_quote
+from trionsq.protocol.identify import decode_identify
 from trionsq.protocol.states import ConnState
 
 from ..golang import json as gojson
@@ -59,8 +49,9 @@ from ..golang.snappy import SnappyWriter
 from ..golang.tls import cipher_suite_text
 from ..golang.tlsconfig import HandshakeError, server_handshake
 from ..golang.tlsrecords import RecordSizer
-from .auth import AuthError, AuthState, query_auth
-from .options import TLS_NOT_REQUIRED, VERSION
+from .auth import ClientAuth
+from .negotiation import apply_identify, features, identify_response
+from .options import TLS_NOT_REQUIRED
 from .wire import ClientWire
 
 if TYPE_CHECKING:
@@ -142,8 +133,7 @@ class ClientConnection:
         self._wire: ClientWire | None = None
         self._records: RecordSizer | None = None
         self._decoder: Decoder | None = None
-        self.auth_state: AuthState | None = None
-        self.auth_secret = ""
+        self.auth = ClientAuth(nsqd, self._auth_peer, self.remote_address)
 
         self.parser = cmds.CommandParser(
             max_msg_size=opts.max_msg_size,
@@ -386,12 +376,12 @@ class ClientConnection:
                 return  # nsqd ignores RDY after CLS, before parsing the count
             self._rdy(command.count())
         elif isinstance(command, cmds.Pub):
-            await self._check_auth("PUB", command.topic, "")
+            await self.auth.check("PUB", command.topic, "")
             await self.nsqd.open_topic(command.topic)
             self._publish(command.topic, [command.body])
         elif isinstance(command, cmds.MPubHead):
             # nsqd authorizes an MPUB and creates its topic before reading the body.
-            await self._check_auth("MPUB", command.topic, "")
+            await self.auth.check("MPUB", command.topic, "")
             await self.nsqd.open_topic(command.topic)
         elif isinstance(command, cmds.MPub):
             self._publish(command.topic, command.bodies)
@@ -403,7 +393,7 @@ class ClientConnection:
         elif isinstance(command, cmds.Touch):
             self._subscribed_channel().touch(self, command.id)
         elif isinstance(command, cmds.DPub):
-            await self._check_auth("DPUB", command.topic, "")
+            await self.auth.check("DPUB", command.topic, "")
             await self.nsqd.open_topic(command.topic)
             self._publish(command.topic, [command.body], command.delay_ms / 1000)
         elif isinstance(command, cmds.Nop):
@@ -417,7 +407,7 @@ class ClientConnection:
         elif isinstance(command, cmds.Identify):
             await self._identify(command.body)
         elif isinstance(command, cmds.Auth):
-            await self._auth(command.secret)
+            await self._send_response(gojson.dumps(await self.auth.authenticate(command.secret)))
 
     def _subscribed_channel(self) -> Channel:
         assert self.channel is not None  # the precheck allows only subscribed/closing
@@ -454,7 +444,7 @@ class ClientConnection:
         self._pump_wakes()
 
     async def _sub(self, command: cmds.Sub) -> None:
-        await self._check_auth("SUB", command.topic, command.channel)
+        await self.auth.check("SUB", command.topic, command.channel)
         topic = await self.nsqd.open_topic(command.topic)
         channel = topic.get_channel(command.channel)
         limit = self.nsqd.options.max_channel_consumers
@@ -479,45 +469,23 @@ class ClientConnection:
         self.hostname = data.get("hostname", "")
         self.user_agent = data.get("user_agent", "")
         try:
-            self._apply_identify(data)
+            apply_identify(self, opts, data)
         except ValueError as exc:
             raise BadBodyError(f"IDENTIFY {exc}") from None
         self._reset_heartbeat()
         if not data.get("feature_negotiation"):
             await self._send_response(OK)
             return
-        tls_v1 = self.nsqd.tls_context is not None and bool(data.get("tls_v1"))
-        deflate = opts.deflate and bool(data.get("deflate"))
-        deflate_level = 6
-        if deflate and data.get("deflate_level", 0) > 0:
-            deflate_level = data["deflate_level"]
-        deflate_level = min(deflate_level, opts.max_deflate_level)
-        snappy = opts.snappy and bool(data.get("snappy"))
-        if deflate and snappy:
-            raise IdentifyFailedError("cannot enable both deflate and snappy compression")
-        reply: IdentifyResponse = {
-            "max_rdy_count": opts.max_rdy_count,
-            "version": VERSION,
-            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
-            "msg_timeout": int(self.msg_timeout * 1000),
-            "tls_v1": tls_v1,
-            "deflate": deflate,
-            "deflate_level": deflate_level,
-            "max_deflate_level": opts.max_deflate_level,
-            "snappy": snappy,
-            "sample_rate": self.sample_rate,
-            "auth_required": self.nsqd.auth_enabled,
-            "output_buffer_size": self.output_buffer_size,
-            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
-        }
+        granted = features(opts, data, tls_available=self.nsqd.tls_context is not None)
+        reply = identify_response(opts, self, granted, auth_required=self.nsqd.auth_enabled)
         async with self._send_lock:
             # (after the answers to what came before it in the same read)
             await self._write(self._take_buffered() + encode_response(gojson.dumps(reply)))
-            if (tls_v1 or snappy or deflate) and self.parser.take_buffer():
+            if granted.upgrades and self.parser.take_buffer():
                 # nsqd reads the upgraded stream through a new reader: what the
                 # client sent behind IDENTIFY, already in the old one, is lost.
                 log.info("client %s: bytes sent before the upgrade are lost", self.remote_address)
-            if tls_v1:
+            if granted.tls_v1:
                 assert self.nsqd.tls_context is not None
                 try:
                     tls_stream = await server_handshake(
@@ -538,110 +506,27 @@ class ClientConnection:
                 self._records = RecordSizer(tls_stream.version() or "", _cipher_name(tls_stream))
                 self._wire = ClientWire(self.output_buffer_size, records=self._records)
                 await self._write(encode_response(OK))
-            if snappy or deflate:
+            if granted.snappy or granted.deflate:
                 codec: SnappyWriter | FlateWriter
-                if snappy:
+                if granted.snappy:
                     codec, self._decoder = SnappyWriter(), SnappyDecoder()
                     self.snappy = True
                 else:
-                    codec, self._decoder = FlateWriter(deflate_level), DeflateDecoder()
+                    codec, self._decoder = FlateWriter(granted.deflate_level), DeflateDecoder()
                     self.deflate = True
                 self._wire = ClientWire(self.output_buffer_size, codec, self._records)
                 await self._write(encode_response(OK))
         self._pump_wakes()
 
-    def _apply_identify(self, data: IdentifyBody) -> None:
-        """nsqd's clientV2.Identify checks, in its order; raises ValueError."""
-        opts = self.nsqd.options
-        hb = data.get("heartbeat_interval", 0)
-        if hb == -1:
-            self.heartbeat_interval = 0
-        elif hb == 0:
-            pass
-        elif 1000 <= hb <= int(opts.max_heartbeat_interval * 1000):
-            self.heartbeat_interval = hb / 1000
-        else:
-            raise ValueError(f"heartbeat interval ({hb}) is invalid")
-
-        size = data.get("output_buffer_size", 0)
-        timeout = data.get("output_buffer_timeout", 0)
-        if timeout == -1:
-            self.output_buffer_timeout = 0
-        elif timeout == 0:
-            pass
-        elif (
-            int(opts.min_output_buffer_timeout * 1000)
-            <= timeout
-            <= int(opts.max_output_buffer_timeout * 1000)
-        ):
-            self.output_buffer_timeout = timeout / 1000
-        else:
-            raise ValueError(f"output buffer timeout ({timeout}) is invalid")
-        if size == -1:
-            self.output_buffer_size = 1
-            self.output_buffer_timeout = 0
-        elif size == 0:
-            pass
-        elif 64 <= size <= opts.max_output_buffer_size:
-            self.output_buffer_size = size
-        else:
-            raise ValueError(f"output buffer size ({size}) is invalid")
-
-        rate = data.get("sample_rate", 0)
-        if rate < 0 or rate > 99:
-            raise ValueError(f"sample rate ({rate}) is invalid")
-        self.sample_rate = rate
-
-        msg_timeout = data.get("msg_timeout", 0)
-        if msg_timeout == 0:
-            pass
-        elif 1000 <= msg_timeout <= int(opts.max_msg_timeout * 1000):
-            self.msg_timeout = msg_timeout / 1000
-        else:
-            raise ValueError(f"msg timeout ({msg_timeout}) is invalid")
-
     # --- AUTH ---
 
-    async def _auth(self, secret: bytes) -> None:
-        if self.auth_state is not None and self.auth_state.authorizations:
-            raise InvalidError("AUTH already set")
-        if not self.nsqd.auth_enabled:
-            raise AuthDisabledError("AUTH disabled")
-        self.auth_secret = secret.decode("utf-8", "surrogateescape")
-        try:
-            self.auth_state = await self._query_auth()
-        except AuthError as exc:
-            log.warning("client %s: AUTH failed %s", self.remote_address, exc)
-            raise AuthFailedError("AUTH failed") from None
-        if not self.auth_state.authorizations:
-            raise UnauthorizedError("AUTH no authorizations found")
-        reply: AuthResponse = {
-            "identity": self.auth_state.identity,
-            "identity_url": self.auth_state.identity_url,
-            "permission_count": len(self.auth_state.authorizations),
-        }
-        await self._send_response(gojson.dumps(reply))
-
-    async def _query_auth(self) -> AuthState:
-        opts = self.nsqd.options
-        query = {
+    def _auth_peer(self) -> dict[str, str]:
+        """What the auth server is told of this client besides its secret."""
+        return {
             "remote_ip": self.remote_address.rpartition(":")[0].strip("[]"),
             "tls": "true" if self.tls else "false",
-            "secret": self.auth_secret,
             "common_name": self._tls_common_name(),  # "" without a client certificate
         }
-        addresses = opts.auth_http_addresses
-        state = await query_auth(
-            opts.auth_http_addresses,
-            self.nsqd.auth_handler,
-            query,
-            method=opts.auth_http_request_method,
-            connect_timeout=opts.http_client_connect_timeout,
-            request_timeout=opts.http_client_request_timeout,
-            start=self.nsqd.rng.randrange(len(addresses)) if addresses else 0,
-        )
-        state.expires = trio.current_time() + state.ttl
-        return state
 
     def _tls_common_name(self) -> str:
         if not isinstance(self.stream, trio.SSLStream):
@@ -655,23 +540,6 @@ class ClientConnection:
                 if key == "commonName":
                     return str(value)
         return ""
-
-    async def _check_auth(self, verb: str, topic: str, channel: str) -> None:
-        if not self.nsqd.auth_enabled:
-            return
-        state = self.auth_state
-        if state is None or not state.authorizations:
-            raise AuthFirstError(f"AUTH required before {verb}")
-        if trio.current_time() >= state.expires:
-            try:
-                state = self.auth_state = await self._query_auth()
-            except AuthError as exc:
-                log.warning("client %s: AUTH failed %s", self.remote_address, exc)
-                raise AuthFailedError("AUTH failed") from None
-        if not state.is_allowed(topic, channel):
-            raise UnauthorizedError(
-                f"AUTH failed for {verb} on {go_quote(topic)} {go_quote(channel)}"
-            )
 
     # --- the channel's side ---
 
@@ -936,12 +804,13 @@ class ClientConnection:
             "user_agent": self.user_agent,
         }
         # Go's omitempty fields.
-        if self.auth_state is not None and self.auth_state.authorizations:
+        auth = self.auth.state
+        if auth is not None and auth.authorizations:
             doc["authed"] = True
-            if self.auth_state.identity:
-                doc["auth_identity"] = self.auth_state.identity
-            if self.auth_state.identity_url:
-                doc["auth_identity_url"] = self.auth_state.identity_url
+            if auth.identity:
+                doc["auth_identity"] = auth.identity
+            if auth.identity_url:
+                doc["auth_identity_url"] = auth.identity_url
         if pub_counts:
             doc["pub_counts"] = pub_counts
         doc.update(self._tls_stats())

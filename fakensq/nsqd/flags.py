@@ -10,7 +10,7 @@ from typing import Final
 from trionsq.protocol.names import go_quote
 from trionsq.tools.flags import Flag, FlagFatal, FlagSet, FlagValueError, go_float
 
-from ..golang.lg import daemon_flagset
+from ..golang.lg import OptionFlag, add_option_flags, daemon_flagset
 from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, NSQDOptions
 
 __all__ = [
@@ -76,140 +76,144 @@ _ADDRESS_USAGE: Final = (
 )
 
 
+#: nsqd's flags that each set the option of their name, with its default:
+#: (declaration, name, usage), in nsqd's order.
+_OPTION_FLAGS: Final[tuple[OptionFlag, ...]] = (
+    (
+        "int",
+        "node-id",
+        "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
+    ),
+    ("string", "https-address", "<addr>:<port> to listen on for HTTPS clients"),
+    ("string", "http-address", _ADDRESS_USAGE.format("HTTP")),
+    ("string", "tcp-address", _ADDRESS_USAGE.format("TCP")),
+    (
+        "string",
+        "broadcast-address",
+        "address that will be registered with lookupd (defaults to the OS hostname)",
+    ),
+    (
+        "int",
+        "broadcast-tcp-port",
+        "TCP port that will be registered with lookupd "
+        "(defaults to the TCP port that this nsqd is listening on)",
+    ),
+    (
+        "int",
+        "broadcast-http-port",
+        "HTTP port that will be registered with lookupd "
+        "(defaults to the HTTP port that this nsqd is listening on)",
+    ),
+    ("duration", "http-client-connect-timeout", "timeout for HTTP connect"),
+    ("duration", "http-client-request-timeout", "timeout for HTTP request"),
+    # diskqueue options
+    ("string", "data-path", "path to store disk-backed messages"),
+    ("int", "mem-queue-size", "number of messages to keep in memory (per topic/channel)"),
+    ("int", "max-bytes-per-file", "number of bytes per diskqueue file before rolling"),
+    ("int", "sync-every", "number of messages per diskqueue fsync"),
+    ("duration", "sync-timeout", "duration of time per diskqueue fsync"),
+    (
+        "int",
+        "queue-scan-worker-pool-max",
+        "max concurrency for checking in-flight and deferred message timeouts",
+    ),
+    (
+        "int",
+        "queue-scan-selection-count",
+        "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts",
+    ),
+    # msg and command options
+    ("duration", "msg-timeout", "default duration to wait before auto-requeing a message"),
+    ("duration", "max-msg-timeout", "maximum duration before a message will timeout"),
+    ("int", "max-msg-size", "maximum size of a single message in bytes"),
+    ("duration", "max-req-timeout", "maximum requeuing timeout for a message"),
+    ("int", "max-body-size", "maximum size of a single command body"),
+    # client overridable configuration options
+    (
+        "duration",
+        "max-heartbeat-interval",
+        "maximum client configurable duration of time between client heartbeats",
+    ),
+    ("int", "max-rdy-count", "maximum RDY count for a client"),
+    (
+        "int",
+        "max-output-buffer-size",
+        "maximum client configurable size (in bytes) for a client output buffer",
+    ),
+    (
+        "duration",
+        "max-output-buffer-timeout",
+        "maximum client configurable duration of time between flushing to a client",
+    ),
+    (
+        "duration",
+        "min-output-buffer-timeout",
+        "minimum client configurable duration of time between flushing to a client",
+    ),
+    (
+        "duration",
+        "output-buffer-timeout",
+        "default duration of time between flushing data to clients",
+    ),
+    (
+        "int",
+        "max-channel-consumers",
+        "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)",
+    ),
+    # statsd integration options
+    ("string", "statsd-address", "UDP <addr>:<port> of a statsd daemon for pushing stats"),
+    ("duration", "statsd-interval", "duration between pushing to statsd"),
+    ("bool", "statsd-mem-stats", "toggle sending memory and GC stats to statsd"),
+    ("string", "statsd-prefix", "prefix used for keys sent to statsd (%s for host replacement)"),
+    ("int", "statsd-udp-packet-size", "the size in bytes of statsd UDP packets"),
+    (
+        "bool",
+        "statsd-exclude-ephemeral",
+        "Skip ephemeral topics and channels when sending stats to statsd",
+    ),
+    # end to end percentile flags (and e2e-processing-latency-percentile below)
+    (
+        "duration",
+        "e2e-processing-latency-window-time",
+        "calculate end to end latency quantiles for this duration of time "
+        "(ie: 60s would only show quantile calculations from the past 60 seconds)",
+    ),
+    # TLS config (and tls-required, tls-min-version below)
+    ("string", "tls-cert", "path to certificate file"),
+    ("string", "tls-key", "path to key file"),
+    (
+        "string",
+        "tls-client-auth-policy",
+        "client certificate auth policy ('require' or 'require-verify')",
+    ),
+    ("string", "tls-root-ca-file", "path to certificate authority file"),
+    # compression
+    ("bool", "deflate", "enable deflate feature negotiation (client compression)"),
+    (
+        "int",
+        "max-deflate-level",
+        "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)",
+    ),
+    ("bool", "snappy", "enable snappy feature negotiation (client compression)"),
+)
+
+
 def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
     """nsqd v1.3's flags, each mapped onto its :class:`NSQDOptions` field."""
     o = defaults or nsqd_command_defaults()
     fs = daemon_flagset("nsqd", o.log_level)
-    fs.int(
-        "node-id",
-        o.node_id,
-        "unique part for message IDs, (int) in range [0,1024) (default is hash of hostname)",
-    )
+    add_option_flags(fs, o, _OPTION_FLAGS)
     fs.bool("worker-id", False, "[deprecated] use --node-id", dest=None)  # ignored
-    fs.string("https-address", o.https_address, "<addr>:<port> to listen on for HTTPS clients")
-    fs.string("http-address", o.http_address, _ADDRESS_USAGE.format("HTTP"))
-    fs.string("tcp-address", o.tcp_address, _ADDRESS_USAGE.format("TCP"))
     fs.strings(
         "auth-http-address",
         "<addr>:<port> or a full url to query auth server (may be given multiple times)",
         dest="auth_http_addresses",
-    )
-    fs.string(
-        "broadcast-address",
-        o.broadcast_address,
-        "address that will be registered with lookupd (defaults to the OS hostname)",
-    )
-    fs.int(
-        "broadcast-tcp-port",
-        o.broadcast_tcp_port,
-        "TCP port that will be registered with lookupd "
-        "(defaults to the TCP port that this nsqd is listening on)",
-    )
-    fs.int(
-        "broadcast-http-port",
-        o.broadcast_http_port,
-        "HTTP port that will be registered with lookupd "
-        "(defaults to the HTTP port that this nsqd is listening on)",
     )
     fs.strings(
         "lookupd-tcp-address",
         "lookupd TCP address (may be given multiple times)",
         dest="lookupd_tcp_addresses",
     )
-    fs.duration(
-        "http-client-connect-timeout", o.http_client_connect_timeout, "timeout for HTTP connect"
-    )
-    fs.duration(
-        "http-client-request-timeout", o.http_client_request_timeout, "timeout for HTTP request"
-    )
-    # diskqueue options
-    fs.string("data-path", o.data_path, "path to store disk-backed messages")
-    fs.int(
-        "mem-queue-size",
-        o.mem_queue_size,
-        "number of messages to keep in memory (per topic/channel)",
-    )
-    fs.int(
-        "max-bytes-per-file",
-        o.max_bytes_per_file,
-        "number of bytes per diskqueue file before rolling",
-    )
-    fs.int("sync-every", o.sync_every, "number of messages per diskqueue fsync")
-    fs.duration("sync-timeout", o.sync_timeout, "duration of time per diskqueue fsync")
-    fs.int(
-        "queue-scan-worker-pool-max",
-        o.queue_scan_worker_pool_max,
-        "max concurrency for checking in-flight and deferred message timeouts",
-    )
-    fs.int(
-        "queue-scan-selection-count",
-        o.queue_scan_selection_count,
-        "number of channels to check per cycle (every 100ms) for in-flight and deferred timeouts",
-    )
-    # msg and command options
-    fs.duration(
-        "msg-timeout", o.msg_timeout, "default duration to wait before auto-requeing a message"
-    )
-    fs.duration(
-        "max-msg-timeout", o.max_msg_timeout, "maximum duration before a message will timeout"
-    )
-    fs.int("max-msg-size", o.max_msg_size, "maximum size of a single message in bytes")
-    fs.duration("max-req-timeout", o.max_req_timeout, "maximum requeuing timeout for a message")
-    fs.int("max-body-size", o.max_body_size, "maximum size of a single command body")
-    # client overridable configuration options
-    fs.duration(
-        "max-heartbeat-interval",
-        o.max_heartbeat_interval,
-        "maximum client configurable duration of time between client heartbeats",
-    )
-    fs.int("max-rdy-count", o.max_rdy_count, "maximum RDY count for a client")
-    fs.int(
-        "max-output-buffer-size",
-        o.max_output_buffer_size,
-        "maximum client configurable size (in bytes) for a client output buffer",
-    )
-    fs.duration(
-        "max-output-buffer-timeout",
-        o.max_output_buffer_timeout,
-        "maximum client configurable duration of time between flushing to a client",
-    )
-    fs.duration(
-        "min-output-buffer-timeout",
-        o.min_output_buffer_timeout,
-        "minimum client configurable duration of time between flushing to a client",
-    )
-    fs.duration(
-        "output-buffer-timeout",
-        o.output_buffer_timeout,
-        "default duration of time between flushing data to clients",
-    )
-    fs.int(
-        "max-channel-consumers",
-        o.max_channel_consumers,
-        "maximum channel consumer connection count per nsqd instance (default 0, i.e., unlimited)",
-    )
-    # statsd integration options
-    fs.string(
-        "statsd-address", o.statsd_address, "UDP <addr>:<port> of a statsd daemon for pushing stats"
-    )
-    fs.duration("statsd-interval", o.statsd_interval, "duration between pushing to statsd")
-    fs.bool("statsd-mem-stats", o.statsd_mem_stats, "toggle sending memory and GC stats to statsd")
-    fs.string(
-        "statsd-prefix",
-        o.statsd_prefix,
-        "prefix used for keys sent to statsd (%s for host replacement)",
-    )
-    fs.int(
-        "statsd-udp-packet-size",
-        o.statsd_udp_packet_size,
-        "the size in bytes of statsd UDP packets",
-    )
-    fs.bool(
-        "statsd-exclude-ephemeral",
-        o.statsd_exclude_ephemeral,
-        "Skip ephemeral topics and channels when sending stats to statsd",
-    )
-    # End to end percentile flags
     fs.var(
         "e2e-processing-latency-percentile",
         _parse_percentiles,
@@ -219,21 +223,6 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
         dest="e2e_processing_latency_percentiles",
         join="extend_sorted",
     )
-    fs.duration(
-        "e2e-processing-latency-window-time",
-        o.e2e_processing_latency_window_time,
-        "calculate end to end latency quantiles for this duration of time "
-        "(ie: 60s would only show quantile calculations from the past 60 seconds)",
-    )
-    # TLS config
-    fs.string("tls-cert", o.tls_cert, "path to certificate file")
-    fs.string("tls-key", o.tls_key, "path to key file")
-    fs.string(
-        "tls-client-auth-policy",
-        o.tls_client_auth_policy,
-        "client certificate auth policy ('require' or 'require-verify')",
-    )
-    fs.string("tls-root-ca-file", o.tls_root_ca_file, "path to certificate authority file")
     fs.var(
         "tls-required",
         parse_tls_required,
@@ -250,14 +239,6 @@ def nsqd_flagset(defaults: NSQDOptions | None = None) -> FlagSet:
         "minimum SSL/TLS version acceptable ('ssl3.0', 'tls1.0', 'tls1.1', 'tls1.2' or 'tls1.3')",
         default_text=o.tls_min_version,
     )
-    # compression
-    fs.bool("deflate", o.deflate, "enable deflate feature negotiation (client compression)")
-    fs.int(
-        "max-deflate-level",
-        o.max_deflate_level,
-        "max deflate compression level a client can negotiate (> values == > nsqd CPU usage)",
-    )
-    fs.bool("snappy", o.snappy, "enable snappy feature negotiation (client compression)")
     return fs
 
 
