@@ -32,11 +32,7 @@ from trionsq.protocol.errors import (
 )
 from trionsq.protocol.frames import (
     CLOSE_WAIT,
-    FRAME_TYPE_MESSAGE,
-    HEARTBEAT,
-    MESSAGE_FRAME_HEADER,
     OK,
-    SIZE,
     encode_error,
     encode_response,
 )
@@ -52,7 +48,7 @@ from ..golang.tlsrecords import RecordSizer
 from .auth import ClientAuth
 from .negotiation import apply_identify, features, identify_response
 from .options import TLS_NOT_REQUIRED
-from .wire import ClientWire
+from .output import STREAM_ERRORS, ClientOutput
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -71,20 +67,10 @@ STATE_NUMBERS: Final = {ConnState.INIT: 0, ConnState.SUBSCRIBED: 3, ConnState.CL
 #: stateDisconnected: the connection has ended.
 STATE_DISCONNECTED: Final = 1
 
-# A message frame's head (fakensq's ids are always 16 bytes), and what its
-# size field counts beyond the body (the frame type and the message header).
-_HEAD_SIZE: Final = MESSAGE_FRAME_HEADER.size
-_SIZE_BEYOND_BODY: Final = MESSAGE_FRAME_HEADER.size - SIZE.size
-
 _OK_FRAME: Final = encode_response(OK)
 
 _READ_SIZE = 64 * 1024
 _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
-# The most one write joins of the output (beyond one frame): what is buffered
-# for a client that does not read is referenced, not copied, past that.
-_WRITE_CHUNK = 256 * 1024
-
-_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError)
 
 
 class _Closed(Exception):
@@ -128,10 +114,6 @@ class ClientConnection:
         self.tls = False
         self.snappy = False
         self.deflate = False
-        # After a TLS or compression upgrade: nsqd's writer stack, which cuts
-        # what is sent as nsqd's writes are cut (TLS records, compressed chunks).
-        self._wire: ClientWire | None = None
-        self._records: RecordSizer | None = None
         self._decoder: Decoder | None = None
         self.auth = ClientAuth(nsqd, self._auth_peer, self.remote_address)
 
@@ -143,27 +125,15 @@ class ClientConnection:
             mpub_head=True,
             fin_runs=True,
         )
-        self._send_lock = trio.Lock()
-        # The output, in the order frames were made: nsqd's one buffered writer,
-        # which answers flush at once and message frames fill until a flush.
-        self._out: list[bytes] = []
-        self._out_size = 0
-        self._answered = False  # answers in _out wait for the end of the read
+        #: what the client is sent: answers, message frames, heartbeats
+        self.output = ClientOutput(self)
         # FINs of one read hand out new messages once, before any later answer.
         self._dispatch_pending = False
         # Messages this read published or requeued (REQ 0): they reach the
         # channels once the read is executed (see _reader_loop).
         self._in_transit: list[tuple[Topic, list[Message]]] = []
         self._requeued: list[Message] = []
-        self._flush_now = False
-        self._flush_deadline = math.inf
-        self._pump_flush = False
-        self._next_heartbeat = math.inf
         self._read_deadline = math.inf
-        # A write in progress, and a channel turned away meanwhile.
-        self._writing = False
-        self._starved = False
-        self._wake = trio.Event()
         self._scope = trio.CancelScope()
 
     def __repr__(self) -> str:
@@ -177,11 +147,11 @@ class ClientConnection:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     if not self.parser.awaiting_magic:
-                        self._reset_heartbeat()
-                    nursery.start_soon(self._writer_loop)
+                        self.output.reset_heartbeat()
+                    nursery.start_soon(self.output.run)
                     try:
                         await self._reader_loop()
-                    except (_Closed, *_STREAM_ERRORS, trio.TooSlowError) as exc:
+                    except (_Closed, *STREAM_ERRORS, trio.TooSlowError) as exc:
                         log.debug("client %s: closed (%r)", self.remote_address, exc)
                     except CompressionError as exc:
                         log.info("client %s: %s", self.remote_address, exc)
@@ -221,11 +191,11 @@ class ClientConnection:
                 self._release_in_transit()
             if awaiting_magic and not parser.awaiting_magic:
                 awaiting_magic = False
-                self._reset_heartbeat()
+                self.output.reset_heartbeat()
                 self._read_deadline = self._next_read_deadline()
-            if self._answered:
+            if self.output.answered:
                 # The answers to every publish of one read, in one write.
-                await self._send_frame(b"")
+                await self.output.send(b"")
             if not go_on:
                 return
             decoder = self._decoder
@@ -272,7 +242,7 @@ class ClientConnection:
                 await self._send_error(exc)
                 return False
             if command is None:
-                self._deliver_pending()
+                self.deliver_pending()
                 if progressed:
                     self._read_deadline = self._next_read_deadline()
                 return True
@@ -313,7 +283,8 @@ class ClientConnection:
                 if exc.fatal:
                     return False
 
-    def _deliver_pending(self) -> None:
+    def deliver_pending(self) -> None:
+        """Hand out once the messages the FINs executed so far made room for."""
         if self._dispatch_pending:
             self._dispatch_pending = False
             if self.channel is not None:
@@ -321,7 +292,7 @@ class ClientConnection:
 
     def _release_in_transit(self) -> None:
         """What this read published or requeued reaches its topics and channels."""
-        self._deliver_pending()
+        self.deliver_pending()
         requeued, self._requeued = self._requeued, []
         if requeued and self.channel is not None:
             self.channel.put_back(requeued)
@@ -425,9 +396,7 @@ class ClientConnection:
             msgs = topic.new_messages(bodies)
         name = topic.name
         self.pub_counts[name] = self.pub_counts.get(name, 0) + len(bodies)
-        self._deliver_pending()
-        self._out.append(_OK_FRAME)  # (as _respond_later(OK))
-        self._answered = True
+        self.output.answer(_OK_FRAME)
         self._in_transit.append((topic, msgs))
 
     def _rdy(self, count: int) -> None:
@@ -441,7 +410,7 @@ class ClientConnection:
         self.ready_state_changed()
         if self.channel is not None:
             self.channel.dispatch()
-        self._pump_wakes()
+        self.output.pump_wakes()
 
     async def _sub(self, command: cmds.Sub) -> None:
         await self.auth.check("SUB", command.topic, command.channel)
@@ -457,7 +426,7 @@ class ClientConnection:
         self.state = states.state_after(self.state, b"SUB")
         self.channel = channel
         await self._send_response(OK)
-        self._pump_wakes()
+        self.output.pump_wakes()
 
     # --- IDENTIFY ---
 
@@ -472,15 +441,16 @@ class ClientConnection:
             apply_identify(self, opts, data)
         except ValueError as exc:
             raise BadBodyError(f"IDENTIFY {exc}") from None
-        self._reset_heartbeat()
+        self.output.reset_heartbeat()
         if not data.get("feature_negotiation"):
             await self._send_response(OK)
             return
         granted = features(opts, data, tls_available=self.nsqd.tls_context is not None)
         reply = identify_response(opts, self, granted, auth_required=self.nsqd.auth_enabled)
-        async with self._send_lock:
+        output = self.output
+        async with output.lock:
             # (after the answers to what came before it in the same read)
-            await self._write(self._take_buffered() + encode_response(gojson.dumps(reply)))
+            await output.send_through(encode_response(gojson.dumps(reply)))
             if granted.upgrades and self.parser.take_buffer():
                 # nsqd reads the upgraded stream through a new reader: what the
                 # client sent behind IDENTIFY, already in the old one, is lost.
@@ -497,15 +467,16 @@ class ClientConnection:
                     log.info("client %s: %s", self.remote_address, failed.wire_text())
                     with trio.move_on_after(1):
                         try:
-                            await self._write(encode_error(failed))
-                        except (*_STREAM_ERRORS, trio.TooSlowError):
+                            await output.write(encode_error(failed))
+                        except (*STREAM_ERRORS, trio.TooSlowError):
                             pass
                     raise _Closed from None
                 self.stream = tls_stream
                 self.tls = True
-                self._records = RecordSizer(tls_stream.version() or "", _cipher_name(tls_stream))
-                self._wire = ClientWire(self.output_buffer_size, records=self._records)
-                await self._write(encode_response(OK))
+                output.upgrade(
+                    records=RecordSizer(tls_stream.version() or "", _cipher_name(tls_stream))
+                )
+                await output.write(encode_response(OK))
             if granted.snappy or granted.deflate:
                 codec: SnappyWriter | FlateWriter
                 if granted.snappy:
@@ -514,9 +485,9 @@ class ClientConnection:
                 else:
                     codec, self._decoder = FlateWriter(granted.deflate_level), DeflateDecoder()
                     self.deflate = True
-                self._wire = ClientWire(self.output_buffer_size, codec, self._records)
-                await self._write(encode_response(OK))
-        self._pump_wakes()
+                output.upgrade(codec)
+                await output.write(encode_response(OK))
+        self.output.pump_wakes()
 
     # --- AUTH ---
 
@@ -547,16 +518,16 @@ class ClientConnection:
         channel = self.channel
         if channel is None or channel.paused:
             return False
-        if self._writing:
+        if self.output.writing:
             # nsqd's messagePump takes no message while it writes, so a peer
             # that does not read holds it there: what is handed out is bounded
             # by what its socket took, not by its RDY.  (Asked again once the
             # write is done.)
-            self._starved = True
+            self.output.starved = True
             return False
-        return self._ready()
+        return self.ready()
 
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
         """nsqd's IsReadyForMessages (whatever is being written)."""
         channel = self.channel
         if channel is None or channel.paused:
@@ -573,37 +544,15 @@ class ClientConnection:
             return
         self.in_flight_count += n
         self.message_count += n
-        # Each frame as its head and the body itself: no copy of a body until
-        # the writer joins a piece of the output (at most _WRITE_CHUNK bytes
-        # beyond one frame), however many messages RDY lets through.
-        pack = MESSAGE_FRAME_HEADER.pack
-        add = self._out.append
-        size = 0
-        for m in batch:
-            body = m.body
-            add(
-                pack(
-                    len(body) + _SIZE_BEYOND_BODY, FRAME_TYPE_MESSAGE, m.timestamp, m.attempts, m.id
-                )
-            )
-            add(body)
-            size += len(body)
-        self._out_size += size + _HEAD_SIZE * n
-        if self._out_size + self._wire_buffered() >= self.output_buffer_size or (
-            not self.is_ready_for_messages()
-        ):
-            if not self._flush_now:
-                self._flush_now = True
-                self._wake.set()
-        elif self._flush_deadline == math.inf and self.output_buffer_timeout > 0:
-            self._flush_deadline = trio.current_time() + self.output_buffer_timeout
-            self._wake.set()
+        self.output.add_messages(batch)
 
     def ready_state_changed(self) -> None:
-        # nsqd's messagePump flushes as soon as the client cannot take more.
-        if (self._out or self._wire_unflushed()) and not self.is_ready_for_messages():
-            self._flush_now = True
-            self._wake.set()
+        self.output.ready_changed()
+
+    def redispatch(self) -> None:
+        """A write ended that turned the channel away: it may hand out again."""
+        if self.channel is not None:
+            self.channel.dispatch()
 
     def requeued_message(self) -> None:
         self.requeue_count += 1
@@ -614,39 +563,6 @@ class ClientConnection:
 
     # --- writing ---
 
-    async def _write(self, data: bytes, *, flush: bool = True) -> None:
-        """Send frames (caller holds the send lock), with nsqd's write deadline.
-
-        ``flush=False``: as nsqd's buffer, full, writes itself out: what does
-        not fill it stays there (upgraded connections only)."""
-        wire = self._wire
-        self._writing = True
-        try:
-            if self.heartbeat_interval > 0:
-                with trio.fail_after(self.heartbeat_interval):
-                    if wire is None:
-                        await self.stream.send_all(data)
-                    else:
-                        await self._send_writes(wire, wire.write(data, flush=flush))
-            elif wire is None:
-                await self.stream.send_all(data)
-            else:
-                await self._send_writes(wire, wire.write(data, flush=flush))
-        finally:
-            self._writing = False
-        if self._starved:
-            self._starved = False
-            if self.channel is not None:
-                self.channel.dispatch()
-
-    async def _send_writes(self, wire: ClientWire, writes: list[bytes]) -> None:
-        if wire.records is None:
-            if writes:  # (over TCP, where nsqd's writes are cut does not show)
-                await self.stream.send_all(b"".join(writes))
-        else:
-            for record in writes:  # one SSL write: one record
-                await self.stream.send_all(record)
-
     def _tcp_ends(self) -> str:
         """Go's "local->remote" of this connection (in its network errors)."""
         sock = getattr(self.stream, "socket", None)
@@ -655,126 +571,12 @@ class ClientConnection:
         except (AttributeError, OSError):
             return f"->{self.remote_address}"
 
-    def _wire_buffered(self) -> int:
-        return 0 if self._wire is None else self._wire.buffered
-
-    def _wire_unflushed(self) -> bool:
-        return self._wire is not None and self._wire.unflushed
-
-    def _pump_wakes(self) -> None:
-        """nsqd's messagePump woke (IDENTIFY, SUB, RDY, a heartbeat sent): it
-        flushes whenever the client cannot take messages, and with deflate
-        even an empty flush writes (an empty stored block, 5 bytes)."""
-        wire = self._wire
-        if wire is not None and wire.flushes_empty and not self._ready():
-            self._pump_flush = True
-            self._wake.set()
-
-    def _take_chunk(self) -> bytes | None:
-        """The output's first _WRITE_CHUNK bytes (or a little more: whole
-        items), when more than that is buffered; else None (the rest goes in
-        one piece, with what follows it)."""
-        out = self._out
-        total = 0
-        for n, part in enumerate(out, 1):
-            total += len(part)
-            if total >= _WRITE_CHUNK:
-                if n == len(out):
-                    return None
-                data = b"".join(out[:n])
-                del out[:n]
-                self._out_size = max(0, self._out_size - total)
-                return data
-        return None
-
-    def _take_buffered(self) -> bytes:
-        data = b"".join(self._out)
-        self._out.clear()
-        self._out_size = 0
-        self._answered = False
-        self._flush_now = False
-        self._flush_deadline = math.inf
-        return data
-
-    def _respond_later(self, data: bytes) -> None:
-        """Queue an answer; it goes out at the end of the read, or sooner with
-        any other frame (pipelined publishes get one write, not one each)."""
-        self._deliver_pending()
-        self._out.append(encode_response(data))
-        self._answered = True
-
-    async def _send_frame(self, frame: bytes) -> None:
-        """Send ``frame`` now, after everything before it (one stream, in order)."""
-        self._deliver_pending()
-        async with self._send_lock:
-            while (chunk := self._take_chunk()) is not None:
-                await self._write(chunk, flush=False)
-            await self._write(self._take_buffered() + frame if self._out else frame)
-
     async def _send_response(self, data: bytes) -> None:
-        await self._send_frame(encode_response(data))
+        await self.output.send(encode_response(data))
 
     async def _send_error(self, error: NSQErrorResponse) -> None:
         log.info("client %s: %s", self.remote_address, error.wire_text())
-        await self._send_frame(encode_error(error))
-
-    async def _flush_output(self, *, empty: bool = False) -> None:
-        """Send what is buffered: all of it, or, when only the buffer's size
-        called for it (an upgraded connection, its client still ready, before
-        the output buffer timeout), what nsqd's full buffer writes out.
-        ``empty``: flush even if nothing is buffered (the pump's flush)."""
-        self._pump_flush = False
-        while (chunk := self._take_chunk()) is not None:
-            await self._write(chunk, flush=False)
-        now = trio.current_time()
-        deadline = self._flush_deadline
-        full_only = not empty and self._wire is not None and now < deadline and self._ready()
-        if self._out or (not full_only and (empty or self._wire_unflushed())):
-            # (_take_buffered clears the flush requests before the write: one
-            # made while it writes stays)
-            await self._write(self._take_buffered(), flush=not full_only)
-        else:
-            self._flush_now = False
-        if full_only and self._wire_unflushed() and self._flush_deadline == math.inf:
-            # The rest goes at the output buffer timeout.
-            if deadline == math.inf and self.output_buffer_timeout > 0:
-                deadline = now + self.output_buffer_timeout
-            self._flush_deadline = deadline
-
-    def _reset_heartbeat(self) -> None:
-        hb = self.heartbeat_interval
-        self._next_heartbeat = trio.current_time() + hb if hb > 0 else math.inf
-        self._wake.set()
-
-    async def _writer_loop(self) -> None:
-        try:
-            while True:
-                deadline = min(self._next_heartbeat, self._flush_deadline)
-                if self._flush_now:
-                    deadline = -math.inf
-                with trio.move_on_at(deadline):
-                    await self._wake.wait()
-                self._wake = trio.Event()
-                now = trio.current_time()
-                pending = self._out or self._wire_unflushed()
-                if self._pump_flush or (
-                    pending and (self._flush_now or now >= self._flush_deadline)
-                ):
-                    async with self._send_lock:
-                        await self._flush_output(empty=self._pump_flush)
-                elif not pending:
-                    self._flush_now = False
-                    self._flush_deadline = math.inf
-                if now >= self._next_heartbeat:
-                    self._next_heartbeat = now + self.heartbeat_interval
-                    await self._send_response(HEARTBEAT)
-                    self._pump_wakes()
-        except (*_STREAM_ERRORS, trio.TooSlowError, CompressionError) as exc:
-            log.debug("client %s: write failed (%r)", self.remote_address, exc)
-            self.close()
-        except Exception:
-            log.exception("client %s: internal error in the writer", self.remote_address)
-            self.close()
+        await self.output.send(encode_error(error))
 
     # --- stats ---
 
