@@ -133,6 +133,15 @@ def _trio_tasks() -> Iterator[trio.lowlevel.Task]:
             todo.extend(nursery.child_tasks)
 
 
+def _thread_frames() -> dict[int, FrameType]:
+    """Every thread's current frame, by thread id: CPython's
+    ``sys._current_frames``, the one way to see another thread's stack (neither
+    threading nor faulthandler gives frames); none where it is missing."""
+    if not hasattr(sys, "_current_frames"):
+        return {}
+    return dict(sys._current_frames())
+
+
 def current_stacks() -> list[Stack]:
     """The Trio tasks of the calling loop, then every other thread."""
     stacks: list[Stack] = []
@@ -143,7 +152,7 @@ def current_stacks() -> list[Stack]:
         stacks.append(Stack(task.name, "running" if task is me else "select", frames))
     this_thread = threading.get_ident()
     names = {t.ident: t.name for t in threading.enumerate()}
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in _thread_frames().items():
         if ident == this_thread and stacks:
             continue  # the loop's thread: its tasks are listed
         stacks.append(Stack(names.get(ident, f"thread-{ident}"), "syscall", _frames_from(frame)))
@@ -447,7 +456,7 @@ def _thread_stacks() -> list[Stack]:
     names = {t.ident: t.name for t in threading.enumerate()}
     return [
         Stack(names.get(ident, str(ident)), "running", _frames_from(frame))
-        for ident, frame in sys._current_frames().items()
+        for ident, frame in _thread_frames().items()
     ]
 
 
@@ -543,7 +552,7 @@ def _sample_cpu(seconds: float, stop: threading.Event) -> list[tuple[list[Frame]
     counts: Counter[tuple[Frame, ...]] = Counter()
     deadline = time.monotonic() + seconds
     while not stop.wait(1 / _SAMPLE_HZ) and time.monotonic() < deadline:
-        for ident, frame in sys._current_frames().items():
+        for ident, frame in _thread_frames().items():
             if ident == me:
                 continue
             try:

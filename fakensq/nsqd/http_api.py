@@ -250,7 +250,7 @@ class NSQDHTTP:
         # nsqd persists its metadata right after a pause or unpause, so that a
         # node that dies keeps the flag.
         data_path = self.nsqd.options.data_path
-        if data_path and self.nsqd._nursery is not None:
+        if data_path and self.nsqd.running:
             try:
                 write_metadata(self.nsqd, data_path)
             except OSError as exc:
@@ -459,7 +459,7 @@ class NSQDHTTP:
                 opts.log_level = level
             else:
                 raise HTTPError(400, "INVALID_OPTION")
-            nsqd._options_changed()
+            nsqd.options_changed()
         found, value = config_value(nsqd, opt)
         if not found:
             raise HTTPError(400, "INVALID_OPTION")

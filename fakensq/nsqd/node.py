@@ -330,9 +330,10 @@ class NSQD(ServingNode):
             out.extend((topic.name, name) for name in topic.channels)
         return out
 
-    def _notify(
+    def notify_registry(
         self, action: Literal["register", "unregister"], topic: str, channel: str | None
     ) -> None:
+        """Tell the registry listeners (nsqlookupd registration) of a change."""
         event = RegistryEvent(action, topic, channel)
         for callback in list(self._listeners):
             try:
@@ -348,7 +349,7 @@ class NSQD(ServingNode):
         if topic is None:
             topic = Topic(name, self)
             self.topics[name] = topic
-            self._notify("register", name, None)
+            self.notify_registry("register", name, None)
             # nsqd asks nsqlookupd which channels the topic has elsewhere and
             # creates them first, so that every channel gets what is published.
             addresses = self.lookupd_http_addresses()
@@ -457,7 +458,7 @@ class NSQD(ServingNode):
         topic = self.topics.pop(name, None)
         if topic is None:
             return False
-        self._notify("unregister", name, None)
+        self.notify_registry("unregister", name, None)
         topic.close()
         return True
 
@@ -490,10 +491,16 @@ class NSQD(ServingNode):
         ticks = math.ceil((when - epoch) / interval - 1e-9)
         return epoch + max(ticks, 0) * interval
 
-    def _start_channel(self, channel: Channel) -> None:
+    def start_channel(self, channel: Channel) -> None:
+        """Run a new channel's timers in the node's task tree."""
         if self._nursery is None:
             raise RuntimeError("the NSQD is not running")
         self._nursery.start_soon(channel.run_timers)
+
+    @property
+    def running(self) -> bool:
+        """Whether the node serves (between its start and its stop)."""
+        return self._nursery is not None
 
     # --- auth, health, stats ---
 
@@ -505,7 +512,8 @@ class NSQD(ServingNode):
         """``callback(options)`` after ``PUT /config/...`` changed an option."""
         self._options_listeners.append(callback)
 
-    def _options_changed(self) -> None:
+    def options_changed(self) -> None:
+        """Tell the options listeners that an option changed (``PUT /config``)."""
         for callback in list(self._options_listeners):
             try:
                 callback(self.options)

@@ -57,11 +57,11 @@ class TopicOwner(ChannelOwner, Protocol):
     @property
     def hooks(self) -> NodeHooks | None: ...
 
-    def _start_channel(self, channel: Channel) -> None:
+    def start_channel(self, channel: Channel) -> None:
         """Run a new channel's timers in the node's task tree."""
         ...
 
-    def _notify(
+    def notify_registry(
         self, action: Literal["register", "unregister"], topic: str, channel: str | None
     ) -> None:
         """Tell the registry listeners (nsqlookupd registration) of a change."""

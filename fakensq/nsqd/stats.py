@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .node import NSQD
     from .topic import Topic
 
-__all__ = ["LatencyStream", "build_stats", "format_text_stats"]
+__all__ = ["LatencyStream", "build_stats", "format_text_stats", "memory_stats"]
 
 
 class LatencyStream:
@@ -144,14 +144,14 @@ def build_stats(
         "topics": topics,
     }
     if include_mem:
-        doc["memory"] = _memory_stats()
+        doc["memory"] = memory_stats()
     doc["producers"] = producers
     if nsqd.hooks is not None:
         doc["faults"] = nsqd.hooks.report()  # fakensq only: the injected faults
     return doc
 
 
-def _memory_stats() -> dict[str, int]:
+def memory_stats() -> dict[str, int]:
     """Go's runtime.MemStats fields, filled with what CPython can tell cheaply."""
     import gc
     import resource

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..golang.net import split_address
-from .stats import _memory_stats
+from .stats import memory_stats
 
 if TYPE_CHECKING:
     from .node import NSQD
@@ -111,7 +111,7 @@ def collect_lines(
         }
     mem = last_mem
     if nsqd.options.statsd_mem_stats:
-        mem = _memory_stats()
+        mem = memory_stats()
         # All gauges but gc_runs, as nsqd (its docs' "mem.mem.next_gc_bytes" is a
         # typo: the code sends "mem.next_gc_bytes").
         for name in (

@@ -134,8 +134,8 @@ class Topic:
         if channel is None:
             channel = Channel(self, name, self.nsqd)
             self.channels[name] = channel
-            self.nsqd._start_channel(channel)
-            self.nsqd._notify("register", self.name, name)
+            self.nsqd.start_channel(channel)
+            self.nsqd.notify_registry("register", self.name, name)
             self._drain()
         return channel
 
@@ -146,7 +146,7 @@ class Topic:
         channel.close()
         # Deleted, not stopped: its disk queue goes with it, as nsqd's backend.
         channel.queue.delete()
-        self.nsqd._notify("unregister", self.name, name)
+        self.nsqd.notify_registry("unregister", self.name, name)
         if self.ephemeral and not self.channels and not self.exiting:
             self.nsqd.delete_topic(self.name)
         return True
