@@ -123,16 +123,24 @@ class HandlerError(Exception):
     """The demo's simulated processing failure."""
 
 
-async def _publish_all(
-    cluster: fakensq.Cluster,
-    settings: Settings,
-    ledger: Ledger,
-    progress: Progress,
-    healthy: list[bool],
-    half_published: trio.Event,
-) -> None:
+@dataclass
+class _Traffic:
+    """What the publisher and the fault share: the cluster, the run's settings,
+    ledger and progress, which nodes take publishes, and whether half the
+    messages are out (the fault waits for it)."""
+
+    cluster: fakensq.Cluster
+    settings: Settings
+    ledger: Ledger
+    progress: Progress
+    healthy: list[bool]
+    half_published: trio.Event = field(default_factory=trio.Event)
+
+
+async def _publish_all(traffic: _Traffic) -> None:
+    settings, ledger = traffic.settings, traffic.ledger
     bodies = [f"message {i:08d}".encode() for i in range(settings.messages)]
-    addresses = cluster.nsqd_tcp_addresses
+    addresses = traffic.cluster.nsqd_tcp_addresses
     producers = [
         trionsq.Producer(nsqd_tcp_addresses=[a], connect_timeout=1.0, publish_window=64)
         for a in addresses
@@ -148,7 +156,7 @@ async def _publish_all(
             # Round-robin over the nodes taking traffic; a failure moves on.
             for step in range(len(addresses) * 3):
                 index = (turn + step) % len(addresses)
-                if not healthy[index]:
+                if not traffic.healthy[index]:
                     continue
                 try:
                     await producers[index].multi_publish(TOPIC, batch)
@@ -161,13 +169,13 @@ async def _publish_all(
                 raise RuntimeError("no nsqd accepted a publish")
             turn += 1
             ledger.published.update(batch)
-            progress.add("published", len(batch))
+            traffic.progress.add("published", len(batch))
             if len(ledger.published) * 2 >= len(bodies):
-                half_published.set()
+                traffic.half_published.set()
             if interval:
                 next_at += interval
                 await trio.sleep_until(next_at)
-    half_published.set()
+    traffic.half_published.set()
 
 
 def _channel_backlog(nsqd: fakensq.NSQD) -> int:
@@ -181,23 +189,17 @@ def _channel_backlog(nsqd: fakensq.NSQD) -> int:
     return total
 
 
-async def _inject_fault(
-    cluster: fakensq.Cluster,
-    settings: Settings,
-    ledger: Ledger,
-    progress: Progress,
-    healthy: list[bool],
-    half_published: trio.Event,
-) -> None:
-    await half_published.wait()
+async def _inject_fault(traffic: _Traffic) -> None:
+    cluster, settings = traffic.cluster, traffic.settings
+    await traffic.half_published.wait()
     victim = 1 % settings.nsqds
     start = time.monotonic()
 
     def note(text: str) -> None:
-        ledger.fault_log.append(f"+{time.monotonic() - start:.2f}s {text}")
-        progress.info["fault"] = text
+        traffic.ledger.fault_log.append(f"+{time.monotonic() - start:.2f}s {text}")
+        traffic.progress.info["fault"] = text
 
-    healthy[victim] = False
+    traffic.healthy[victim] = False
     note(f"nsqd {victim}: publishing moved away")
     if settings.drain:
         node = cluster.nsqd(victim)
@@ -210,7 +212,7 @@ async def _inject_fault(
     await trio.sleep(0.3)  # an outage long enough for consumers to notice
     await cluster.start_nsqd(victim, keep_data=True)
     note(f"nsqd {victim}: restarted on {cluster.nsqd_tcp_addresses[victim]}")
-    healthy[victim] = True
+    traffic.healthy[victim] = True
 
 
 async def run(settings: Settings, signals: TrioStopSignals | None = None) -> Ledger:
@@ -297,9 +299,8 @@ async def _run_cluster(
     publishing_over: trio.Event,
     fault_over: trio.Event,
 ) -> None:
-    healthy = [True] * settings.nsqds
-    half_published = trio.Event()
     async with fakensq.Cluster(nsqd=settings.nsqds, lookupd=1) as cluster:
+        traffic = _Traffic(cluster, settings, ledger, progress, [True] * settings.nsqds)
         progress.info["cluster"] = f"{settings.nsqds} nsqd, 1 lookupd"
         async with trio.open_nursery() as nursery:
             nursery.start_soon(progress.run)
@@ -338,7 +339,7 @@ async def _run_cluster(
                     ledger.backoff_samples += sum(1 for x in states if x not in ("normal", "-"))
 
             async def publish() -> None:
-                await _publish_all(cluster, settings, ledger, progress, healthy, half_published)
+                await _publish_all(traffic)
                 publishing_over.set()
                 check_done()
 
@@ -355,9 +356,7 @@ async def _run_cluster(
                 if settings.fault and settings.nsqds > 1:
 
                     async def fault() -> None:
-                        await _inject_fault(
-                            cluster, settings, ledger, progress, healthy, half_published
-                        )
+                        await _inject_fault(traffic)
                         fault_over.set()
                         check_done()
 

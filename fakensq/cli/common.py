@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import sys
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TextIO, TypeVar
+
+import trio
 
 from trionsq.tools.flags import FlagSet, FlagValueError, go_duration
 
@@ -30,9 +32,13 @@ __all__ = [
     "first_error",
     "go_os_error",
     "resolve",
+    "serve",
     "setup_logging",
     "wait_for_signal",
 ]
+
+
+_Options = TypeVar("_Options", NSQDOptions, LookupdOptions)
 
 
 def setup_logging(prefix: str, level: str, stream: TextIO) -> logging.Handler:
@@ -119,13 +125,20 @@ def resolve(fs: FlagSet, values: dict[str, Any], config: dict[str, Any]) -> dict
     return resolved
 
 
+def serve(name: str, run: Callable[[_Options], Awaitable[None]], options: _Options) -> int:
+    """Run daemon ``name`` (``run(options)``, until its signal); the exit
+    status: 0, or 1 after nsq's FATAL line ``failed to start NAME - error``."""
+    try:
+        trio.run(run, options)
+    except (OSError, ValueError, BaseExceptionGroup) as exc:
+        return fatal(options.log_prefix, f"failed to start {name} - {first_error(exc)}")
+    return 0
+
+
 async def wait_for_signal(receiver: Any) -> None:
     """Return at the first signal ``receiver`` (trio's signal receiver) gets."""
     async for _ in receiver:
         return
-
-
-_Options = TypeVar("_Options", NSQDOptions, LookupdOptions)
 
 
 def daemon_options(

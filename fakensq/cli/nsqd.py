@@ -29,9 +29,9 @@ from .common import (
     config_values,
     daemon_options,
     fatal,
-    first_error,
     go_os_error,
     resolve,
+    serve,
     setup_logging,
     wait_for_signal,
 )
@@ -78,13 +78,7 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
             os.close(lock)
         return fatal(options.log_prefix, f"failed to instantiate nsqd - {exc}")
     try:
-        try:
-            trio.run(_run_nsqd, options)
-        except (OSError, ValueError) as exc:
-            return fatal(options.log_prefix, f"failed to start nsqd - {first_error(exc)}")
-        except BaseExceptionGroup as group:
-            return fatal(options.log_prefix, f"failed to start nsqd - {first_error(group)}")
-        return 0
+        return serve("nsqd", _run_nsqd, options)
     finally:
         os.close(lock)
 

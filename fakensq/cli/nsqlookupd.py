@@ -19,8 +19,8 @@ from .common import (
     config_values,
     daemon_options,
     fatal,
-    first_error,
     resolve,
+    serve,
     setup_logging,
     wait_for_signal,
 )
@@ -61,13 +61,7 @@ def nsqlookupd_main(argv: Sequence[str] | None = None) -> int:
             options.log_prefix,
             f"failed to instantiate nsqlookupd%!(EXTRA *errors.errorString={exc})",
         )
-    try:
-        trio.run(_run_nsqlookupd, options)
-    except (OSError, ValueError) as exc:
-        return fatal(options.log_prefix, f"failed to start nsqlookupd - {first_error(exc)}")
-    except BaseExceptionGroup as group:
-        return fatal(options.log_prefix, f"failed to start nsqlookupd - {first_error(group)}")
-    return 0
+    return serve("nsqlookupd", _run_nsqlookupd, options)
 
 
 async def _run_nsqlookupd(options: LookupdOptions) -> None:

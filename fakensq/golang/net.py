@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
+
+import trio
 
 __all__ = [
     "ListenError",
+    "accept_forever",
     "check_listen",
     "go_split_host_port",
     "join_host_port",
@@ -148,3 +153,25 @@ def check_listen(*addresses: str, unix: bool = True) -> None:
             reason = listen_error(address, unix=unix)
             if reason is not None:
                 raise ListenError(address, reason)
+
+
+_Stream = TypeVar("_Stream", bound=trio.abc.Stream)
+
+
+async def accept_forever(
+    listener: trio.abc.Listener[_Stream],
+    handle: Callable[[_Stream], Awaitable[object]],
+    nursery: trio.Nursery,
+    failed: Callable[[OSError], object],
+) -> NoReturn:
+    """Accept connections for ever, each served by ``handle`` in ``nursery``;
+    an accept that fails (EMFILE and friends) is told to ``failed`` and tried
+    again after a short pause: Go's servers keep serving."""
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            failed(exc)
+            await trio.sleep(0.01)
+            continue
+        nursery.start_soon(handle, stream)

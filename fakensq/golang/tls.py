@@ -22,8 +22,15 @@ from __future__ import annotations
 
 import ctypes
 import ssl
+from collections.abc import Callable
 
-__all__ = ["prefer_go_cipher_suites", "cipher_suite_text", "ssl_ctx_pointer", "GO_TLS12_SUITES"]
+__all__ = [
+    "prefer_go_cipher_suites",
+    "cipher_suite_text",
+    "ssl_ctx_pointer",
+    "with_ssl_ctx",
+    "GO_TLS12_SUITES",
+]
 
 #: Go's default TLS 1.0-1.2 cipher suites in its order of preference (with AES
 #: hardware; since go1.22 no RSA key exchange, since go1.23 no 3DES): IANA id,
@@ -68,7 +75,10 @@ def ssl_ctx_pointer(ctx: ssl.SSLContext, lib: ctypes.CDLL) -> int | None:
     return pointer if get_options(pointer) == int(ctx.options) else None
 
 
-def _set_tls13_suites(ctx: ssl.SSLContext, suites: str) -> bool:
+def with_ssl_ctx(ctx: ssl.SSLContext, call: Callable[[ctypes.CDLL, int], bool]) -> bool:
+    """``call(lib, pointer)`` with OpenSSL's library (the one Python's ``ssl``
+    uses) and ``ctx``'s ``SSL_CTX *``, for what the ``ssl`` module cannot set;
+    False when they cannot be reached (or ``call`` says so)."""
     try:
         import _ssl
 
@@ -76,12 +86,19 @@ def _set_tls13_suites(ctx: ssl.SSLContext, suites: str) -> bool:
         pointer = ssl_ctx_pointer(ctx, lib)
         if pointer is None:
             return False
-        set_suites = lib.SSL_CTX_set_ciphersuites
-        set_suites.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        set_suites.restype = ctypes.c_int
-        return bool(set_suites(pointer, suites.encode()))
+        return call(lib, pointer)
     except (ImportError, OSError, AttributeError, ValueError):
         return False
+
+
+def _set_tls13_suites(ctx: ssl.SSLContext, suites: str) -> bool:
+    def set_suites(lib: ctypes.CDLL, pointer: int) -> bool:
+        function = lib.SSL_CTX_set_ciphersuites
+        function.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        function.restype = ctypes.c_int
+        return bool(function(pointer, suites.encode()))
+
+    return with_ssl_ctx(ctx, set_suites)
 
 
 def prefer_go_cipher_suites(ctx: ssl.SSLContext) -> bool:

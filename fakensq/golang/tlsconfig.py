@@ -31,7 +31,7 @@ from typing import Final
 
 import trio
 
-from .tls import prefer_go_cipher_suites, ssl_ctx_pointer
+from .tls import prefer_go_cipher_suites, with_ssl_ctx
 
 __all__ = [
     "HandshakeError",
@@ -71,20 +71,15 @@ _ACCEPT_ANY: Final = _VerifyCallback(_accept_any)
 
 def _require_any_certificate(ctx: ssl.SSLContext) -> bool:
     """Ask for a client certificate and accept any; False if it could not be set."""
-    try:
-        import _ssl
 
-        lib = ctypes.CDLL(_ssl.__file__)
-        pointer = ssl_ctx_pointer(ctx, lib)
-        if pointer is None:
-            return False
-        set_verify = lib.SSL_CTX_set_verify
-        set_verify.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        set_verify.restype = None
-        set_verify(pointer, _VERIFY_REQUIRE_PEER, ctypes.cast(_ACCEPT_ANY, ctypes.c_void_p))
+    def set_verify(lib: ctypes.CDLL, pointer: int) -> bool:
+        function = lib.SSL_CTX_set_verify
+        function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        function.restype = None
+        function(pointer, _VERIFY_REQUIRE_PEER, ctypes.cast(_ACCEPT_ANY, ctypes.c_void_p))
         return True
-    except (ImportError, OSError, AttributeError, ValueError):
-        return False
+
+    return with_ssl_ctx(ctx, set_verify)
 
 
 def server_context(

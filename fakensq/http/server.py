@@ -22,6 +22,7 @@ import h11
 import trio
 
 from ..golang import json as gojson
+from ..golang.net import accept_forever
 from ..golang.tlsconfig import HandshakeError, server_handshake
 
 __all__ = ["Request", "Response", "Handler", "HTTPServer", "BodyLimit", "READ_ALL"]
@@ -157,23 +158,13 @@ class HTTPServer:
         try:
             async with trio.open_nursery() as nursery:
                 for listener in listeners:
-                    nursery.start_soon(self._accept_loop, listener, nursery)
+                    nursery.start_soon(
+                        accept_forever, listener, self.handle_stream, nursery, _accept_failed
+                    )
                 task_status.started(self.address or ("", 0))
         finally:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
-
-    async def _accept_loop(
-        self, listener: trio.abc.Listener[trio.SocketStream], nursery: trio.Nursery
-    ) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                log.warning("accept failed: %s", exc)
-                await trio.sleep(0.01)
-                continue
-            nursery.start_soon(self.handle_stream, stream)
 
     async def handle_stream(self, stream: trio.abc.Stream) -> None:
         """Serve HTTP on one connected stream until either side closes it."""
@@ -548,6 +539,10 @@ def _sniff(body: bytes) -> str:
     if b"\x00" in body[:512]:
         return "application/octet-stream"
     return "text/plain; charset=utf-8"
+
+
+def _accept_failed(exc: OSError) -> None:
+    log.warning("accept failed: %s", exc)
 
 
 def _remote_addr(stream: trio.abc.Stream) -> str:

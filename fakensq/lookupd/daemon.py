@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from ..golang.net import check_listen, join_host_port, split_host_port
+from ..golang.net import accept_forever, check_listen, join_host_port, split_host_port
 from ..serving import ServingNode
 from .http_api import LEGACY_ALIASES, LookupdHTTP
 from .options import LookupdOptions
@@ -104,7 +104,9 @@ class NSQLookupd(ServingNode):
                     self.http_address = join_host_port(host, port)
                     self.logf(logging.INFO, f"HTTP: listening on {self.http_address}")
                 for listener in listeners:
-                    nursery.start_soon(self._accept_loop, listener, nursery)
+                    nursery.start_soon(
+                        accept_forever, listener, self.handle_tcp, nursery, self._accept_failed
+                    )
                 task_status.started(self)
                 if not listeners:
                     await trio.sleep_forever()  # stay up for handle_tcp's streams
@@ -192,15 +194,8 @@ class NSQLookupd(ServingNode):
 
     # -- connections (TCP: .tcp, HTTP: .http_api) ----------------------------
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                self.logf(logging.ERROR, f"accept failed - {exc}")
-                await trio.sleep(0.01)
-                continue
-            nursery.start_soon(self.handle_tcp, stream)
+    def _accept_failed(self, exc: OSError) -> None:
+        self.logf(logging.ERROR, f"accept failed - {exc}")
 
     async def handle_http(self, stream: trio.abc.Stream) -> None:
         """Serve the HTTP API on an already connected stream, until it ends."""

@@ -212,13 +212,7 @@ class LookupProtocolV1:
             self.node.logf(logging.INFO, f"PROTOCOL(V1): [{remote}] exiting ioloop")
             if peer is not None:
                 for reg in self.node.db.lookup_registrations(peer.id):
-                    removed, _ = self.node.db.remove_producer(reg, peer.id)
-                    if removed:
-                        self.node.logf(
-                            logging.INFO,
-                            f"DB: client({remote}) UNREGISTER category:{reg.category} "
-                            f"key:{reg.key} subkey:{reg.subkey}",
-                        )
+                    self._remove(reg, peer, remote)
             await trio.aclose_forcefully(stream)
 
     async def _exec(
@@ -313,16 +307,8 @@ class LookupProtocolV1:
             raise InvalidError("client must IDENTIFY")
         topic, channel = self._topic_channel("REGISTER", params)
         if channel:
-            key = Registration("channel", topic, channel)
-            if self.node.db.add_producer(key, Producer(peer)):
-                self.node.logf(
-                    logging.INFO,
-                    f"DB: client({remote}) REGISTER category:channel key:{topic} subkey:{channel}",
-                )
-        if self.node.db.add_producer(Registration("topic", topic, ""), Producer(peer)):
-            self.node.logf(
-                logging.INFO, f"DB: client({remote}) REGISTER category:topic key:{topic} subkey:"
-            )
+            self._add(Registration("channel", topic, channel), peer, remote)
+        self._add(Registration("topic", topic, ""), peer, remote)
         return OK
 
     def _unregister(self, params: list[str], remote: str, peer: PeerInfo | None) -> bytes:
@@ -331,34 +317,36 @@ class LookupProtocolV1:
         topic, channel = self._topic_channel("UNREGISTER", params)
         if channel:
             key = Registration("channel", topic, channel)
-            removed, left = self.node.db.remove_producer(key, peer.id)
-            if removed:
-                self.node.logf(
-                    logging.INFO,
-                    f"DB: client({remote}) UNREGISTER category:channel "
-                    f"key:{topic} subkey:{channel}",
-                )
-            # An ephemeral channel goes away with its last producer.
-            if left == 0 and channel.endswith("#ephemeral"):
-                self.node.db.remove_registration(key)
         else:
             # A topic unregistration drops this producer from the topic's channels
             # too (nsqd unregisters channels first, so normally there are none).
             for reg in self.node.db.find_registrations("channel", topic, "*"):
-                removed, _ = self.node.db.remove_producer(reg, peer.id)
-                if removed:
-                    self.node.logf(
-                        logging.WARNING,
-                        f"client({remote}) unexpected UNREGISTER category:channel "
-                        f"key:{topic} subkey:{reg.subkey}",
-                    )
+                self._remove(reg, peer, remote, unexpected=True)
             key = Registration("topic", topic, "")
-            removed, left = self.node.db.remove_producer(key, peer.id)
-            if removed:
-                self.node.logf(
-                    logging.INFO,
-                    f"DB: client({remote}) UNREGISTER category:topic key:{topic} subkey:",
-                )
-            if left == 0 and topic.endswith("#ephemeral"):
-                self.node.db.remove_registration(key)
+        left = self._remove(key, peer, remote)
+        # An ephemeral topic or channel goes away with its last producer.
+        if left == 0 and (channel or topic).endswith("#ephemeral"):
+            self.node.db.remove_registration(key)
         return OK
+
+    def _add(self, key: Registration, peer: PeerInfo, remote: str) -> None:
+        if self.node.db.add_producer(key, Producer(peer)):
+            self.node.logf(logging.INFO, f"DB: client({remote}) REGISTER {_described(key)}")
+
+    def _remove(
+        self, key: Registration, peer: PeerInfo, remote: str, *, unexpected: bool = False
+    ) -> int:
+        """Remove ``peer`` from ``key``'s producers (logged as nsqlookupd logs
+        it); how many producers ``key`` has left."""
+        removed, left = self.node.db.remove_producer(key, peer.id)
+        if removed and unexpected:
+            self.node.logf(
+                logging.WARNING, f"client({remote}) unexpected UNREGISTER {_described(key)}"
+            )
+        elif removed:
+            self.node.logf(logging.INFO, f"DB: client({remote}) UNREGISTER {_described(key)}")
+        return left
+
+
+def _described(key: Registration) -> str:
+    return f"category:{key.category} key:{key.key} subkey:{key.subkey}"

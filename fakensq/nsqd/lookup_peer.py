@@ -28,7 +28,7 @@ import math
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import trio
 
@@ -48,6 +48,7 @@ __all__ = [
     "run_lookup_peers",
     "lookup_peers_of",
     "NSQDHooks",
+    "RegistryEvent",
     "set_lookup_connector",
     "lookup_connector_of",
 ]
@@ -60,15 +61,13 @@ HEARTBEAT_INTERVAL: Final = 15.0
 _IO_TIMEOUT: Final = 1.0
 
 
-class RegistryEventLike(Protocol):
-    """What :class:`fakensq.nsqd.RegistryEvent` carries."""
+@dataclass(frozen=True)
+class RegistryEvent:
+    """A topic or channel appeared or went (what nsqd tells nsqlookupd)."""
 
-    @property
-    def action(self) -> str: ...
-    @property
-    def topic(self) -> str: ...
-    @property
-    def channel(self) -> str | None: ...
+    action: Literal["register", "unregister"]
+    topic: str
+    channel: str | None = None
 
 
 class NSQDHooks(Protocol):
@@ -263,7 +262,7 @@ class LookupPeers:
     def logf(self, level: int, msg: str) -> None:
         log.log(level, msg, extra={"nsq_prefix": self._prefix})
 
-    def _on_registry_event(self, event: RegistryEventLike) -> None:
+    def _on_registry_event(self, event: RegistryEvent) -> None:
         # Called synchronously by NSQD; the loop task sends it, in order.
         try:
             self._send.send_nowait(event)
@@ -340,12 +339,20 @@ class LookupPeers:
             elif channel is not None:
                 commands.append(_command(b"REGISTER", topic, channel))
         for cmd in commands:
-            self.logf(logging.INFO, f"LOOKUPD({peer}): {cmd.decode().strip()}")
-            try:
-                await peer.command(cmd)
-            except LookupPeerError as exc:
-                self.logf(logging.ERROR, f"LOOKUPD({peer}): {cmd.decode().strip()} - {exc}")
+            if not await self._register(peer, cmd):
                 return False
+        return True
+
+    async def _register(self, peer: LookupPeer, cmd: bytes, branch: str = "") -> bool:
+        """Send a REGISTER or UNREGISTER, logged as nsqd logs it (``branch``:
+        topic or channel, where nsqd says which); False if it failed."""
+        text = cmd.decode().strip()
+        self.logf(logging.INFO, f"LOOKUPD({peer}): {branch}{text}")
+        try:
+            await peer.command(cmd)
+        except LookupPeerError as exc:
+            self.logf(logging.ERROR, f"LOOKUPD({peer}): {text} - {exc}")
+            return False
         return True
 
     async def _connect_all(self, peers: list[LookupPeer]) -> None:
@@ -388,16 +395,12 @@ class LookupPeers:
                 except LookupPeerError as exc:
                     self.logf(logging.ERROR, f"LOOKUPD({peer}): PING - {exc}")
 
-    async def _announce(self, event: RegistryEventLike) -> None:
+    async def _announce(self, event: RegistryEvent) -> None:
         name = b"REGISTER" if event.action == "register" else b"UNREGISTER"
         branch = "topic" if event.channel is None else "channel"
         cmd = _command(name, event.topic, event.channel or "")
         for peer in self.peers:
-            self.logf(logging.INFO, f"LOOKUPD({peer}): {branch} {cmd.decode().strip()}")
-            try:
-                await peer.command(cmd)
-            except LookupPeerError as exc:
-                self.logf(logging.ERROR, f"LOOKUPD({peer}): {cmd.decode().strip()} - {exc}")
+            await self._register(peer, cmd, f"{branch} ")
 
     async def _ticker(self) -> None:
         deadline = trio.current_time()

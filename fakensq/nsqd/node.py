@@ -20,7 +20,6 @@ import ssl
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -28,7 +27,7 @@ import trio
 
 from trionsq.protocol.names import is_ephemeral
 
-from ..golang.net import check_listen, split_address
+from ..golang.net import accept_forever, check_listen, split_address
 from ..golang.tlsconfig import server_context
 from ..serving import ServingNode
 from .auth import AuthHandler
@@ -38,7 +37,7 @@ from .diskqueue import DiskBackedQueue
 from .hooks import NodeHooks
 from .http_api import NSQDHTTP
 from .listeners import UNIX_REMOTE_ADDRESS, is_unix_stream, open_listeners
-from .lookup_peer import run_lookup_peers
+from .lookup_peer import RegistryEvent, run_lookup_peers
 from .message import GUIDFactory, MemoryQueue, MessageQueue
 from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, NSQDOptions
 from .persist import load_state, metadata_writer, save_state, write_metadata
@@ -49,15 +48,6 @@ from .topic import Topic
 __all__ = ["NSQD", "RegistryEvent"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RegistryEvent:
-    """A topic or channel appeared or went (what nsqd tells nsqlookupd)."""
-
-    action: Literal["register", "unregister"]
-    topic: str
-    channel: str | None = None
 
 
 RegistryListener = Callable[[RegistryEvent], None]
@@ -229,7 +219,9 @@ class NSQD(ServingNode):
                     tcp, self.tcp_address = await open_listeners(opts.tcp_address)
                     listeners.extend(tcp)
                     for listener in tcp:
-                        nursery.start_soon(self._accept_loop, listener)
+                        nursery.start_soon(
+                            accept_forever, listener, self._handle_accepted, nursery, _accept_failed
+                        )
                 if opts.http_address:
                     http, self.http_address = await open_listeners(opts.http_address)
                     server = NSQDHTTP(self, tls=False).server
@@ -279,17 +271,9 @@ class NSQD(ServingNode):
     #: The name ``serve`` had before the daemons shared :class:`ServingNode`.
     run = serve
 
-    async def _accept_loop(self, listener: trio.abc.Listener[trio.SocketStream]) -> None:
-        assert self._nursery is not None
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                log.warning("accept failed: %s", exc)
-                await trio.sleep(0.01)
-                continue
-            remote = UNIX_REMOTE_ADDRESS if is_unix_stream(stream) else None
-            self._nursery.start_soon(self.handle_stream, stream, remote)
+    async def _handle_accepted(self, stream: trio.SocketStream) -> None:
+        remote = UNIX_REMOTE_ADDRESS if is_unix_stream(stream) else None
+        await self.handle_stream(stream, remote)
 
     async def handle_stream(
         self, stream: trio.abc.Stream, remote_address: str | None = None
@@ -540,3 +524,7 @@ class NSQD(ServingNode):
 
 def _trio_time() -> float:
     return trio.current_time()
+
+
+def _accept_failed(exc: OSError) -> None:
+    log.warning("accept failed: %s", exc)

@@ -122,6 +122,16 @@ def _flush(queue: MessageQueue, extra: list[Message]) -> int:
     return len(queue)
 
 
+def _valid_name(doc: dict[str, Any], kind: str, is_valid: Callable[[str], bool]) -> str | None:
+    """The name of a topic or channel ``nsqd.dat`` lists, None (logged as
+    nsqd logs it) if nsqd would not create it."""
+    name = doc.get("name", "")
+    if is_valid(name):
+        return str(name)
+    log.warning("skipping creation of invalid %s %s", kind, name)
+    return None
+
+
 def load_state(nsqd: NSQD, data_path: str) -> int:
     """nsqd's LoadMetadata: the topics and channels ``nsqd.dat`` lists, paused
     as they were, each with its disk queue as last synced; a topic hands its
@@ -135,23 +145,20 @@ def load_state(nsqd: NSQD, data_path: str) -> int:
         raise ValueError(f"failed to parse metadata - {exc}") from None
     count = 0
     for tdoc in doc.get("topics") or []:
-        name = tdoc.get("name", "")
-        if not is_valid_topic_name(name):
-            log.warning("skipping creation of invalid topic %s", name)
+        name = _valid_name(tdoc, "topic", is_valid_topic_name)
+        if name is None:
             continue
         topic = nsqd.get_topic(name)
         topic.started = False
         if tdoc.get("paused"):
             topic.pause()
         for cdoc in tdoc.get("channels") or []:
-            cname = cdoc.get("name", "")
-            if not is_valid_channel_name(cname):
-                log.warning("skipping creation of invalid channel %s", cname)
-                continue
-            channel = topic.get_channel(cname)
-            if cdoc.get("paused"):
-                channel.pause()
-            count += channel.depth()
+            cname = _valid_name(cdoc, "channel", is_valid_channel_name)
+            if cname is not None:
+                channel = topic.get_channel(cname)
+                if cdoc.get("paused"):
+                    channel.pause()
+                count += channel.depth()
         count += topic.depth()
         topic.start()
     return count

@@ -240,10 +240,7 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
                     destination or topic,
                     args.channel,
                     prepared,
-                    producers,
-                    addresses,
-                    router,
-                    progress,
+                    _Destinations(producers, addresses, router, progress),
                     consumers,
                     stop,
                 )
@@ -252,19 +249,28 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
     return 0
 
 
+@dataclass
+class _Destinations:
+    """Where the copies go: a producer for each destination nsqd (its
+    address), the router choosing among them, and the progress counters."""
+
+    producers: list[Producer]
+    addresses: list[str]
+    router: Router
+    progress: Progress
+
+
 async def _copy(
     topic: str,
     destination: str,
     channel: str,
     prepared: Prepared,
-    producers: list[Producer],
-    addresses: list[str],
-    router: Router,
-    progress: Progress,
+    destinations: _Destinations,
     consumers: list[Consumer],
     stop: trio.Event,
 ) -> None:
     """Copy one topic: take messages, filter them, publish them in batches."""
+    progress = destinations.progress
     send, receive = trio.open_memory_channel[tuple[Message, bytes]](math.inf)
     json_filter = prepared.json_filter
 
@@ -299,7 +305,7 @@ async def _copy(
                     break
                 batch.append(item)
                 size += len(item[1])
-            await _publish(batch, destination, producers, addresses, router, progress)
+            await _publish(batch, destination, destinations)
 
     async with Consumer(topic, channel, **prepared.consumer) as consumer:
         consumers.append(consumer)
@@ -346,16 +352,12 @@ def _drain(
 
 
 async def _publish(
-    batch: list[tuple[Message, bytes]],
-    topic: str,
-    producers: list[Producer],
-    addresses: list[str],
-    router: Router,
-    progress: Progress,
+    batch: list[tuple[Message, bytes]], topic: str, destinations: _Destinations
 ) -> None:
     """Publish a batch: each message goes where the router sends it (as
     nsq_to_nsq routes every message), one MPUB per destination."""
-    if len(producers) == 1:
+    router = destinations.router
+    if len(destinations.producers) == 1:
         groups = {0: batch}
     else:
         groups = {}
@@ -363,27 +365,21 @@ async def _publish(
             groups.setdefault(router.pick()[0], []).append(item)
     if len(groups) == 1:
         ((index, items),) = groups.items()
-        await _publish_to(index, items, topic, producers, addresses, router, progress)
+        await _publish_to(index, items, topic, destinations)
         return
     async with trio.open_nursery() as nursery:
         for index, items in groups.items():
-            nursery.start_soon(
-                _publish_to, index, items, topic, producers, addresses, router, progress
-            )
+            nursery.start_soon(_publish_to, index, items, topic, destinations)
 
 
 async def _publish_to(
-    index: int,
-    batch: list[tuple[Message, bytes]],
-    topic: str,
-    producers: list[Producer],
-    addresses: list[str],
-    router: Router,
-    progress: Progress,
+    index: int, batch: list[tuple[Message, bytes]], topic: str, destinations: _Destinations
 ) -> None:
     """Publish to one destination; FIN on success, requeue on failure.  A
     batch refused as a whole goes again one by one."""
-    producer = producers[index]
+    router, progress = destinations.router, destinations.progress
+    address = destinations.addresses[index]
+    producer = destinations.producers[index]
     started = trio.current_time()
     try:
         try:
@@ -396,14 +392,14 @@ async def _publish_to(
                 raise
             # One message the destination refuses (too big, say) must not
             # hold back the others.
-            progress.info["last error"] = f"{addresses[index]}: {exc} (batch split)"
+            progress.info["last error"] = f"{address}: {exc} (batch split)"
             for item in batch:
-                await _publish_to(index, [item], topic, producers, addresses, router, progress)
+                await _publish_to(index, [item], topic, destinations)
             return
     except NSQError as exc:
         router.mark(index, False)
         progress.add("requeued", len(batch))
-        progress.info["last error"] = f"{addresses[index]}: {exc}"
+        progress.info["last error"] = f"{address}: {exc}"
         with trio.CancelScope(shield=True):
             for message, _ in batch:
                 await message.requeue()
