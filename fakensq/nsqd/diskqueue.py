@@ -72,16 +72,26 @@ log = logging.getLogger("fakensq.nsqd")
 FILE_MODE = 0o600
 
 
+# The layouts' methods, bound once: CPython 3.11 compiles a method call on an
+# imported name as an attribute load, a bound method made on every call.
+_pack_header = MESSAGE_HEADER.pack
+_unpack_header = MESSAGE_HEADER.unpack_from
+_HEADER_SIZE = MESSAGE_HEADER.size
+_pack_size = SIZE.pack
+_unpack_size = SIZE.unpack
+_SIZE_SIZE = SIZE.size
+
+
 def encode_message(msg: Message) -> bytes:
     """nsqd's backend encoding of a message (``Message.WriteTo``): a message
     frame's data; a disk queue file holds each after its :data:`SIZE`."""
-    return MESSAGE_HEADER.pack(msg.timestamp, msg.attempts, msg.id) + msg.body
+    return _pack_header(msg.timestamp, msg.attempts, msg.id) + msg.body
 
 
 def decode_message(data: bytes) -> Message:
     """The inverse of :func:`encode_message`."""
-    timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(data)
-    msg = Message(msg_id, data[MESSAGE_HEADER.size :], timestamp)
+    timestamp, attempts, msg_id = _unpack_header(data)
+    msg = Message(msg_id, data[_HEADER_SIZE:], timestamp)
     msg.attempts = attempts
     return msg
 
@@ -287,10 +297,10 @@ class DiskBackedQueue:
             if self._writer is None:
                 self._writer = self._open_writer()
             data = encode_message(msg)
-            self._writer.write(SIZE.pack(len(data)) + data)
+            self._writer.write(_pack_size(len(data)) + data)
             self._disk_order.add(self._put_count)
             self._put_count += 1
-            self.write_pos += SIZE.size + len(data)
+            self.write_pos += _SIZE_SIZE + len(data)
             self.backend_depth += 1
             if self.write_pos >= self.max_bytes_per_file:
                 # Roll, as nsqd does once a file reaches max-bytes-per-file
@@ -337,8 +347,8 @@ class DiskBackedQueue:
                     break
                 self._reader.seek(self.read_pos)
             start = (self.read_file, self.read_pos)
-            head = self._reader.read(SIZE.size)
-            size = SIZE.unpack(head)[0] if len(head) == SIZE.size else -1
+            head = self._reader.read(_SIZE_SIZE)
+            size = _unpack_size(head)[0] if len(head) == _SIZE_SIZE else -1
             data = self._reader.read(size) if size >= 0 else b""
             if size < 0 or len(data) < size:
                 if self.read_file < self.write_file:
@@ -348,7 +358,7 @@ class DiskBackedQueue:
                 break
             if start >= self._fresh_from:
                 self._disk_order.pop()
-            self.read_pos += SIZE.size + size
+            self.read_pos += _SIZE_SIZE + size
             self.backend_depth -= 1
             self._count_op()
             if (
