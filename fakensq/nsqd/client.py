@@ -396,6 +396,8 @@ class ClientConnection:
             msgs = topic.new_messages(bodies)
         name = topic.name
         self.pub_counts[name] = self.pub_counts.get(name, 0) + len(bodies)
+        if self._dispatch_pending:
+            self.deliver_pending()
         self.output.answer(_OK_FRAME)
         self._in_transit.append((topic, msgs))
 
