@@ -108,6 +108,21 @@ class HandedMessage:
     def has_responded(self) -> bool:
         return self.responded is not None
 
+    @classmethod
+    def hand_out(cls, cores: Iterable[Message], hosted: HostedConsumer, deliver: Deliver) -> None:
+        """Wrap each of ``cores`` for the front end, count it handed out (and
+        not claimed) by ``hosted`` and ``deliver`` it: the pump's step, in the
+        loop's thread.  The fast constructor: no ``__init__`` call a message
+        (the stores of ``__init__``, made here for a batch in one call)."""
+        new, out = object.__new__, hosted._out
+        for core in cores:
+            message = new(cls)
+            message._core = core
+            message._hosted = hosted
+            message.responded = None
+            out[message] = None
+            deliver(message)
+
     def _claim(self, responded: str) -> bool:
         """Take the decision (any thread); False if one was taken already.
 
@@ -222,7 +237,6 @@ class HostedConsumer:
         self._settled: trio.Event | None = None
         self._close_requested: trio.Event | None = None
         self._served: trio.Event | None = None
-        self._closing = False
 
     # --- life (from the front end's thread) ---
 
@@ -243,25 +257,7 @@ class HostedConsumer:
         """Start without blocking; ``on_started(error)`` is called from the loop's
         thread once the consumer runs (``None``) or failed to start, and
         ``on_exit()`` once the loop has ended."""
-
-        def ready() -> None:
-            nursery = self.runner._nursery
-            if self.runner.error is not None or nursery is None:
-                on_started(self.runner.error or LoopStoppedError("the loop did not start"))
-                return
-            nursery.start_soon(self._serve_then_report, on_started)
-
-        self.runner.launch(on_ready=ready, on_exit=on_exit)
-
-    async def _serve_then_report(self, on_started: Callable[[BaseException | None], None]) -> None:
-        assert self.runner._nursery is not None
-        try:
-            await self.runner._nursery.start(self._serve)
-        except Exception as exc:
-            on_started(exc)
-            self.runner.request_stop()
-            return
-        on_started(None)
+        self.runner.launch_service(self._serve, on_started, on_exit)
 
     # --- closing (coroutines run in the loop, in this order) ---
 
@@ -271,7 +267,6 @@ class HostedConsumer:
         The flow is paused first (RDY 0 everywhere), so that nsqd does not hand
         the messages requeued next straight back to this closing consumer.
         """
-        self._closing = True
         self._pump_scope.cancel()
         await self.consumer.set_max_in_flight(0)
         if self._pump_done is not None:
@@ -280,7 +275,6 @@ class HostedConsumer:
     async def finish(self, undelivered: Iterable[HandedMessage], grace: float) -> None:
         """Requeue ``undelivered`` at once, give the handed-out messages ``grace``
         seconds to be settled, requeue the rest, and close the core consumer."""
-        self._closing = True
         for message in undelivered:
             await self._requeue_now(message)
         if self._out and grace > 0:
@@ -346,9 +340,7 @@ class HostedConsumer:
 
     async def _pump(self) -> None:
         assert self._pump_done is not None
-        deliver, out = self._deliver, self._out
-        # HandedMessage.__init__ inlined, without the call (once a message).
-        new, cls = object.__new__, self._wrap
+        deliver, hand_out = self._deliver, self._wrap.hand_out
         batched = self._end_of_batch is not None
         consumer = self.consumer
         take_ready = consumer.take_ready
@@ -360,13 +352,7 @@ class HostedConsumer:
                     # each; the next step yields (and checks for cancellation)
                     # as usual.  (deliver only appends: nothing in between
                     # can close the consumer.)
-                    for core in (first, *take_ready(_DRAIN)):
-                        message = new(cls)
-                        message._core = core
-                        message._hosted = self
-                        message.responded = None
-                        out[message] = None
-                        deliver(message)
+                    hand_out((first, *take_ready(_DRAIN)), self, deliver)
                     if batched and not self._in_batch:
                         self._in_batch = True
                         self._batch_ended.set()
@@ -421,6 +407,13 @@ class HostedConsumer:
                     message._core.requeue_now(message._delay, message._backoff)
             if self._settled is not None and not out:
                 self._settled.set()
+
+    def settled(self) -> None:
+        """A message handed out was settled in the loop's thread, past the
+        inbox (the asyncio front end's settles in guest mode): the last one
+        lets a close waiting for them (:meth:`finish`) go on."""
+        if not self._out and self._settled is not None:
+            self._settled.set()
 
     async def _give_up_core(self, core: Message) -> None:
         assert self._give_up is not None

@@ -220,11 +220,47 @@ class TrioThread:
             raise RuntimeError(f"{self.name}: already started")
         self._on_ready = on_ready
         self._on_exit = on_exit
+        self._mark_launched()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _mark_launched(self) -> None:
+        """For :meth:`launch` (this class's and a subclass's): the process and
+        fork generation it runs in, and its place among the runners a fork
+        stops."""
         self._generation = _fork_generation
         self._pid = os.getpid()
         _live.add(self)
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+
+    def launch_service(
+        self,
+        fn: Callable[..., Awaitable[object]],
+        on_started: Callable[[BaseException | None], None],
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
+        """:meth:`launch`, then ``nursery.start(fn)`` in the loop, without
+        blocking: ``on_started(error)`` is called from the loop's thread once
+        ``fn`` reported that it started (``None``) or failed to (its exception;
+        the loop then stops), ``on_exit()`` once the loop has ended."""
+
+        async def start() -> None:
+            assert self._nursery is not None
+            try:
+                await self._nursery.start(fn)
+            except Exception as exc:
+                on_started(exc)
+                self.request_stop()
+                return
+            on_started(None)
+
+        def ready() -> None:
+            nursery = self._nursery
+            if self.error is not None or nursery is None:
+                on_started(self.error or LoopStoppedError("the loop did not start"))
+                return
+            nursery.start_soon(start)
+
+        self.launch(on_ready=ready, on_exit=on_exit)
 
     def start(self, timeout: float = _START_TIMEOUT) -> None:
         """Start the thread and block until the loop runs (or failed to start)."""

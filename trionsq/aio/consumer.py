@@ -9,7 +9,6 @@ import random
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
-from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import outcome
@@ -19,7 +18,8 @@ from ..bridge import LoopPost
 from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
-from ..hosted_consumer import _UNCLAIMED, HandedMessage, HostedConsumer
+from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncClient, Lifecycle, Moves
 from ..message import Message as CoreMessage
 from ..trio_thread import ForkedError, LoopStoppedError
 from .guest import GuestRunner
@@ -75,29 +75,19 @@ class Message(HandedMessage):
         return (
             type(runner) is GuestRunner
             and runner.direct
-            and threading.get_ident() == runner._host_ident
+            and threading.get_ident() == runner.host_ident
         )
 
-    def _claim_here(self, outcome: str) -> bool:
-        """Take the message as settled with ``outcome``; False if it was already."""
-        if self._hosted._out.pop(self, _UNCLAIMED) is _UNCLAIMED:
-            return False
-        self.responded = outcome
-        return True
-
     def _apply_here(self, apply: Callable[[CoreMessage], None]) -> None:
-        """Settle the core message by ``apply`` (which does nothing if it was);
-        the last one claimed lets a waiting close go on."""
+        """Settle the core message by ``apply`` (which does nothing if it was)."""
         apply(self._core)
-        hosted = self._hosted
-        if not hosted._out and hosted._settled is not None:
-            hosted._settled.set()  # a close waits for the last one
+        self._hosted.settled()
 
     def _finish(self) -> None:
         if not self._settles_here():
             HandedMessage._finish(self)
             return
-        if self._claim_here("finished"):
+        if self._claim("finished"):
             self._apply_here(CoreMessage.finish_now)
 
     def _requeue(self, delay: float | None, backoff: bool) -> None:
@@ -108,7 +98,7 @@ class Message(HandedMessage):
             isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
         ):
             raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
-        if self._claim_here("requeued"):
+        if self._claim("requeued"):
             self._delay = delay
             self._backoff = backoff
             self._apply_here(lambda core: core.requeue_now(delay, backoff))
@@ -135,7 +125,21 @@ Handler = Callable[[Message], Awaitable[object] | object]
 GiveUp = Callable[[Message], Awaitable[object] | object]
 
 
-class Consumer:
+#: An asyncio Consumer's life: entered once, closed once.
+MOVES = Moves(
+    "aio.Consumer",
+    NEW,
+    {
+        NEW: {OPENING, CLOSED},
+        OPENING: {OPEN, CLOSED},
+        OPEN: {CLOSING},
+        CLOSING: {CLOSED},
+    },
+    refusals={OPENING: "a Consumer can be entered only once"},
+)
+
+
+class Consumer(AsyncClient):
     """Consumes ``topic`` on ``channel`` from asyncio code.
 
     ::
@@ -201,7 +205,7 @@ class Consumer:
         self.topic = topic
         self.channel = channel
         self.config = self._hosted.consumer.config
-        self._state = "new"  # new, opening, open, closing, closed
+        self._life = Lifecycle(MOVES)
         self._stopping = False
         self._end: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -216,45 +220,21 @@ class Consumer:
         self._since_yield = 0
 
     def __repr__(self) -> str:
-        return f"<aio.Consumer {self.topic}/{self.channel} {self._state}>"
+        return f"<aio.Consumer {self.topic}/{self.channel} {self._life.state.value}>"
 
-    # --- life ---
+    # --- life (AsyncClient: __aenter__, __aexit__ and aclose move it) ---
 
-    async def __aenter__(self) -> Consumer:
-        if self._state != "new":
-            raise RuntimeError("a Consumer can be entered only once")
-        self._state = "opening"
+    async def _open(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._calls = calls_for(self._hosted.runner, loop)
         post = DirectPost if isinstance(self._calls, DirectPost) else LoopPost
         self._arrivals = post(loop, self._arrive, self._ready)
-        try:
-            self._exited = await enter(self._hosted, self._calls)
-        except BaseException:
-            self._state = "closed"
-            raise
-        self._state = "open"
-        return self
+        self._exited = await enter(self._hosted, self._calls)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        interrupted = exc_type is not None and issubclass(
-            exc_type, asyncio.CancelledError | KeyboardInterrupt
-        )
-        await self.aclose(interrupted=interrupted)
-
-    async def aclose(self, *, interrupted: bool = False) -> None:
+    async def _close(self, interrupted: bool) -> None:
         """Close as described in the class doc (what leaving the block does);
         ``interrupted=True`` does not wait for running handlers."""
-        if self._state != "open":
-            self._state = "closed"
-            return
-        self._state = "closing"
         self._stopping = True
         self._wake_all()
         hosted, exited = self._hosted, self._exited
@@ -274,7 +254,6 @@ class Consumer:
             await leave(hosted.runner, exited, lambda: None)
             raise
         finally:
-            self._state = "closed"
             await self._cancel_tasks()
 
     async def _end_workers(self, grace: float) -> None:
@@ -290,10 +269,6 @@ class Consumer:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    @property
-    def closed(self) -> bool:
-        return self._state == "closed"
 
     async def _call(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
         """``await fn(*args)`` in the consumer's Trio loop."""
@@ -312,11 +287,12 @@ class Consumer:
             raise
 
     def _check_open(self) -> None:
-        if self._state == "open":
+        state = self._life.state
+        if state is OPEN:
             if self._hosted.runner.forked:
                 raise ForkedError("this Consumer was opened before a fork()")
             return
-        if self._state in ("new", "opening"):
+        if state is NEW or state is OPENING:
             raise RuntimeError("use the Consumer inside 'async with'")
         raise ClientClosedError("the Consumer is closed")
 
@@ -386,7 +362,7 @@ class Consumer:
 
     async def __anext__(self) -> Message:
         self._since_yield += 1
-        if self._since_yield < _YIELD_EVERY and self._ready and self._state == "open":
+        if self._since_yield < _YIELD_EVERY and self._ready and self._life.state is OPEN:
             if not self._stopping:
                 return self._ready.popleft()  # the common case: one ready
         self._check_open()

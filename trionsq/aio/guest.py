@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import threading
 import weakref
@@ -35,12 +34,7 @@ import outcome
 import trio
 import trio.lowlevel
 
-from ..trio_thread import (
-    BlockingInTrioError,
-    LoopStoppedError,
-    TrioThread,
-    _live,
-)
+from ..trio_thread import BlockingInTrioError, LoopStoppedError, TrioThread
 
 __all__ = ["GuestRun", "GuestRunner", "GuestUnavailableError", "acquire", "release"]
 
@@ -196,7 +190,8 @@ class GuestRunner(TrioThread):
         self.run_: GuestRun | None = None
         self._launched = False
         self._ended = False
-        self._host_ident = 0  # the asyncio loop's thread
+        #: the asyncio loop's thread (``threading.get_ident()``)
+        self.host_ident = 0
         #: True while this client's task runs: calls from the loop's thread
         #: may then act on the client's Trio objects at once
         self.direct = False
@@ -215,7 +210,7 @@ class GuestRunner(TrioThread):
 
     @property
     def in_loop_thread(self) -> bool:
-        return threading.get_ident() == self._host_ident
+        return threading.get_ident() == self.host_ident
 
     def launch(
         self,
@@ -229,14 +224,10 @@ class GuestRunner(TrioThread):
         if self._launched:
             raise RuntimeError(f"{self.name}: already started")
         self._launched = True
-        self._host_ident = run.ident
+        self.host_ident = run.ident
         self._on_ready = on_ready
         self._on_exit = on_exit
-        from .. import trio_thread
-
-        self._generation = trio_thread._fork_generation
-        self._pid = os.getpid()
-        _live.add(self)
+        self._mark_launched()
         trio.lowlevel.spawn_system_task(self._task, name=self.name)
 
     async def _task(self) -> None:
@@ -298,7 +289,7 @@ class GuestRunner(TrioThread):
         if not self.alive:
             self._check()
             raise LoopStoppedError(f"{self.name}: the event loop stopped")
-        if threading.get_ident() == self._host_ident:
+        if threading.get_ident() == self.host_ident:
             fn(*args)
             return
         try:
@@ -344,9 +335,9 @@ def _retire_workers(keep: set[threading.Thread]) -> None:
     themselves.
     """
     try:
-        from trio._core import _thread_cache
+        from trio._core._thread_cache import THREAD_CACHE
 
-        idle: dict[Any, None] = _thread_cache.THREAD_CACHE._idle_workers
+        idle: dict[Any, None] = THREAD_CACHE._idle_workers
     except (ImportError, AttributeError):  # pragma: no cover - another trio
         return
     for worker in list(idle):

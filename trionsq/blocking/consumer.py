@@ -8,7 +8,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from sniffio import thread_local as _sniffio
@@ -18,6 +17,17 @@ from ..config import Config
 from ..consumer import ConsumerStats
 from ..hosted import ClientClosedError
 from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..lifecycle import (
+    CLOSED,
+    CLOSING,
+    FORKED,
+    NEW,
+    OPEN,
+    OPENING,
+    BlockingClient,
+    Lifecycle,
+    Moves,
+)
 from ..trio_thread import ForkedError, LoopStoppedError, check_not_in_trio
 
 __all__ = ["Consumer", "Message"]
@@ -77,7 +87,24 @@ class _End:
         self.error = error
 
 
-class Consumer:
+#: A blocking Consumer's life: started once (``opening`` while its loop
+#: starts), closed once; forked in a child process of a ``fork()`` made while
+#: it was open (its loop's thread is the parent's).
+MOVES = Moves(
+    "blocking.Consumer",
+    NEW,
+    {
+        NEW: {OPENING, CLOSED},
+        OPENING: {OPEN, CLOSED, FORKED},
+        OPEN: {CLOSING, FORKED},
+        CLOSING: {CLOSED, FORKED},
+        FORKED: {CLOSED},
+    },
+    refusals={OPENING: "a Consumer can be started only once (it is {state})"},
+)
+
+
+class Consumer(BlockingClient):
     """Consumes ``topic`` on ``channel``, for synchronous code.
 
     Iterate it (from any thread)::
@@ -163,14 +190,14 @@ class Consumer:
         self.topic = topic
         self.channel = channel
         self.config = self._hosted.consumer.config
-        self._state = "new"  # new, open, closing, closed, forked
+        self._life = Lifecycle(MOVES)
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._busy: set[threading.Thread] = set()  # handler threads inside the handler
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"<blocking.Consumer {self.topic}/{self.channel} {self._state}>"
+        return f"<blocking.Consumer {self.topic}/{self.channel} {self._life.state.value}>"
 
     # --- life ---
 
@@ -178,11 +205,14 @@ class Consumer:
         """Start the loop's thread (and the handler threads); returns the consumer."""
         check_not_in_trio("blocking.Consumer.start()")
         with self._lock:
-            if self._state != "new":
-                raise RuntimeError(f"a Consumer can be started only once (it is {self._state})")
-            self._hosted.start()
+            self._life.move(OPENING)
+            try:
+                self._hosted.start()
+            except BaseException:
+                self._life.move(CLOSED)
+                raise
             self._hosted.runner.on_fork(self._after_fork_in_child)
-            self._state = "open"
+            self._life.move(OPEN)
             for index in range(self._concurrency):
                 thread = threading.Thread(
                     target=self._handler_loop, name=f"trionsq-handler-{index}", daemon=True
@@ -228,10 +258,13 @@ class Consumer:
         wait for running handlers (as on KeyboardInterrupt)."""
         check_not_in_trio("blocking.Consumer.close()")
         with self._lock:
-            if self._state in ("new", "forked", "closed"):
-                self._state = "closed"
+            life = self._life
+            if life.state is CLOSED:
                 return
-            self._state = "closing"
+            if life.state is not OPEN:  # never started, or forked: nothing to end here
+                life.move(CLOSED)
+                return
+            life.move(CLOSING)
             self._stopping = True
             hosted = self._hosted
             started = time.monotonic()
@@ -244,7 +277,7 @@ class Consumer:
                 pass  # the loop ended already (its error went to run() or iteration)
             finally:
                 hosted.runner.close(timeout)
-                self._state = "closed"
+                life.move(CLOSED)
                 self._end_threads(started)
 
     def _drain_queue(self) -> list[Message]:
@@ -263,27 +296,15 @@ class Consumer:
             if thread.is_alive():
                 log.warning("%s: a handler is still running after close; left behind", thread.name)
 
-    @property
-    def closed(self) -> bool:
-        return self._state == "closed"
-
-    def __enter__(self) -> Consumer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close(interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+    def _leave(self, interrupted: bool) -> None:
+        self.close(interrupted=interrupted)
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
         self._queue = Handout()
         self._stop_signal = queue.SimpleQueue()
-        if self._state in ("open", "closing"):
-            self._state = "forked"
+        if self._life.state in (OPENING, OPEN, CLOSING):
+            self._life.move(FORKED)
 
     def _end_of_batch(self) -> None:
         if self._handler is None:
@@ -300,12 +321,12 @@ class Consumer:
             self._queue.put(end)
 
     def _check_open(self) -> None:
-        state = self._state
-        if state == "open":
+        state = self._life.state
+        if state is OPEN:
             return
-        if state == "new":
+        if state is NEW or state is OPENING:
             raise RuntimeError("start the Consumer first (with ... or .start())")
-        if state == "forked":
+        if state is FORKED:
             raise ForkedError(
                 "this Consumer was started before a fork(): its messages belong to the "
                 "parent process; create and start a Consumer in this process"
@@ -320,7 +341,7 @@ class Consumer:
         return self
 
     def __next__(self) -> Message:
-        if self._state != "open" or self._stopping or _sniffio.name == "trio":
+        if self._life.state is not OPEN or self._stopping or _sniffio.name == "trio":
             return self._next_slowly()
         try:
             item = self._queue.items.popleft()  # the common case: one is ready
@@ -332,7 +353,8 @@ class Consumer:
         return item  # type: ignore[return-value]
 
     def _next_slowly(self) -> Message:
-        if self._state != "open" and self._state != "closing":
+        state = self._life.state
+        if state is not OPEN and state is not CLOSING:
             self._check_open()  # raises: not started, closed, forked
         if self._stopping:
             raise StopIteration

@@ -23,8 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import _framing as framing
 from ._executor import ExecutorIdentity, process_start_time
+from ._framing import Limits, receive_sync, send_sync
 from ._held import ipc_limit
 from ._options import SourceOptions
 
@@ -131,5 +131,5 @@ def read_from_agent(
     """Send one read request; the agent's answer (header, Arrow IPC bytes)."""
     sock = connect_agent(identity, timeout)
     with sock:
-        framing.send_sync(sock, request, pickle.dumps(options))
-        return framing.receive_sync(sock, framing.Limits(64 << 10, ipc_limit(options)))
+        send_sync(sock, request, pickle.dumps(options))
+        return receive_sync(sock, Limits(64 << 10, ipc_limit(options)))

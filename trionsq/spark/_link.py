@@ -16,7 +16,8 @@ from typing import Any
 
 import trio
 
-from . import _framing as framing
+from ._framing import FrameReceiver, Limits
+from ._framing import send as send_frame
 
 __all__ = ["Link", "ReadError"]
 
@@ -28,11 +29,9 @@ class ReadError(Exception):
 class Link:
     """Frames to and from one peer over a stream: requests with ids, and replies."""
 
-    def __init__(
-        self, stream: trio.abc.Stream, limits: framing.Limits, send_timeout: float = 15.0
-    ) -> None:
+    def __init__(self, stream: trio.abc.Stream, limits: Limits, send_timeout: float = 15.0) -> None:
         self.stream = stream
-        self.receive = framing.FrameReceiver(stream, limits)
+        self.receive = FrameReceiver(stream, limits)
         self.send_timeout = send_timeout
         self._send_lock = trio.Lock()
         self._ids = itertools.count(1)
@@ -46,7 +45,7 @@ class Link:
                 raise trio.ClosedResourceError("link closed")
             try:
                 with trio.fail_after(self.send_timeout):
-                    await framing.send(self.stream, header, payload)
+                    await send_frame(self.stream, header, payload)
             except trio.TooSlowError:
                 self.fail_pending()
                 await trio.aclose_forcefully(self.stream)

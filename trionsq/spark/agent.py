@@ -45,14 +45,13 @@ import trio
 
 from .. import __version__
 from ..lookupd import lookup
-from . import _framing as framing
-from . import _secure
 from ._executor import ExecutorIdentity, process_start_time
+from ._framing import FramingError, Limits, receive, send
 from ._held import Held, ipc_limit, to_ipc
 from ._link import Link, ReadError
 from ._options import SourceOptions
 from ._peers import Gate, serve
-from ._secure import QueryKeys
+from ._secure import QueryKeys, accept, connect
 from ._slot import NoConnectionError, Slot
 
 __all__ = ["Agent", "main"]
@@ -75,13 +74,13 @@ MAX_UNPROVEN = 64
 #: How long a task or a peer agent may take to read the rows it asked for.
 REPLY_TIMEOUT = 120.0
 #: A task's read request: a small header, the pickled source options as payload.
-TASK_LIMITS = framing.Limits(
+TASK_LIMITS = Limits(
     header=64 << 10, payload=lambda header: 1 << 20 if header.get("op") == "read" else 0
 )
 #: A peer agent's fetch: a small header, no payload (and the answer to ours).
-FETCH_LIMITS = framing.Limits(header=4096)
+FETCH_LIMITS = Limits(header=4096)
 #: What the coordinator sends: a resolve lists set ids; nothing carries a payload.
-COORDINATOR_LIMITS = framing.Limits(header=1 << 20)
+COORDINATOR_LIMITS = Limits(header=1 << 20)
 
 
 class QueryRun:
@@ -175,7 +174,7 @@ class QueryRun:
             return None
         try:
             with trio.fail_after(timeout):
-                stream = await _secure.connect(host, port, context)
+                stream = await connect(host, port, context)
         except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             self._error = (
                 f"cannot reach the nsq source's coordinator on the driver at {host}:{port} "
@@ -203,7 +202,7 @@ class QueryRun:
             with trio.fail_after(self.options.connection.connect_timeout):
                 await link.send(hello)
                 reply, _ = await link.receive()
-        except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
+        except (EOFError, OSError, FramingError, trio.TooSlowError) as exc:
             self._error = f"the nsq source's coordinator did not answer: {exc!r}"
             return False
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -270,7 +269,7 @@ class QueryRun:
                     continue
                 else:
                     log.warning("coordinator sent an unknown operation %r", op)
-        except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
+        except (EOFError, OSError, FramingError, trio.TooSlowError) as exc:
             log.info("query %s: coordinator link ended (%r)", self.token[:8], exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -514,19 +513,19 @@ class QueryRun:
         """Replay a set another executor's agent holds (a retried or speculated task)."""
         host, port = decision["peer"]
         request = {"op": "fetch", "token": self.token, "set": set_id}
-        limits = framing.Limits(FETCH_LIMITS.header, ipc_limit(self.options))
+        limits = Limits(FETCH_LIMITS.header, ipc_limit(self.options))
         try:
             with trio.fail_after(self.options.connection.connect_timeout + 30):
-                stream = await _secure.connect(host, int(port), self.keys.client_context())
+                stream = await connect(host, int(port), self.keys.client_context())
                 try:
-                    await framing.send(stream, request)
-                    header, payload = await framing.receive(stream, limits)
+                    await send(stream, request)
+                    header, payload = await receive(stream, limits)
                 finally:
                     await trio.aclose_forcefully(stream)
         except (
             OSError,
             EOFError,
-            framing.FramingError,
+            FramingError,
             trio.TooSlowError,
             trio.BrokenResourceError,
             trio.ClosedResourceError,
@@ -543,8 +542,8 @@ class QueryRun:
         """Another agent's fetch of a set held here (a retried task's replay); its
         failures end this connection only (see :func:`._peers.serve`)."""
         with self._peer_gate.unproven():
-            tls = await _secure.accept(stream, self.keys.server_context())
-            header, _ = await framing.receive(tls, FETCH_LIMITS)
+            tls = await accept(stream, self.keys.server_context())
+            header, _ = await receive(tls, FETCH_LIMITS)
         token = header.get("token")
         if (
             header.get("op") != "fetch"
@@ -555,7 +554,7 @@ class QueryRun:
         else:
             reply, data = self.serve_fetch(header.get("set"))
         with trio.fail_after(REPLY_TIMEOUT):
-            await framing.send(tls, reply, data)
+            await send(tls, reply, data)
             await tls.aclose()
 
     def serve_fetch(self, set_id: object) -> tuple[dict[str, Any], bytes]:
@@ -667,7 +666,7 @@ class Agent:
             log.warning("agent %s: refused a task connection from another user", self.id)
             return
         with self._task_gate.unproven():
-            header, payload = await framing.receive(stream, TASK_LIMITS)
+            header, payload = await receive(stream, TASK_LIMITS)
         reply: dict[str, Any]
         try:
             if header.get("op") != "read":
@@ -698,7 +697,7 @@ class Agent:
             reply, data = {"error": f"{type(exc).__name__}: {exc}"}, b""
         try:
             with trio.fail_after(REPLY_TIMEOUT):
-                await framing.send(stream, reply, data)
+                await send(stream, reply, data)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             log.info("a task left before its rows were sent")
 

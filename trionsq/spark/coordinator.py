@@ -28,14 +28,13 @@ from typing import Any
 
 import trio
 
-from . import _framing as framing
-from . import _secure
 from ._executor import driver_settings
+from ._framing import FramingError, Limits
 from ._ledger import LateReadError, Ledger, SetState
 from ._link import Link, ReadError
 from ._options import SourceOptions
 from ._peers import Gate, serve
-from ._secure import QueryKeys
+from ._secure import QueryKeys, accept
 
 __all__ = ["Coordinator", "default_host"]
 
@@ -55,8 +54,8 @@ HELLO_TIMEOUT = 15.0
 MAX_UNPROVEN = 64
 #: The first frame is a hello: small, no payload.  A linked agent's frames
 #: (status, read, ready, void, replies) are small too, and never carry a payload.
-HELLO_LIMITS = framing.Limits(header=4096)
-LINK_LIMITS = framing.Limits(header=64 << 10)
+HELLO_LIMITS = Limits(header=4096)
+LINK_LIMITS = Limits(header=64 << 10)
 #: Set ids per resolve frame: 10,000 random ids (up to 19 digits) stay well under
 #: the 1 MiB an agent accepts in a header.
 RESOLVE_CHUNK = 10_000
@@ -200,7 +199,7 @@ class Coordinator:
         agent: AgentInfo | None = None
         try:
             with self._gate.unproven():
-                tls = await _secure.accept(stream, self.keys.server_context())
+                tls = await accept(stream, self.keys.server_context())
                 link = Link(tls, HELLO_LIMITS, send_timeout=LINK_TIMEOUT)
                 header, _ = await link.receive()
                 refusal = self._refusal(header)
@@ -257,7 +256,7 @@ class Coordinator:
                     header, _ = await link.receive()
                 if not link.deliver(header):
                     self._dispatch(agent, header, nursery)
-        except (EOFError, OSError, framing.FramingError, trio.TooSlowError) as exc:
+        except (EOFError, OSError, FramingError, trio.TooSlowError) as exc:
             log.info("nsq source: agent %s gone (%r)", agent.id, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
