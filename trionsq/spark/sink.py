@@ -303,72 +303,61 @@ def _totals(messages: list[WriterCommitMessage | None]) -> tuple[int, int, int]:
     return len(done), sum(m.messages for m in done), sum(m.bytes for m in done)
 
 
-class NSQBatchWriter(DataSourceArrowWriter):
+class _Writer:
+    """What the batch and the stream writers share: the tasks' write, the
+    totals of a commit or an abort and their log lines; ``batch_id`` is the
+    stream's micro-batch (None for a batch write)."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self.options = options
+        self.column = resolve_value_column(schema, options.value_column)
+        #: the counts reported by the last commit or abort: (tasks, messages, bytes)
+        self.totals: tuple[int, int, int] | None = None
+
+    def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
+        return _write(self.options, self.column, iterator)
+
+    def _committed(self, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+        _warn_failovers(self.options, messages)
+        self.totals = tasks, count, size = _totals(messages)
+        log.info(
+            "nsq sink: %spublished %d message(s) (%d bytes) to %s from %d task(s)",
+            "" if batch_id is None else f"batch {batch_id} ",
+            count,
+            size,
+            self.options.topic,
+            tasks,
+        )
+
+    def _aborted(self, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+        self.totals = tasks, count, size = _totals(messages)
+        log.warning(
+            "nsq sink: %s to %s aborted; %d task(s) had published %d message(s) "
+            "(%d bytes), which stay published (%s)",
+            "write" if batch_id is None else f"batch {batch_id}",
+            self.options.topic,
+            tasks,
+            count,
+            size,
+            "NSQ has no transactions" if batch_id is None else "Spark retries the batch",
+        )
+
+
+class NSQBatchWriter(_Writer, DataSourceArrowWriter):
     """``df.write.format("nsq")``: every row's value is published to the topic."""
 
-    def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        self.options = options
-        self.column = resolve_value_column(schema, options.value_column)
-        #: the counts reported by the last :meth:`commit` or :meth:`abort`
-        self.totals: tuple[int, int, int] | None = None
-
-    def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
-        return _write(self.options, self.column, iterator)
-
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        _warn_failovers(self.options, messages)
-        self.totals = tasks, count, size = _totals(messages)
-        log.info(
-            "nsq sink: published %d message(s) (%d bytes) to %s from %d task(s)",
-            count,
-            size,
-            self.options.topic,
-            tasks,
-        )
+        self._committed(messages, None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self.totals = tasks, count, size = _totals(messages)
-        log.warning(
-            "nsq sink: write to %s aborted; %d task(s) had published %d message(s) "
-            "(%d bytes), which stay published (NSQ has no transactions)",
-            self.options.topic,
-            tasks,
-            count,
-            size,
-        )
+        self._aborted(messages, None)
 
 
-class NSQStreamWriter(DataSourceStreamArrowWriter):
+class NSQStreamWriter(_Writer, DataSourceStreamArrowWriter):
     """``writeStream.format("nsq")``: each micro-batch's values are published."""
 
-    def __init__(self, options: SinkOptions, schema: StructType) -> None:
-        self.options = options
-        self.column = resolve_value_column(schema, options.value_column)
-        self.totals: tuple[int, int, int] | None = None
-
-    def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
-        return _write(self.options, self.column, iterator)
-
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _warn_failovers(self.options, messages)
-        self.totals = tasks, count, size = _totals(messages)
-        log.info(
-            "nsq sink: batch %d published %d message(s) (%d bytes) to %s from %d task(s)",
-            batchId,
-            count,
-            size,
-            self.options.topic,
-            tasks,
-        )
+        self._committed(messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self.totals = tasks, count, size = _totals(messages)
-        log.warning(
-            "nsq sink: batch %d to %s aborted; %d task(s) had published %d message(s) "
-            "(%d bytes), which stay published (Spark retries the batch)",
-            batchId,
-            self.options.topic,
-            tasks,
-            count,
-            size,
-        )
+        self._aborted(messages, batchId)
