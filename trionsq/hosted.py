@@ -180,24 +180,7 @@ class HostedProducer:
         """Start without blocking; ``on_started(error)`` is called from the loop's
         thread once the producer is ready (``None``) or failed to start, and
         ``on_exit()`` once the loop has ended."""
-
-        def ready() -> None:
-            if self.runner.error is not None or self.runner._nursery is None:
-                on_started(self.runner.error or LoopStoppedError("the loop did not start"))
-                return
-            self.runner._nursery.start_soon(self._serve_then_report, on_started)
-
-        self.runner.launch(on_ready=ready, on_exit=on_exit)
-
-    async def _serve_then_report(self, on_started: Callable[[BaseException | None], None]) -> None:
-        assert self.runner._nursery is not None
-        try:
-            await self.runner._nursery.start(self._serve)
-        except Exception as exc:
-            on_started(exc)
-            self.runner.request_stop()
-            return
-        on_started(None)
+        self.runner.launch_service(self._serve, on_started, on_exit)
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the jobs put so far (up to ``close_timeout``), close, join the thread.

@@ -21,6 +21,7 @@ __all__ = [
     "driver_settings",
     "identify",
     "parent_of",
+    "process_alive",
     "process_start_time",
     "settings_of",
 ]
@@ -66,6 +67,20 @@ def process_start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def process_alive(pid: int, start: int | None) -> bool:
+    """Whether process ``pid`` still runs and is the one that started at
+    ``start`` (:func:`process_start_time`; ``None``: any process of that pid).
+    A process of another user counts as alive (signalling it is refused, which
+    says it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start is None or process_start_time(pid) in (None, start)
 
 
 def _flag(argv: list[str], name: str) -> str | None:

@@ -45,7 +45,7 @@ import trio
 
 from .. import __version__
 from ..lookupd import lookup
-from ._executor import ExecutorIdentity, process_start_time
+from ._executor import ExecutorIdentity, process_alive
 from ._framing import FramingError, Limits, receive, send
 from ._held import Held, ipc_limit, to_ipc
 from ._link import Link, ReadError
@@ -636,7 +636,7 @@ class Agent:
         last_busy = trio.current_time()
         while True:
             await trio.sleep(1.0)
-            if not _alive(anchor, self.anchor_start):
+            if not process_alive(anchor, self.anchor_start):
                 log.info("agent %s: process %d is gone, leaving", self.id, anchor)
                 self._leave.set()
                 return
@@ -740,16 +740,6 @@ def _same_user(sock: trio.socket.SocketType) -> bool:
         return True
     _pid, uid, _gid = struct.unpack("3i", credentials)
     return bool(uid == os.getuid())
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return start is None or process_start_time(pid) in (None, start)
 
 
 def _bind_unix(path: str) -> socket.socket:
