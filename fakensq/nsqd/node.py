@@ -472,8 +472,13 @@ class NSQD(ServingNode):
         if self.exact_timers or epoch is None or interval <= 0 or math.isinf(deadline):
             return deadline
         when = max(deadline, known_from)
-        ticks = math.ceil((when - epoch) / interval - 1e-9)
-        return epoch + max(ticks, 0) * interval
+        ticks = max(math.ceil((when - epoch) / interval - 1e-9), 0)
+        # Never a tick before the deadline (the 1e-9 can round to one just
+        # below it: the timer then woke before it, found nothing due and
+        # slept until the same instant, for ever).
+        while epoch + ticks * interval < deadline:
+            ticks += 1
+        return epoch + ticks * interval
 
     def start_channel(self, channel: Channel) -> None:
         """Run a new channel's timers in the node's task tree."""
