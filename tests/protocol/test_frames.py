@@ -152,3 +152,73 @@ def test_take_buffer_returns_what_is_not_parsed_yet() -> None:
     assert parser.buffered == 0
     # The parser starts afresh: a whole frame parses.
     assert parser.feed(frames.encode_response(b"OK")) == [Response(b"OK")]
+
+
+# --- messages above the limit, large frames -------------------------------------
+
+
+@given(
+    st.lists(st.one_of(any_frame, st.integers(100, 5000)), max_size=8),
+    st.lists(st.integers(min_value=0), max_size=30),
+)
+def test_oversized_messages_are_read_past_in_any_chunking(
+    items: list[frames.Frame | int], cuts: list[int]
+) -> None:
+    """With ``skip_oversized``, a message above the limit comes out as its
+    header and size, its body never held; the frames around it unchanged."""
+    limit = 100
+    data, expected = b"", []
+    for n, item in enumerate(items):
+        if isinstance(item, int):  # an oversized message of that body size
+            msg_id = b"%016x" % n
+            data += frames.encode_message(7, 3, msg_id, b"z" * item)
+            expected.append(frames.OversizedMessage(7, 3, msg_id, item))
+        elif len(encode(item)) - 4 > limit:
+            continue
+        else:
+            data += encode(item)
+            expected.append(item)
+    parser = FrameParser(max_frame_size=limit, skip_oversized=True)
+    out: list[object] = []
+    for piece in split_at(data, cuts):
+        out.extend(parser.feed(piece))
+        assert len(parser._rest) <= limit + 4 + len(piece)  # never a body above it
+    assert out == expected
+    assert parser.buffered == 0
+
+
+def test_an_oversized_response_or_error_is_still_refused() -> None:
+    for frame_type in (frames.FRAME_TYPE_RESPONSE, frames.FRAME_TYPE_ERROR):
+        parser = FrameParser(max_frame_size=100, skip_oversized=True)
+        with pytest.raises(errors.FrameTooLarge, match="max_frame_size"):
+            parser.feed(struct.pack(">lL", 2**31 - 1, frame_type))
+
+
+def test_a_huge_message_length_waits_for_its_header_then_is_skipped() -> None:
+    parser = FrameParser(max_frame_size=100, skip_oversized=True)
+    head = frames.message_frame_header(1, 2, b"0123456789abcdef", 2**31 - 1 - 30)
+    assert parser.feed(head[:10]) == []
+    (skipped,) = parser.feed(head[10:])
+    assert skipped == frames.OversizedMessage(1, 2, b"0123456789abcdef", 2**31 - 1 - 30)
+    for _ in range(100):  # 100 MB of its body: nothing held
+        assert parser.feed(b"\0" * 1_000_000) == []
+        assert len(parser._rest) == 0
+    assert parser.buffered == 2**31 - 1 - 30 - 100_000_000  # the rest of its body
+
+
+def test_a_large_frame_completing_is_not_copied_whole_with_the_read() -> None:
+    """The buffer holding a large frame becomes its body (no join of the
+    whole buffer with the last read); the frames after it come out too."""
+    body = bytes(range(256)) * 8192  # 2 MiB
+    data = frames.encode_message(1, 1, b"0123456789abcdef", body) + frames.encode_response(b"OK")
+    parser = FrameParser(max_frame_size=4 * 1024 * 1024)
+    out = []
+    for start in range(0, len(data), 65536):
+        out.extend(parser.feed(data[start : start + 65536]))
+    assert out == [MessageFrame(1, 1, b"0123456789abcdef", body), Response(b"OK")]
+    assert type(out[0].body) is bytes
+
+
+def test_the_default_limit_takes_what_nsqd_allows_with_room() -> None:
+    # nsqd's --max-msg-size defaults to 1 MiB; 64 MiB and more go through.
+    assert frames.DEFAULT_MAX_FRAME_SIZE >= 64 * 1024 * 1024 + frames.MESSAGE_HEADER_SIZE + 4

@@ -132,3 +132,64 @@ def test_deflate_garbage_is_a_typed_error(data: bytes) -> None:
 def test_snappy_refuses_a_stream_without_identifier() -> None:
     with pytest.raises(errors.CompressionError, match="identifier"):
         codecs.SnappyDecoder().decode(b"\x01\x05\x00\x00abcde")
+
+
+@pytest.mark.parametrize(
+    ("encoder", "decoder"),
+    [
+        (codecs.SnappyEncoder, codecs.SnappyDecoder),
+        (lambda: codecs.DeflateEncoder(6), codecs.DeflateDecoder),
+        (codecs.IdentityCodec, codecs.IdentityCodec),
+    ],
+)
+@given(
+    writes=st.lists(st.binary(max_size=70_000), max_size=5),
+    cuts=st.lists(st.integers(min_value=0), max_size=10),
+    limit=st.integers(1, 100_000),
+)
+def test_decode_some_gives_the_same_bytes_a_limit_at_a_time(  # type: ignore[no-untyped-def]
+    encoder, decoder, writes, cuts, limit
+) -> None:
+    from .test_frames import split_at
+
+    enc, dec = encoder(), decoder()
+    stream = b"".join(enc.encode(w) for w in writes)
+    out = []
+    for piece in split_at(stream, cuts):
+        chunk = dec.decode_some(piece, limit)
+        while True:
+            # A snappy chunk decodes whole (64 KiB at most): a limit is met
+            # within one chunk's worth.
+            assert len(chunk) <= max(limit, 65536)
+            out.append(chunk)
+            if not dec.pending:
+                break
+            chunk = dec.decode_some(b"", limit)
+    assert b"".join(out) == b"".join(writes)
+
+
+def test_a_deflate_bomb_inflates_a_limit_at_a_time() -> None:
+    import zlib
+
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = z.compress(b"\0" * (256 * 1024 * 1024)) + z.flush(zlib.Z_SYNC_FLUSH)
+    assert len(bomb) < 300_000
+    dec = codecs.DeflateDecoder()
+    first = dec.decode_some(bomb, 65536)
+    assert len(first) == 65536 and dec.pending
+    total = len(first)
+    while dec.pending:
+        total += len(dec.decode_some(b"", 1024 * 1024))
+    assert total == 256 * 1024 * 1024
+
+
+def test_a_snappy_chunk_claiming_too_much_is_refused_at_its_header() -> None:
+    dec = codecs.SnappyDecoder()
+    dec.decode_some(b"\xff\x06\x00\x00sNaPpY", 65536)
+    with pytest.raises(errors.CompressionError, match="longer than the framing format allows"):
+        dec.decode_some(b"\x00\xff\xff\xff", 65536)  # 16 MiB announced: nothing buffered
+    skippable = codecs.SnappyDecoder()
+    skippable.decode_some(b"\xff\x06\x00\x00sNaPpY\x80\xff\xff\xff", 65536)  # 16 MiB to skip
+    for _ in range(15):
+        assert skippable.decode_some(b"\0" * 1_048_576, 65536) == b""
+        assert len(skippable._buffer) == 0

@@ -13,7 +13,10 @@ the fault proxy.
 :class:`FrameParser` is incremental and sans-IO: feed it bytes as they arrive, in
 any chunking, and it returns the whole frames they complete.  It never holds more
 than one frame's worth of bytes: a frame announcing more than ``max_frame_size``
-raises :class:`~trionsq.protocol.errors.FrameTooLarge` before anything is buffered.
+raises :class:`~trionsq.protocol.errors.FrameTooLarge` before anything is buffered,
+or, for a message frame and a parser made with ``skip_oversized``, comes out as an
+:class:`OversizedMessage` (its id and size, so that the client can answer it)
+while its body is read past without being kept.
 It is on every message's path, so it is written for speed: one ``unpack`` for a
 message frame's size, type and header, one copy (its body), no object but the
 message itself, which the caller may make (``message_factory``).
@@ -38,14 +41,10 @@ __all__ = [
     "OK",
     "CLOSE_WAIT",
     "DEFAULT_MAX_FRAME_SIZE",
-    "SIZE",
-    "FRAME_HEADER",
-    "MESSAGE_HEADER",
-    "MESSAGE_FRAME_HEADER",
-    "sized",
     "Response",
     "Error",
     "MessageFrame",
+    "OversizedMessage",
     "Frame",
     "encode_frame",
     "encode_response",
@@ -55,6 +54,11 @@ __all__ = [
     "decode_message",
     "FrameParser",
     "MessageFactory",
+    "SIZE",
+    "FRAME_HEADER",
+    "MESSAGE_HEADER",
+    "MESSAGE_FRAME_HEADER",
+    "sized",
 ]
 
 FRAME_TYPE_RESPONSE: Final = 0
@@ -68,9 +72,12 @@ HEARTBEAT: Final = b"_heartbeat_"
 OK: Final = b"OK"
 CLOSE_WAIT: Final = b"CLOSE_WAIT"
 
-#: nsqd's default max-msg-size (1 MiB) plus the message header and frame type;
-#: clients talking to nsqds with a larger max-msg-size raise it.
-DEFAULT_MAX_FRAME_SIZE: Final = 1024 * 1024 + MESSAGE_HEADER_SIZE + 4
+#: The largest frame a client takes whole: a memory bound (a connection holds at
+#: most one frame being read, twice that while it completes), far above what
+#: nsqds are usually run with (--max-msg-size defaults to 1 MiB; nsqd v1.3.0 does
+#: not say its own in IDENTIFY's answer), so that whatever message nsqd accepted
+#: is received, as go-nsq (which has no limit) receives it.
+DEFAULT_MAX_FRAME_SIZE: Final = 64 * 1024 * 1024 + MESSAGE_HEADER_SIZE + 4
 
 #: The 4-byte size before what it measures, big-endian, signed (nsqd and
 #: nsqlookupd read it as an int32): of a frame (its type and data), of a
@@ -124,7 +131,23 @@ class MessageFrame:
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class OversizedMessage:
+    """A message frame larger than the parser's ``max_frame_size``: its header,
+    and ``size``, its body's length; the body itself is read past, never kept
+    (see :class:`FrameParser`'s ``skip_oversized``)."""
+
+    timestamp: int
+    attempts: int
+    id: bytes
+    size: int
+
+
 Frame = Response | Error | MessageFrame
+
+#: A frame whose first part completes a buffered frame at least this large is
+#: taken out of the buffer in place, not joined with the read (a copy of it).
+_LARGE_FRAME: Final = 256 * 1024
 
 
 def sized(data: bytes) -> bytes:
@@ -182,7 +205,10 @@ class FrameParser(Generic[M]):
 
     @overload
     def __init__(
-        self: FrameParser[MessageFrame], max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+        self: FrameParser[MessageFrame],
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        *,
+        skip_oversized: bool = False,
     ) -> None: ...
 
     @overload
@@ -191,6 +217,7 @@ class FrameParser(Generic[M]):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         *,
         message_factory: MessageFactory[M],
+        skip_oversized: bool = False,
     ) -> None: ...
 
     def __init__(
@@ -198,10 +225,18 @@ class FrameParser(Generic[M]):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         *,
         message_factory: MessageFactory[Any] | None = None,
+        skip_oversized: bool = False,
     ) -> None:
         if max_frame_size < 4:
             raise ValueError("max_frame_size must be at least 4")
         self.max_frame_size = max_frame_size
+        #: a message frame above ``max_frame_size`` comes out as an
+        #: :class:`OversizedMessage` (its body read past, not kept) rather
+        #: than raising :class:`FrameTooLarge`: a consumer can then answer it
+        #: and its connection goes on
+        self.skip_oversized = skip_oversized
+        # Bytes of an oversized message's body still to read past.
+        self._skip = 0
         self._make: MessageFactory[Any] = (
             MessageFrame if message_factory is None else message_factory
         )
@@ -216,8 +251,9 @@ class FrameParser(Generic[M]):
 
     @property
     def buffered(self) -> int:
-        """Bytes held that do not make a whole frame yet."""
-        return len(self._rest)
+        """Bytes of a frame not complete yet: held, or (an oversized
+        message's) still to read past."""
+        return len(self._rest) + self._skip
 
     def take_buffer(self) -> bytes:
         """Remove and return the bytes not parsed yet (for a switch to
@@ -227,27 +263,52 @@ class FrameParser(Generic[M]):
         self._need = 4
         return data
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Response | Error | M]:
+    def feed(
+        self, data: bytes | bytearray | memoryview
+    ) -> list[Response | Error | OversizedMessage | M]:
         """Add ``data`` and return every frame it completes, in order.
 
         Raises :class:`InvalidFrame` or :class:`FrameTooLarge` on bytes that break
         the framing; the parser is unusable afterwards (the stream is lost).
         """
+        if self._skip:
+            # Within an oversized message's body: read past it.
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                self.others = 0
+                return []
+            data = bytes(memoryview(data)[self._skip :])
+            self._skip = 0
+        frames: list[Response | Error | OversizedMessage | M] = []
+        others = 0
         rest = self._rest
         if rest:
             if len(rest) + len(data) < self._need:
                 rest += data
                 self.others = 0
                 return []
-            buf = b"".join((rest, data))
+            if self._need >= _LARGE_FRAME:
+                # A large frame completes: taken out of the buffer as it is
+                # (joining the buffer with the read would copy all of it).
+                rest += data
+                view = memoryview(rest)
+                try:
+                    frame = self._frame_at(view, 0, self._need - 4)
+                    buf: bytes = bytes(view[self._need :])
+                finally:
+                    view.release()
+                frames.append(frame)
+                others = 1 if type(frame) is Response or type(frame) is Error else 0
+                self._rest = rest = bytearray()
+                self._need = 4
+            else:
+                buf = b"".join((rest, data))
         else:
-            buf = data if type(data) is bytes else bytes(data)
-        frames: list[Response | Error | M] = []
+            buf = data if isinstance(data, bytes) else bytes(data)
         append = frames.append
         make = self._make
         unpack_message = MESSAGE_FRAME_HEADER.unpack_from
         limit = self.max_frame_size
-        others = 0
         pos = 0
         end = len(buf)
         while True:
@@ -270,33 +331,86 @@ class FrameParser(Generic[M]):
             if size < 4:
                 raise InvalidFrame(f"frame size {size} is below the minimum of 4")
             if size > limit:
-                raise FrameTooLarge(f"frame size {size} exceeds the limit of {limit}")
+                skipped = self._oversized(buf, pos, size)
+                if skipped is None:
+                    break  # its header is not all here yet
+                append(skipped)
+                others += 1
+                body_end = pos + 4 + size
+                if body_end <= end:
+                    pos = body_end
+                    continue
+                self._skip = body_end - end
+                pos = end
+                break
             if left - 4 < size:
                 break
-            frame_type = FRAME_HEADER.unpack_from(buf, pos)[1]
-            end_of_frame = pos + 4 + size
-            if frame_type == FRAME_TYPE_MESSAGE:
-                if size - 4 < MESSAGE_HEADER_SIZE:
-                    raise InvalidFrame(
-                        f"message frame too short ({size - 4} < {MESSAGE_HEADER_SIZE} bytes)"
-                    )
-                timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(buf, pos + 8)
-                append(make(timestamp, attempts, msg_id, buf[pos + 34 : end_of_frame]))
-            elif frame_type == FRAME_TYPE_RESPONSE:
-                append(Response(bytes(buf[pos + 8 : end_of_frame])))
+            frame = self._frame_at(buf, pos, size)
+            append(frame)
+            if type(frame) is Response or type(frame) is Error:
                 others += 1
-            elif frame_type == FRAME_TYPE_ERROR:
-                append(Error(bytes(buf[pos + 8 : end_of_frame])))
-                others += 1
-            else:
-                raise InvalidFrame(f"unknown frame type {frame_type}")
-            pos = end_of_frame
+            pos += 4 + size
         self.others = others
         if pos < end:
             self._rest = bytearray(memoryview(buf)[pos:])
-            left = end - pos
-            self._need = 4 + SIZE.unpack_from(buf, pos)[0] if left >= 4 else 4
+            self._need = self._need_for(buf, pos, end - pos)
         elif rest:
             self._rest = bytearray()
             self._need = 4
         return frames
+
+    def _frame_at(
+        self, buf: bytes | bytearray | memoryview, pos: int, size: int
+    ) -> Response | Error | M:
+        """The whole frame of ``size`` (its size field's value) at ``pos``."""
+        frame_type = FRAME_HEADER.unpack_from(buf, pos)[1]
+        end_of_frame = pos + 4 + size
+        if frame_type == FRAME_TYPE_MESSAGE:
+            if size - 4 < MESSAGE_HEADER_SIZE:
+                raise InvalidFrame(
+                    f"message frame too short ({size - 4} < {MESSAGE_HEADER_SIZE} bytes)"
+                )
+            timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(buf, pos + 8)
+            body = buf[pos + 34 : end_of_frame]
+            message: M = self._make(
+                timestamp, attempts, msg_id, body if type(body) is bytes else bytes(body)
+            )
+            return message
+        if frame_type == FRAME_TYPE_RESPONSE:
+            return Response(bytes(buf[pos + 8 : end_of_frame]))
+        if frame_type == FRAME_TYPE_ERROR:
+            return Error(bytes(buf[pos + 8 : end_of_frame]))
+        raise InvalidFrame(f"unknown frame type {frame_type}")
+
+    def _oversized(
+        self, buf: bytes | bytearray | memoryview, pos: int, size: int
+    ) -> OversizedMessage | None:
+        """A frame announcing ``size`` above the limit, at ``pos``: raises
+        :class:`FrameTooLarge`, unless it is a message frame and oversized
+        messages are skipped (None until its header is all there)."""
+        left = len(buf) - pos
+        too_large = FrameTooLarge(
+            f"frame size {size} exceeds the limit of {self.max_frame_size} (max_frame_size)"
+        )
+        if not self.skip_oversized:
+            raise too_large
+        if left >= 8 and FRAME_HEADER.unpack_from(buf, pos)[1] != FRAME_TYPE_MESSAGE:
+            raise too_large
+        if left < _MESSAGE_FRAME_HEADER_SIZE:
+            return None
+        if size - 4 < MESSAGE_HEADER_SIZE:
+            raise InvalidFrame(
+                f"message frame too short ({size - 4} < {MESSAGE_HEADER_SIZE} bytes)"
+            )
+        timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(buf, pos + 8)
+        return OversizedMessage(timestamp, attempts, msg_id, size - 4 - MESSAGE_HEADER_SIZE)
+
+    def _need_for(self, buf: bytes | bytearray | memoryview, pos: int, left: int) -> int:
+        """How many bytes the frame starting at ``pos`` needs before it can be
+        parsed: all of it, or (above the limit) its size, type and header."""
+        if left < 4:
+            return 4
+        size: int = SIZE.unpack_from(buf, pos)[0]
+        if size <= self.max_frame_size:
+            return 4 + size
+        return 8 if left < 8 else _MESSAGE_FRAME_HEADER_SIZE
