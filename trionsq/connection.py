@@ -57,6 +57,7 @@ from .protocol.frames import (
     Error,
     FrameParser,
     MessageFactory,
+    OversizedMessage,
     Response,
     encode_frame,
 )
@@ -111,7 +112,14 @@ class NegotiationError(NSQError):
 
 
 class CodecStream(trio.abc.Stream):
-    """A stream whose bytes go through a compression codec in both directions."""
+    """A stream whose bytes go through a compression codec in both directions.
+
+    A read decompresses at most what it returns (``max_bytes``, else
+    ``_RECEIVE_SIZE``), and reads the inner stream only once the input taken
+    so far gives nothing more: a small compressed input that inflates to
+    gigabytes costs one read's worth at a time, and reading it stops with
+    the reader (see :meth:`trionsq.consumer.Consumer._on_messages`).
+    """
 
     def __init__(
         self,
@@ -124,7 +132,6 @@ class CodecStream(trio.abc.Stream):
         self._encoder = encoder
         self._decoder = decoder
         self._raw = initial  # compressed bytes read before the switch
-        self._decoded = b""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(self._encoder.encode(bytes(data)))
@@ -133,19 +140,20 @@ class CodecStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        while not self._decoded:
+        limit = _RECEIVE_SIZE if max_bytes is None else max_bytes
+        decoder = self._decoder
+        while True:
             if self._raw:
                 raw, self._raw = self._raw, b""
+            elif decoder.pending:
+                raw = b""
             else:
                 raw = bytes(await self.inner.receive_some(_RECEIVE_SIZE))
                 if not raw:
                     return b""
-            self._decoded = self._decoder.decode(raw)
-        if max_bytes is None or max_bytes >= len(self._decoded):
-            out, self._decoded = self._decoded, b""
-        else:
-            out, self._decoded = self._decoded[:max_bytes], self._decoded[max_bytes:]
-        return out
+            out = decoder.decode_some(raw, limit)
+            if out:
+                return out
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -321,6 +329,8 @@ class Connection:
         self._open = True
         #: why the connection ended (``None`` for a clean close or while open)
         self.close_reason: BaseException | None = None
+        # Who answers a message above max_frame_size (see run), if anyone.
+        self._on_oversized: Callable[[OversizedMessage], None] | None = None
         #: nsqd's IDENTIFY response (empty if it does not negotiate features)
         self.identify_response: dict[str, Any] = {}
         #: nsqd's AUTH response, when AUTH was required
@@ -730,6 +740,21 @@ class Connection:
             self._start_writing()
         return pending
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether the commands queued and not written yet reach the mark
+        above which :meth:`send` waits (nsqd is not reading them): a consumer
+        then reads no more from this connection (each message read means a
+        FIN or REQ to write) until :meth:`wait_for_room`."""
+        return len(self._out) >= _HIGH_WATER
+
+    async def wait_for_room(self) -> None:
+        """Wait until the commands queued are below :attr:`backlogged`'s mark
+        (or the connection has ended)."""
+        await trio.lowlevel.checkpoint()
+        while len(self._out) >= _HIGH_WATER and not self.closed:
+            await self._drained.wait()
+
     async def flush(self) -> None:
         """Wait until everything queued so far has been written (or the
         connection has ended)."""
@@ -813,6 +838,7 @@ class Connection:
         on_messages: MessagesCallback[M] | None = None,
         message_factory: MessageFactory[M] | None = None,
         mux: Multiplexer | None = None,
+        on_oversized: Callable[[OversizedMessage], None] | None = None,
     ) -> None:
         """Run the reader and the writer until the connection ends, then fail
         what is pending.
@@ -826,12 +852,20 @@ class Connection:
 
         On a plain TCP socket, a ``mux`` (:class:`~trionsq.multiplex.Multiplexer`)
         writes the queued commands, for all its connections at once.
+
+        A message above ``max_frame_size`` ends the connection with
+        :class:`~trionsq.protocol.errors.FrameTooLarge`, unless there is an
+        ``on_oversized``: its body is then read past (never held) and
+        ``on_oversized`` gets its header to answer it, the connection going on.
         """
+        limit = self.config.max_frame_size
+        skip = on_oversized is not None
         parser: FrameParser[Any] = (
-            FrameParser(self.config.max_frame_size)
+            FrameParser(limit, skip_oversized=skip)
             if message_factory is None
-            else FrameParser(self.config.max_frame_size, message_factory=message_factory)
+            else FrameParser(limit, message_factory=message_factory, skip_oversized=skip)
         )
+        self._on_oversized = on_oversized
         stream = self._stream
         if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS and self._open:
             # A plain TCP connection: _send_at_once may write to its socket.
@@ -1016,7 +1050,7 @@ class Connection:
         handle = self._handle
         for index, frame in enumerate(frames):
             kind = type(frame)
-            if kind is not Response and kind is not Error:
+            if kind is not Response and kind is not Error and kind is not OversizedMessage:
                 run.append(frame)
                 continue
             if run:
@@ -1059,14 +1093,22 @@ class Connection:
         if waiting is not None:
             await waiting
 
-    def _handle(self, frame: Response | Error) -> None:
+    def _handle(self, frame: Response | Error | OversizedMessage) -> None:
         """A frame that is not a message: a response goes to the request it
         answers (its waiter is rescheduled, no coroutine per frame)."""
+        if isinstance(frame, OversizedMessage):
+            assert self._on_oversized is not None  # only such a parser makes one
+            self._on_oversized(frame)
+            return
         if isinstance(frame, Response):
             data = frame.data
             if data == HEARTBEAT:
-                # One every heartbeat interval: no room to wait for.
-                self.send_nowait(commands.nop())
+                # One every heartbeat interval: no room to wait for.  Any
+                # command queued already answers it (nsqd wants to hear from
+                # the client, whatever it says): a server sending heartbeats
+                # without reading what we write cannot pile NOPs up here.
+                if not self._out:
+                    self.send_nowait(commands.nop())
             elif self._pending:
                 self._pending.popleft().set(data)
             else:

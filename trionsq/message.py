@@ -49,7 +49,16 @@ class Message:
     automatically: call :meth:`touch` to ask nsqd for more time.
     """
 
-    __slots__ = ("_responder", "address", "attempts", "body", "id", "responded", "timestamp")
+    __slots__ = (
+        "_read",
+        "_responder",
+        "address",
+        "attempts",
+        "body",
+        "id",
+        "responded",
+        "timestamp",
+    )
 
     def __init__(
         self,
@@ -72,6 +81,8 @@ class Message:
         #: ``"finished"``, ``"requeued"`` or ``None`` while unanswered
         self.responded: str | None = None
         self._responder = responder
+        # The number of the read it came in (see the consumer's _Session).
+        self._read = 0
 
     def __repr__(self) -> str:
         return (

@@ -289,6 +289,23 @@ def test_tail_prints_what_nsq_tail_prints(nsqd: reference.RealDaemon) -> None:
         assert ours.stdout.splitlines()[0] == first.encode()
 
 
+def test_tail_prints_a_message_as_large_as_nsqd_allows_as_nsq_tail() -> None:
+    """nsqd run with a larger --max-msg-size (which it does not tell its
+    clients): a 2 MB message is read with the defaults by both (tail
+    reconnected for ever on FrameTooLarge)."""
+    reference.require("nsqd")
+    flags = ["--log-level=warn", f"--max-msg-size={4 * 1024 * 1024}"]
+    with reference.running("nsqd", flags) as nsqd:
+        topic = fresh("large")
+        body = bytes(range(33, 127)) * (2 * 1000 * 1000 // 94)
+        fill(nsqd, topic, [body], ["go", "py"])
+        args = [f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}", "-n", "1"]
+        go = run_go("tail", *args, "--channel=go")
+        ours = run_tool("tail", *args, "--channel=py")
+        assert ours.returncode == go.returncode == 0, (ours.stderr, go.stderr)
+        assert ours.stdout == go.stdout == body + b"\n"
+
+
 # --- nsq_to_file ---------------------------------------------------------------
 
 
