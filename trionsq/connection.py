@@ -62,6 +62,7 @@ from .protocol.frames import (
     encode_frame,
 )
 from .rdy import DEFAULT_MAX_RDY_COUNT
+from .reasons import cannot_connect
 from .transport import parse_address
 
 __all__ = [
@@ -379,17 +380,19 @@ class Connection:
                 opened, conn = conn, None
                 return opened
         except KeyPasswordMissing as exc:  # the key file changed since Config checked it
-            raise NSQConnectionError(f"{address}: TLS failed: {exc}") from None
+            raise NSQConnectionError(cannot_connect(address, f"TLS failed: {exc}")) from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
             if isinstance(cause, ssl.SSLError):
-                raise NSQConnectionError(f"{address}: TLS failed: {cause}") from exc
-            raise NSQConnectionError(f"{address}: {str(exc) or type(exc).__name__}") from exc
+                raise NSQConnectionError(cannot_connect(address, f"TLS failed: {cause}")) from exc
+            raise NSQConnectionError(cannot_connect(address, exc)) from exc
         finally:
             if conn is not None:  # the handshake failed: do not leak the stream
                 await _close_at_once(conn._stream)
         # Only the scope's own deadline ends the block without a return.
-        raise NSQConnectionError(f"{address}: connect timed out")
+        raise NSQConnectionError(
+            cannot_connect(address, f"connect timed out after {config.connect_timeout:g}s")
+        )
 
     async def _receive_exactly(self, size: int) -> bytes:
         data = self._leftover
@@ -408,7 +411,9 @@ class Connection:
             else:
                 chunk = bytes(await stream.receive_some(_RECEIVE_SIZE))
             if not chunk:
-                raise NSQConnectionError(f"{self.address}: connection closed during handshake")
+                raise NSQConnectionError(
+                    cannot_connect(self.address, "connection closed during handshake")
+                )
             data += chunk
         self._leftover = data[size:]
         return data[:size]

@@ -36,6 +36,7 @@ from .protocol.errors import NSQError
 from .protocol.frames import OversizedMessage
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
 from .rdy import ConnRdy, RdyController, starved
+from .reasons import cannot_connect
 
 if TYPE_CHECKING:
     import httpx
@@ -861,7 +862,7 @@ class Consumer:
             log.warning("%s: SUB failed: %s", address, exc.error)
             return
         except (NSQError, NegotiationError) as exc:
-            log.warning("cannot connect to %s: %s", address, exc)
+            log.warning("%s", cannot_connect(address, exc))
             return
         await self._serve(conn)
 

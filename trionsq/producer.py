@@ -25,6 +25,7 @@ from .protocol.errors import (
 )
 from .protocol.frames import OK
 from .protocol.names import check_topic
+from .reasons import cannot_connect, naming
 
 __all__ = ["Producer", "ProducerStats"]
 
@@ -48,13 +49,6 @@ def check_body(verb: str, body: bytes) -> bytes:
     if not data:
         raise BadMessageError(f"{verb} invalid message body size 0")
     return data
-
-
-def _naming(address: str, exc: BaseException) -> str:
-    """``ADDRESS: what failed``, the address said once (a connection's error
-    may name it already)."""
-    text = str(exc)
-    return text if text.startswith(f"{address}: ") else f"{address}: {text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,13 +195,12 @@ class Producer:
                 try:
                     conn = await Connection.open(addresses[index], self.config)
                 except (NSQConnectionError, NegotiationError, ProtocolError) as exc:
-                    failure = _naming(addresses[index], exc)
-                    log.warning("cannot connect to %s", failure)
-                    failures.append(failure)
+                    log.warning("%s", cannot_connect(addresses[index], exc))
+                    failures.append(naming(addresses[index], exc))
                     continue
                 except NSQErrorResponse as exc:
                     log.warning("%s refused the connection: %s", addresses[index], exc)
-                    failures.append(_naming(addresses[index], exc))
+                    failures.append(naming(addresses[index], exc))
                     refusals.append(exc)
                     continue
                 self._index = index

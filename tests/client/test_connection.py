@@ -325,7 +325,7 @@ async def test_connect_timeout_text_and_the_stream_closed(
 
     with pytest.raises(trionsq.NSQConnectionError) as caught:
         await Connection.open("nsqd:4150", Config(connector=connector, connect_timeout=3.0))
-    assert str(caught.value) == "nsqd:4150: connect timed out"
+    assert str(caught.value) == "cannot connect to nsqd nsqd:4150: connect timed out after 3s"
     assert await server.receive_some() == commands.MAGIC_V2 + commands.identify(
         Config().replace(connector=connector, connect_timeout=3.0).identify_body()
     )

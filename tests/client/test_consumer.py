@@ -534,7 +534,7 @@ async def test_an_nsqd_that_never_answers_sub_times_out_like_a_connect(
             await wait_for(lambda: len(node.conns) >= 2, limit=60)
             assert c.connections == []
     assert any(
-        r.getMessage() == "cannot connect to nsqd:4150: nsqd:4150: connect timed out"
+        r.getMessage() == "cannot connect to nsqd nsqd:4150: connect timed out after 2s"
         for r in caplog.records
     )
     assert all(conn.record.rdys == [] for conn in node.conns)

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import gc
 import logging
-import os
 import ssl
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from ..config import BackoffPolicy, Config, load_client_certificate
 from ..connection import Connection, NegotiationError
 from ..protocol.errors import NSQError
 from ..protocol.names import is_valid_channel_name, is_valid_topic_name
+from ..reasons import cannot_connect, reason
 from .flags import FlagSet, explained, go_bool, go_int, seconds_or_duration
 
 __all__ = [
@@ -371,51 +371,6 @@ def check_names(
 # --- reachability --------------------------------------------------------------
 
 
-def reason(exc: BaseException, address: str = "") -> str:
-    """Why ``exc`` happened, in the words a user acts on, for a message that
-    names the address already: the operating system's reason when there is one
-    in the error's chain (``connection refused``, ``name or service not
-    known``), as Go's tools print it; else the error's own text, less a leading
-    ``ADDRESS: `` (the address is said once).
-
-    A failed connect's text is the connecting library's summary (trio's ``all
-    attempts to connect to 127.0.0.1:4150 failed``, with the address again);
-    the reason is in its cause.
-    """
-    found = _os_reason(exc, set())
-    if found:
-        return found
-    text = str(exc) or type(exc).__name__
-    if address and text.startswith(f"{address}: "):
-        text = text[len(address) + 2 :]
-    return text
-
-
-def _os_reason(exc: BaseException, seen: set[int]) -> str:
-    if id(exc) in seen:
-        return ""
-    seen.add(id(exc))
-    # An SSL error is an OSError whose errno is OpenSSL's code, not the
-    # system's (1 would read "operation not permitted"): its text says it.
-    if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, ssl.SSLError):
-        # os.strerror for a system error ("Connection refused"); a resolver's
-        # error (negative errno) has only its own text.
-        text = os.strerror(exc.errno) if exc.errno > 0 else (exc.strerror or "")
-        if text:
-            return text[:1].lower() + text[1:]
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _os_reason(inner, seen)
-            if found:
-                return found
-    for linked in (exc.__cause__, exc.__context__):
-        if linked is not None:
-            found = _os_reason(linked, seen)
-            if found:
-                return found
-    return ""
-
-
 async def check_nsqds(addresses: Sequence[str], config: Config) -> None:
     """Connect and handshake with every nsqd (TLS, AUTH included), then hang up.
 
@@ -426,7 +381,7 @@ async def check_nsqds(addresses: Sequence[str], config: Config) -> None:
         try:
             conn = await Connection.open(address, config)
         except (NSQError, NegotiationError) as exc:
-            raise ToolError(f"cannot connect to nsqd {address}: {reason(exc, address)}") from None
+            raise ToolError(cannot_connect(address, exc)) from None
         await conn.aclose()
 
 

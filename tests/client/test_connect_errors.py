@@ -1,0 +1,90 @@
+"""A failed connection says what happened, the address once, in one wording
+(trionsq.reasons) for the client's errors and log lines, the front ends and
+the tools: ``cannot connect to nsqd ADDRESS: connection refused``, never
+``ADDRESS: all attempts to connect to ADDRESS failed``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pytest
+import trio
+
+import trionsq
+from trionsq import aio
+from trionsq.blocking import Producer as BlockingProducer
+from trionsq.reasons import cannot_connect, naming, reason
+
+from ..tools.helpers import run_tool
+
+
+def _dead_address() -> str:
+    """A loopback address nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_the_wording_is_said_once_however_often_it_is_passed_on() -> None:
+    address = "127.0.0.1:4150"
+    first = trionsq.NSQConnectionError(cannot_connect(address, "connection refused"))
+    assert str(first) == "cannot connect to nsqd 127.0.0.1:4150: connection refused"
+    assert cannot_connect(address, first) == str(first)
+    assert naming(address, first) == "127.0.0.1:4150: connection refused"
+    assert reason(first, address) == "connection refused"
+    # an error naming the address the older way loses it too
+    assert reason(ValueError(f"{address}: frame too big"), address) == "frame too big"
+
+
+async def test_the_producer_says_why_each_nsqd_failed(caplog: pytest.LogCaptureFixture) -> None:
+    dead = [_dead_address(), _dead_address()]
+    caplog.set_level(logging.WARNING, logger="trionsq")
+    with trio.fail_after(30):
+        async with trionsq.Producer(dead) as producer:
+            with pytest.raises(trionsq.NSQConnectionError) as caught:
+                await producer.publish("topic", b"x")
+    assert str(caught.value) == (
+        f"no nsqd reachable ({dead[0]}: connection refused; {dead[1]}: connection refused)"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.name == "trionsq.producer"]
+    assert lines == [f"cannot connect to nsqd {a}: connection refused" for a in dead]
+
+
+async def test_the_consumer_logs_why_it_cannot_connect(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dead = _dead_address()
+    caplog.set_level(logging.WARNING, logger="trionsq.consumer")
+    expected = f"cannot connect to nsqd {dead}: connection refused"
+    async with trionsq.Consumer("topic", "chan", nsqd_tcp_addresses=[dead]):
+        with trio.fail_after(30):
+            while not any(r.getMessage() == expected for r in caplog.records):  # noqa: ASYNC110
+                await trio.sleep(0.01)  # the consumer's first attempt, on a real socket
+
+
+def test_the_blocking_and_asyncio_front_ends_raise_the_clients_error() -> None:
+    dead = _dead_address()
+    expected = f"no nsqd reachable ({dead}: connection refused)"
+    with BlockingProducer([dead]) as producer:
+        with pytest.raises(trionsq.NSQConnectionError) as caught:
+            producer.publish("topic", b"x")
+    assert str(caught.value) == expected
+
+    async def publish() -> None:
+        async with aio.Producer([dead]) as producer:
+            await producer.publish("topic", b"x")
+
+    with pytest.raises(trionsq.NSQConnectionError) as caught:
+        asyncio.run(publish())
+    assert str(caught.value) == expected
+
+
+def test_a_tool_says_it_in_the_same_words() -> None:
+    dead = _dead_address()
+    ours = run_tool("tail", "--topic=t", f"--nsqd-tcp-address={dead}")
+    assert ours.returncode == 1
+    assert ours.stderr.decode().splitlines()[-1] == (
+        f"trionsq tail: error: cannot connect to nsqd {dead}: connection refused"
+    )
