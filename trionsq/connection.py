@@ -30,6 +30,7 @@ else back to the reader (see ``_lend`` and ``_borrow``).
 
 from __future__ import annotations
 
+import enum
 import errno
 import functools
 import json
@@ -45,6 +46,7 @@ from typing import Any, TypeAlias, TypeVar, overload
 import trio
 
 from .config import Config, KeyPasswordMissing, load_client_certificate
+from .lifecycle import CLOSED, CLOSING, OPEN, OPENING, Lifecycle, Moves
 from .message import cancel_may_be_pending
 from .multiplex import Multiplexer
 from .protocol import codecs, commands, states
@@ -66,7 +68,12 @@ from .reasons import cannot_connect
 from .transport import parse_address
 
 __all__ = [
+    "CONNECTION_MOVES",
     "Connection",
+    "LOAN_MOVES",
+    "Loan",
+    "WRITER_MOVES",
+    "Writer",
     "NSQConnectionError",
     "ConnectionClosedError",
     "NegotiationError",
@@ -89,6 +96,68 @@ _OK_FRAME_SIZE = len(_OK_FRAME)
 #: how long a producer's reader leaves its socket to a lone requester (see
 #: Connection._lend) before it looks whether anyone still reads it
 _LEND_PERIOD = 0.05
+
+
+#: A connection's life: OPENING is the handshake (magic, IDENTIFY, upgrades,
+#: AUTH, the ``then`` request), after which :meth:`Connection.open` returns it
+#: OPEN; CLOSING is :meth:`Connection.aclose` under way (the connection was
+#: closed by its owner, not lost); CLOSED once every pending request has failed
+#: (a lost connection goes there from OPEN directly).
+CONNECTION_MOVES = Moves(
+    "Connection",
+    OPENING,
+    {OPENING: {OPEN, CLOSED}, OPEN: {CLOSING, CLOSED}, CLOSING: {CLOSED}},
+)
+
+
+class Loan(enum.Enum):
+    """Who reads a producer's socket (see :meth:`Connection.request`)."""
+
+    #: the reader task watches the socket (it may not be parked right now)
+    READING = "reading"
+    #: the reader is parked and lends the socket: the next lone request may
+    #: write and read its own answer
+    LENT = "lent"
+    #: the reader is parked and a requester waits on the socket for its answer
+    BORROWED = "borrowed"
+
+
+READING, LENT, BORROWED = Loan.READING, Loan.LENT, Loan.BORROWED
+
+#: The loan's moves: the reader lends the socket and takes it back (at the end
+#: of a lending period with nobody on it, or given back); a lone request
+#: borrows it and gives it back (its answer read: LENT again; anything else
+#: read, or more requests queued meanwhile: the reader reads again).
+LOAN_MOVES = Moves(
+    "Connection loan",
+    READING,
+    {READING: {LENT}, LENT: {READING, BORROWED}, BORROWED: {LENT, READING}},
+)
+
+
+class Writer(enum.Enum):
+    """Where the connection's writes are (see :meth:`Connection.send_nowait`)."""
+
+    #: parked with nothing queued: the first command queued arranges a write
+    #: (wakes the writer task, or hands the connection to the multiplexer)
+    IDLE = "idle"
+    #: a write is arranged (or the writer is about to look at the buffer):
+    #: commands queued now go with it
+    BUSY = "busy"
+    #: the writer task is sending a buffer it took (:meth:`Connection.flush`
+    #: waits for it)
+    WRITING = "writing"
+
+
+IDLE, BUSY, WRITING = Writer.IDLE, Writer.BUSY, Writer.WRITING
+
+#: The writer's moves.  It starts BUSY: commands queued before it runs are
+#: found when it comes round.
+WRITER_MOVES = Moves(
+    "Connection writer",
+    BUSY,
+    {IDLE: {BUSY}, BUSY: {IDLE, WRITING}, WRITING: {BUSY}},
+)
 
 
 class NSQConnectionError(NSQError, ConnectionError):
@@ -301,33 +370,36 @@ class Connection:
         self._stream = stream
         self._leftover = b""  # bytes read past the last handshake frame
         self._out = bytearray()  # queued commands, sent by the writer task
-        self._writing = False
+        #: where the writes are: :class:`Writer`, moved by :meth:`_move_writer`
+        #: only (an IDLE writer waits on _wake_writer: queueing a command
+        #: then wakes it, once; otherwise it finds the command when it comes
+        #: round)
+        self.writer = Lifecycle(WRITER_MOVES)
         self._wake_writer = trio.Event()
-        # Whether the writer waits on _wake_writer: queueing a command then
-        # wakes it (once), otherwise it finds the command when it comes round.
-        self._writer_idle = False
         # The socket's descriptor while the connection runs on a plain TCP
         # socket (see _send_at_once), else -1.
         self._fd = -1
         # The consumer's shared I/O, while the connection runs on a plain TCP
         # socket and was given one (see trionsq.multiplex), else None.
         self._mux: Multiplexer | None = None
-        self._lone = True  # whether the last read answered a request alone
-        # A producer's reader may lend the socket to a lone requester, which
-        # then reads its own response (see _lend and _borrow).
-        self._lent = False  # the reader is parked, watching no socket
-        self._reader: trio.lowlevel.Task | None = None
-        self._borrowed = False  # a requester waits on the socket
+        # Whether the last read answered a request alone: a guess that the
+        # next request will be alone too (see request), not a state.
+        self._lone = True
+        #: who reads the socket: :class:`Loan` (a producer's reader may lend
+        #: it to a lone requester, which then reads its own response: see
+        #: _lend and _borrow)
+        self.loan = Lifecycle(LOAN_MOVES)
+        self._reader: trio.lowlevel.Task | None = None  # the reader, when it lends
         self._handed: bytes | None = None  # what a requester read and handed back
         # When the read under way has waited too long (inf: none under way).
         self._read_deadline = math.inf
         self._drained = trio.Event()
-        self._reason: BaseException | None = None
         self._pending: deque[PendingResponse] = deque()
-        self._closed = trio.Event()
-        self._closing = False
-        # Neither closing nor closed: the one test on every queued command.
-        self._open = True
+        self._closed = trio.Event()  # set with the move to CLOSED (wait_closed)
+        #: the connection's life (:data:`CONNECTION_MOVES`): read
+        #: ``life.state``; only the connection moves it.  ``life.state is
+        #: OPEN`` is the one test on every queued command.
+        self.life = Lifecycle(CONNECTION_MOVES)
         #: why the connection ended (``None`` for a clean close or while open)
         self.close_reason: BaseException | None = None
         # Who answers a message above max_frame_size (see run), if anyone.
@@ -352,9 +424,21 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return not self._open  # closing or closed
+        """Whether the connection is closing or closed (no command can be
+        queued: ``life.state`` is not OPEN, which code on every command's
+        path reads directly)."""
+        return self.life.state is not OPEN
 
     # --- opening ---
+
+    @classmethod
+    def over(cls, stream: trio.abc.Stream, address: str, config: Config) -> Connection:
+        """A connection on ``stream``, which is past the handshake already (a
+        scripted peer in tests, a stream negotiated by other means): OPEN at
+        once, with the defaults nsqd's IDENTIFY answer would have set."""
+        conn = cls(stream, address, config)
+        conn.life.move(OPEN)
+        return conn
 
     @classmethod
     async def open(cls, address: str, config: Config, *, then: bytes | None = None) -> Connection:
@@ -377,6 +461,7 @@ class Connection:
                 await conn._handshake(host)
                 if then is not None:
                     await conn._request_now(then)
+                conn.life.move(OPEN)
                 opened, conn = conn, None
                 return opened
         except KeyPasswordMissing as exc:  # the key file changed since Config checked it
@@ -388,6 +473,7 @@ class Connection:
             raise NSQConnectionError(cannot_connect(address, exc)) from exc
         finally:
             if conn is not None:  # the handshake failed: do not leak the stream
+                conn.life.move(CLOSED)
                 await _close_at_once(conn._stream)
         # Only the scope's own deadline ends the block without a return.
         raise NSQConnectionError(
@@ -564,12 +650,12 @@ class Connection:
         they skip :meth:`send`'s backpressure and its checkpoint.  Raises
         :class:`ConnectionClosedError` if the connection is closed.
         """
-        if not self._open:
+        if self.life.state is not OPEN:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
         if data and data[0] in self._watched:
             self._follow(data)
         self._out += data
-        if self._writer_idle:
+        if self.writer.state is IDLE:
             self._start_writing()
 
     async def request(self, data: bytes) -> bytes:
@@ -583,48 +669,35 @@ class Connection:
             await trio.lowlevel.checkpoint_if_cancelled()
         while len(self._out) >= _HIGH_WATER and not self.closed:
             await self._drained.wait()
-        if not self._open:
+        if self.life.state is not OPEN:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
         if data and data[0] in self._watched:
             self._follow(data)
         pending = PendingResponse()
-        if (
-            self._lent
-            and not self._borrowed
-            and not self._pending
-            and not self._out
-            and self._writer_idle
-            and self._fd >= 0
-        ):
+        loan = self.loan
+        idle = self.writer.state is IDLE
+        if loan.state is LENT and not self._pending and not self._out and idle and self._fd >= 0:
             # The reader lent the socket (it answered a lone request last):
             # write, then read the response here, one task step a round trip.
             self._pending.append(pending)
             fd = self._fd
-            self._borrowed = True
+            loan.move(BORROWED)
             self._send_at_once(data)
             return await self._borrow(fd, pending)
-        if (
-            self._writer_idle
-            and self._lone
-            and not self._pending
-            and not self._out
-            and self._fd >= 0
-        ):
+        if idle and self._lone and not self._pending and not self._out and self._fd >= 0:
             # Nothing else awaits a response, nothing is queued, and the last
             # read answered one request alone (one task's round trips: MPUB
             # after MPUB): send it from here, no task switch to the writer.
             # Otherwise the writer coalesces what the woken tasks queue.
             self._pending.append(pending)
-            if self._lent:
-                self._give_back(None)  # its response is the reader's to read
+            self._give_back(None)  # its response is the reader's to read
             self._send_at_once(data)
         else:
             # In the same step as the bytes: responses come back in this order.
             self._pending.append(pending)
-            if self._lent:
-                self._give_back(None)
+            self._give_back(None)
             self._out += data
-            if self._writer_idle:
+            if self.writer.state is IDLE:
                 self._start_writing()
         # pending.result(), inline: park until the reader hands the response over.
         pending._task = trio.lowlevel.current_task()
@@ -651,7 +724,7 @@ class Connection:
         except trio.ClosedResourceError:
             # The connection ended (and failed this request) under the wait.
             self._read_deadline = math.inf
-            self._borrowed = False
+            self._end_borrow()
             self._give_back(None)
             if pending.error is not None:
                 raise pending.error from None
@@ -660,11 +733,11 @@ class Connection:
             # Cancelled: the response, when it comes, is the reader's to
             # drop, in order, as for any request given up.
             self._read_deadline = math.inf
-            self._borrowed = False
+            self._end_borrow()
             self._give_back(None)
             raise
         self._read_deadline = math.inf
-        self._borrowed = False
+        self._end_borrow()
         pendings = self._pending
         if handed == _OK_FRAME and pendings and pendings[0] is pending:
             pendings.popleft()
@@ -679,18 +752,30 @@ class Connection:
             raise pending.error
         return pending.value
 
+    def _end_borrow(self) -> None:
+        """A borrower is done waiting on the socket: it is lent again (the
+        reader is still parked), unless the reader left meanwhile (the
+        connection ended: see :meth:`_lend`)."""
+        if self.loan.state is BORROWED:
+            self.loan.move(LENT)
+
     def _give_back(self, data: bytes | None) -> None:
         """End a loan of the socket: the reader reads it again, starting with
-        ``data`` (what a requester read and is not the answer it expected)."""
+        ``data`` (what a requester read and is not the answer it expected).
+        While a requester borrows it, the borrower gives it back when it is
+        done (it finds what was queued meanwhile): nothing to do now."""
         if data is not None:
             self._handed = data
-        if self._lent:
-            self._lent = False
+        if self.loan.state is LENT:
+            self.loan.move(READING)
             assert self._reader is not None
             trio.lowlevel.reschedule(self._reader)
 
     def _abort_lend(self, raise_cancel: Any) -> trio.lowlevel.Abort:
-        self._lent = False
+        # The lending period is over.  A borrower keeps the socket (the
+        # reader parks again at once: see _lend).
+        if self.loan.state is LENT:
+            self.loan.move(READING)
         return trio.lowlevel.Abort.SUCCEEDED
 
     async def _lend(self) -> bytes | None:
@@ -701,11 +786,17 @@ class Connection:
         data, or a period ended with nobody waiting on it (heartbeats, nsqd
         closing the connection), which bounds how long it goes unwatched."""
         self._reader = trio.lowlevel.current_task()
+        loan = self.loan
+        loan.move(LENT)
         while True:
-            self._lent = True
             with trio.move_on_after(_LEND_PERIOD):
                 await trio.lowlevel.wait_task_rescheduled(self._abort_lend)
-            if self._handed is not None or not self._borrowed or not self._open:
+            # Given back (READING already), or the period is over: with a
+            # borrower on the socket, park again (as one step: nobody saw the
+            # reader awake), unless the connection ended.
+            if loan.state is not BORROWED or self.life.state is not OPEN:
+                if loan.state is not READING:
+                    loan.move(READING)  # a borrower meets the end itself
                 handed, self._handed = self._handed, None
                 return handed
 
@@ -721,7 +812,7 @@ class Connection:
             sent = 0
         if sent < len(data):
             self._out += memoryview(data)[sent:]
-            self._writer_idle = False
+            self._move_writer(BUSY)
             self._wake_writer.set()
 
     def request_nowait(self, data: bytes) -> PendingResponse:
@@ -732,16 +823,15 @@ class Connection:
         consumer's CLS, queued in the same step as the commands around it.
         Raises :class:`ConnectionClosedError` if the connection is closed.
         """
-        if not self._open:
+        if self.life.state is not OPEN:
             raise ConnectionClosedError(f"{self.address}: connection is closed")
         if data and data[0] in self._watched:
             self._follow(data)
         pending = PendingResponse()
         self._pending.append(pending)
-        if self._lent:
-            self._give_back(None)  # its response is the reader's to read
+        self._give_back(None)  # its response is the reader's to read
         self._out += data
-        if self._writer_idle:
+        if self.writer.state is IDLE:
             self._start_writing()
         return pending
 
@@ -763,7 +853,7 @@ class Connection:
     async def flush(self) -> None:
         """Wait until everything queued so far has been written (or the
         connection has ended)."""
-        while (self._out or self._writing) and not self._closed.is_set():
+        while (self._out or self.writer.state is WRITING) and self.life.state is not CLOSED:
             await self._drained.wait()
 
     async def _write_loop(self) -> None:
@@ -772,7 +862,7 @@ class Connection:
                 self._drained.set()
                 self._drained = trio.Event()
                 self._wake_writer = trio.Event()
-                self._writer_idle = True
+                self._move_writer(IDLE)
                 await self._wake_writer.wait()
                 # Woken by the first command queued: let the tasks already
                 # runnable queue theirs too (the FINs of a read, a RDY, other
@@ -781,7 +871,7 @@ class Connection:
                 continue
             # Swap buffers rather than copy: senders append to a fresh one.
             data, self._out = self._out, bytearray()
-            self._writing = True
+            self._move_writer(WRITING)
             fd = self._fd
             if fd >= 0:
                 # A plain TCP socket: write what it takes now, without
@@ -796,20 +886,37 @@ class Connection:
                     await self._stream.send_all(memoryview(data)[sent:])
             else:
                 await self._stream.send_all(data)
-            self._writing = False
+            self._move_writer(BUSY)
+
+    def _move_writer(self, to: Writer) -> None:
+        """The writer's one move (:data:`WRITER_MOVES`); a move to where it
+        is already is none (woken by a partial write, it is BUSY still)."""
+        writer = self.writer
+        if writer.state is not to:
+            writer.move(to)
 
     def _start_writing(self) -> None:
         """The first command queued while the writer is idle: have it written,
         by the shared flusher if there is one, else by the writer task (once a
         batch of commands, not once a command)."""
-        self._writer_idle = False
+        self._move_writer(BUSY)
         if self._mux is None:
             self._wake_writer.set()
         else:
             self._mux.flush_later(self)
 
-    def _write_now(self) -> None:
-        """The shared flusher's turn (see :mod:`trionsq.multiplex`): write what
+    # The multiplexer's side (trionsq.multiplex, and nothing else, calls
+    # these two): the shared flusher writes for the connection, or leaves the
+    # writing to its own writer task again.
+
+    def mux_released(self) -> None:
+        """For :mod:`trionsq.multiplex` only: it will not write for this
+        connection (it ended); the connection's own writer task writes what
+        is queued."""
+        self._wake_writer.set()
+
+    def mux_write(self) -> None:
+        """For :mod:`trionsq.multiplex` only: the shared flusher's turn: write what
         is queued with one non-blocking write, as the writer would.  No yield,
         so no cancellation cuts a command in half; what the socket does not
         take (all of it, on an error) goes to the writer task, which sends it
@@ -828,7 +935,7 @@ class Connection:
                 self._out = data
                 self._wake_writer.set()  # it is parked, not idle: it takes over
                 return
-        self._writer_idle = True
+        self._move_writer(IDLE)
         self._drained.set()
         self._drained = trio.Event()
 
@@ -872,7 +979,7 @@ class Connection:
         )
         self._on_oversized = on_oversized
         stream = self._stream
-        if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS and self._open:
+        if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS and self.life.state is OPEN:
             # A plain TCP connection: _send_at_once may write to its socket.
             self._fd = stream.socket.fileno()
             if mux is not None and mux.running:
@@ -888,7 +995,7 @@ class Connection:
                 await self._guard(self._read_shared, nursery.cancel_scope, parser, on_messages)
             else:
                 await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
-        self._finish(self._reason)
+        self._finish(None)  # (the loops' _guard ended it already)
         with trio.CancelScope(shield=True):
             await _close_at_once(self._stream)
 
@@ -899,19 +1006,23 @@ class Connection:
         scope: trio.CancelScope,
         *args: Any,
     ) -> None:
-        """Run one of the loops; however it ends, the connection ends with it."""
+        """Run one of the loops; however it ends, the connection ends with it
+        (the first loop to fail while it is OPEN says why: a loop that fails
+        after it was closed, by :meth:`aclose` or with another loop's
+        failure, only meets that end)."""
+        reason: BaseException | None = None
         try:
             await loop(*args)
         except trio.ClosedResourceError:
-            if not self._closing and self._reason is None:
-                self._reason = NSQConnectionError(f"{self.address}: connection closed")
+            if self.life.state is OPEN:
+                reason = NSQConnectionError(f"{self.address}: connection closed")
         except (NSQError, trio.BrokenResourceError, OSError, ssl.SSLError) as exc:
-            if not self._closing and self._reason is None:
-                self._reason = exc
+            if self.life.state is OPEN:
+                reason = exc
                 log.warning("%s: connection lost: %r", self.address, exc)
         finally:
             # Failing the pending requests now lets their callers go on at once.
-            self._finish(self._reason)
+            self._finish(reason)
             scope.cancel()
 
     async def _watch_reads(self) -> None:
@@ -984,7 +1095,7 @@ class Connection:
             self._read_deadline = math.inf
             drained = len(data) < _RECEIVE_SIZE
             if not data:
-                if not self._closing:
+                if self.life.state is OPEN:
                     raise NSQConnectionError(f"{self.address}: closed by nsqd")
                 return
             if self._pending and not parser.buffered:
@@ -1034,7 +1145,7 @@ class Connection:
         if data is None:
             return None  # nothing after all, or closed meanwhile
         if not data:
-            if self._closing:
+            if self.life.state is not OPEN:
                 raise trio.ClosedResourceError("the connection was closed")
             raise NSQConnectionError(f"{self.address}: closed by nsqd")
         self._read_deadline = trio.current_time() + self.config.read_timeout
@@ -1151,16 +1262,18 @@ class Connection:
         return 0
 
     def _finish(self, reason: BaseException | None) -> None:
-        if self._closed.is_set():
+        """The move to CLOSED (once): every pending request fails (with
+        ``reason`` as the cause, kept as :attr:`close_reason`)."""
+        life = self.life
+        if life.state is CLOSED:
             return
-        if reason is not None and self.close_reason is None:
-            self.close_reason = reason
+        life.move(CLOSED)
+        self.close_reason = reason
         failure = ConnectionClosedError(f"{self.address}: connection closed")
         if reason is not None:
             failure.__cause__ = reason
         while self._pending:
             self._pending.popleft().fail(failure)
-        self._open = False
         self._fd = -1
         self._closed.set()
         self._drained.set()  # nothing more will be written
@@ -1171,8 +1284,8 @@ class Connection:
     async def aclose(self) -> None:
         """Close now (call :meth:`flush` first to send what is queued); the
         loops return and pending requests fail."""
-        self._closing = True
-        self._open = False
+        if self.life.state is OPEN:
+            self.life.move(CLOSING)
         if self._mux is not None and self._fd >= 0:
             # Out of the shared reader before the socket closes: its number
             # may be the next connection's at once.

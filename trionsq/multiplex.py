@@ -85,7 +85,7 @@ class Multiplexer:
         (called once per batch: when a command is queued while its writer is
         idle; the connection then queues further commands behind it)."""
         if not self.running:
-            conn._wake_writer.set()  # no flusher any more: its own writer writes
+            conn.mux_released()  # no flusher any more: its own writer writes
             return
         self._dirty.append(conn)
         task = self._flusher
@@ -109,7 +109,7 @@ class Multiplexer:
             await trio.lowlevel.cancel_shielded_checkpoint()
             dirty, self._dirty = self._dirty, []
             for conn in dirty:
-                conn._write_now()
+                conn.mux_write()
 
     # --- reading ---
 
@@ -208,7 +208,7 @@ class Multiplexer:
             self._flusher = None
             dirty, self._dirty = self._dirty, []
             for conn in dirty:
-                conn._wake_writer.set()
+                conn.mux_released()
             readings = list(self._readings.values())
             for reading in readings:
                 if self._forget(reading):

@@ -15,6 +15,7 @@ import trio
 
 from .config import Config
 from .connection import Connection, NegotiationError, NSQConnectionError
+from .lifecycle import OPEN
 from .protocol import commands
 from .protocol.errors import (
     BadBodyError,
@@ -239,8 +240,8 @@ class Producer:
             await self._wait_for_place()
         try:
             conn = self._conn
-            # conn._open: conn.closed without a property call (the same package)
-            if conn is None or not conn._open or self._closed:
+            # conn.life.state: conn.closed without a property call
+            if conn is None or conn.life.state is not OPEN or self._closed:
                 conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
@@ -280,8 +281,8 @@ class Producer:
             await self._wait_for_place()
         try:
             conn = self._conn
-            # conn._open: conn.closed without a property call (the same package)
-            if conn is None or not conn._open or self._closed:
+            # conn.life.state: conn.closed without a property call
+            if conn is None or conn.life.state is not OPEN or self._closed:
                 conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
@@ -314,7 +315,7 @@ class Producer:
             await self._wait_for_place()
         try:
             conn = self._conn
-            if conn is None or not conn._open or self._closed:
+            if conn is None or conn.life.state is not OPEN or self._closed:
                 conn = await self._connection()
             response = await conn.request(command)
         except (NSQError, OSError):

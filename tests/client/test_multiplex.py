@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import trionsq
 from trionsq.config import Config
-from trionsq.connection import _HIGH_WATER, Connection
+from trionsq.connection import _HIGH_WATER, Connection, Writer
 from trionsq.multiplex import Multiplexer
 from trionsq.protocol import commands
 from trionsq.protocol.errors import InvalidError, ProtocolError
@@ -72,9 +72,9 @@ async def start(
     config: Config | None = None,
 ) -> Connection:
     """A connection (no handshake) run by ``mux``, its reads shared."""
-    conn = Connection(stream, "peer", config or Config())
+    conn = Connection.over(stream, "peer", config or Config())
     nursery.start_soon(conn.run, on_messages, None, mux)
-    await wait_for(lambda: conn._writer_idle and conn._fd in mux._readings)
+    await wait_for(lambda: conn.writer.state is Writer.IDLE and conn._fd in mux._readings)
     assert conn._mux is mux
     return conn
 
@@ -112,7 +112,7 @@ async def test_what_a_full_socket_does_not_take_goes_to_the_writer(
     for command in sent:
         conn.send_nowait(command)
     # The flusher wrote what the socket took; the writer task waits to send the rest.
-    await wait_for(lambda: conn._writing)
+    await wait_for(lambda: conn.writer.state is Writer.WRITING)
     conn.send_nowait(commands.nop())  # queued behind, for the writer
     flushed = trio.Event()
 
@@ -126,7 +126,7 @@ async def test_what_a_full_socket_does_not_take_goes_to_the_writer(
     with trio.fail_after(30):
         await flushed.wait()
     # Idle again: the next command goes through the flusher once more.
-    await wait_for(lambda: conn._writer_idle)
+    await wait_for(lambda: conn.writer.state is Writer.IDLE)
     conn.send_nowait(commands.nop())
     assert await read_exactly(server, 4) == commands.nop()
     await conn.aclose()

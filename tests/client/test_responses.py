@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import trionsq
 from trionsq.config import Config
-from trionsq.connection import Connection, PendingResponse
+from trionsq.connection import Connection, Loan, PendingResponse, Writer
+from trionsq.lifecycle import CLOSING
 from trionsq.protocol import commands
 from trionsq.protocol.errors import BadMessageError
 from trionsq.protocol.frames import encode_error, encode_response
@@ -29,7 +30,7 @@ class Wire:
 
     def __init__(self, nursery: trio.Nursery) -> None:
         client, self.server = trio.testing.memory_stream_pair()
-        self.conn = Connection(client, "nsqd:4150", Config(heartbeat_interval=None))
+        self.conn = Connection.over(client, "nsqd:4150", Config(heartbeat_interval=None))
         nursery.start_soon(self.conn.run)
 
     async def read(self, data: bytes) -> None:
@@ -233,7 +234,7 @@ class SocketWire:
             theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, send_buffer)
         self.server = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-        self.conn = Connection(stream, "nsqd:4150", Config(heartbeat_interval=None))
+        self.conn = Connection.over(stream, "nsqd:4150", Config(heartbeat_interval=None))
         #: set when the connection's run() has returned
         self.ran = trio.Event()
         nursery.start_soon(self._run)
@@ -333,7 +334,7 @@ async def test_reading_a_socket_directly(nursery: trio.Nursery) -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
         ours.setblocking(False)
-        conn = Connection(
+        conn = Connection.over(
             trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "nsqd:4150", Config()
         )
         fd = conn._fd = ours.fileno()
@@ -359,7 +360,7 @@ async def test_the_writer_finishes_what_the_socket_does_not_take_at_once(
     pendings = [wire.conn.request_nowait(big) for big in bigs]
     with trio.fail_after(10):
         await trio.testing.wait_all_tasks_blocked()
-        assert wire.conn._writing  # blocked with the rest of the first batch
+        assert wire.conn.writer.state is Writer.WRITING  # blocked with the rest of the first batch
         later = wire.conn.request_nowait(pub(1))
         expected = b"".join(bigs) + pub(1)
         assert await wire.receive_exactly(len(expected)) == expected
@@ -379,7 +380,7 @@ async def lent_wire(nursery: trio.Nursery) -> SocketWire:
     await wire.server.send_all(OK_FRAME)
     assert await first() == b"OK"
     await trio.testing.wait_all_tasks_blocked()
-    assert wire.conn._lent
+    assert wire.conn.loan.state is Loan.LENT
     return wire
 
 
@@ -416,10 +417,10 @@ async def test_a_lone_requester_reads_its_own_response(nursery: trio.Nursery) ->
         result = nursery_result(nursery, wire.conn.request(pub(i)))
         assert await wire.receive_exactly(len(pub(i))) == pub(i)
         await trio.testing.wait_all_tasks_blocked()
-        assert wire.conn._borrowed and wire.conn._lent  # the reader is not woken
+        assert wire.conn.loan.state is Loan.BORROWED  # the reader is not woken
         await wire.server.send_all(OK_FRAME)
         assert await result() == b"OK"
-        assert not wire.conn._borrowed and wire.conn._lent
+        assert wire.conn.loan.state is Loan.LENT
     assert not wire.conn._pending
 
 
@@ -480,9 +481,9 @@ async def test_a_cancelled_borrower_leaves_its_response_to_be_dropped(
             cancel_scopes: list[trio.CancelScope] = []
             inner.start_soon(cancelled)
             await wire.receive_exactly(len(pub(1)))
-            assert wire.conn._borrowed
+            assert wire.conn.loan.state is Loan.BORROWED
             cancel_scopes[0].cancel()
-    assert answered == [] and not wire.conn._borrowed
+    assert answered == [] and wire.conn.loan.state is not Loan.BORROWED
     second = nursery_result(nursery, wire.conn.request(pub(2)))
     await wire.receive_exactly(len(pub(2)))
     await wire.server.send_all(OK_FRAME)  # the cancelled request's: dropped
@@ -538,7 +539,7 @@ async def test_requests_of_other_tasks_meanwhile_are_answered(nursery: trio.Nurs
     wire = await lent_wire(nursery)
     first = nursery_result(nursery, wire.conn.request(pub(1)))
     await wire.receive_exactly(len(pub(1)))
-    assert wire.conn._borrowed
+    assert wire.conn.loan.state is Loan.BORROWED
     second = nursery_result(nursery, wire.conn.request(pub(2)))
     await trio.testing.wait_all_tasks_blocked()  # its request queued first
     third = wire.conn.request_nowait(pub(3))
@@ -562,8 +563,7 @@ async def test_a_borrower_woken_as_its_connection_ends_fails_its_request(
     async def wait_then_end(fd: int) -> None:
         await real(fd)
         conn = wire.conn
-        conn._closing = True
-        conn._open = False
+        conn.life.move(CLOSING)  # aclose's first steps, the stream left open
         conn._fd = -1
         conn._finish(None)
 

@@ -120,7 +120,7 @@ def test_command_name() -> None:
 def client_side() -> Connection:
     """A trionsq Connection that is never run: what it queues is only kept."""
     stream, _peer = trio.testing.memory_stream_pair()
-    return Connection(stream, "memory", Config())
+    return Connection.over(stream, "memory", Config())
 
 
 class ServerSide:

@@ -1,0 +1,116 @@
+"""A connection's life, its writer and its socket's loan: one state each, moved
+along its table (trionsq.connection's CONNECTION_MOVES, WRITER_MOVES, LOAN_MOVES)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trionsq.config import Config
+from trionsq.connection import (
+    CONNECTION_MOVES,
+    LOAN_MOVES,
+    WRITER_MOVES,
+    Connection,
+    ConnectionClosedError,
+    Loan,
+    Writer,
+)
+from trionsq.lifecycle import CLOSED, CLOSING, OPEN, OPENING, Lifecycle, LifecycleError, Moves
+from trionsq.protocol import commands
+
+from .minisrv import MiniNSQD, wait_for
+
+TABLES: dict[str, Moves[Any]] = {
+    "life": CONNECTION_MOVES,
+    "writer": WRITER_MOVES,
+    "loan": LOAN_MOVES,
+}
+
+
+def reachable(moves: Moves[Any], start: enum.Enum) -> set[enum.Enum]:
+    seen, todo = {start}, [start]
+    while todo:
+        for target in moves.table.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_every_state_is_reached_and_left_for_where_it_ends(name: str) -> None:
+    moves = TABLES[name]
+    # (the life is the shared Life enum's: a connection's are these four)
+    every = {OPENING, OPEN, CLOSING, CLOSED} if name == "life" else set(type(moves.initial))
+    assert reachable(moves, moves.initial) == every
+    if name == "life":
+        assert not moves.table.get(CLOSED)  # the end
+        for state in every:
+            assert CLOSED in reachable(moves, state)
+    else:  # the writer and the loan go round for as long as the connection runs
+        for state in every:
+            assert moves.initial in reachable(moves, state)
+
+
+def test_a_connection_refuses_a_move_its_table_lacks() -> None:
+    life = Lifecycle(CONNECTION_MOVES)
+    assert life.state is OPENING
+    with pytest.raises(LifecycleError, match="Connection: no move from opening to closing"):
+        life.move(CLOSING)
+    life.move(OPEN)
+    life.move(CLOSED)
+    with pytest.raises(LifecycleError):
+        life.move(OPEN)
+    assert Lifecycle(WRITER_MOVES).state is Writer.BUSY
+    assert Lifecycle(LOAN_MOVES).state is Loan.READING
+
+
+async def test_opened_closed_by_its_owner(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    config = Config(connector=node.connector)
+    conn = await Connection.open("nsqd:4150", config)
+    assert conn.life.state is OPEN and not conn.closed
+    nursery.start_soon(conn.run)
+    assert await conn.request(commands.pub("topic", b"x")) == b"OK"
+    await conn.flush()
+    await conn.aclose()
+    assert conn.life.state is CLOSED and conn.closed
+    assert conn.close_reason is None  # closed, not lost
+    with pytest.raises(ConnectionClosedError):
+        conn.send_nowait(commands.nop())
+    await conn.aclose()  # again: nothing moves
+    assert conn.life.state is CLOSED
+
+
+async def test_lost_goes_from_open_to_closed_with_its_reason(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    node = MiniNSQD(nursery)
+    conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
+    nursery.start_soon(conn.run)
+    pending = conn.request_nowait(commands.pub("topic", b"x"))
+    await pending.wait()
+    await node.conns[0].close()
+    await conn.wait_closed()
+    assert conn.life.state is CLOSED
+    assert conn.close_reason is not None and "closed by nsqd" in str(conn.close_reason)
+    with pytest.raises(ConnectionClosedError):
+        await conn.request(commands.pub("topic", b"y"))
+
+
+async def test_the_writer_rests_idle_and_a_command_wakes_it(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
+    assert conn.writer.state is Writer.BUSY  # not running yet: it finds what is queued
+    nursery.start_soon(conn.run)
+    await wait_for(lambda: conn.writer.state is Writer.IDLE)
+    conn.send_nowait(commands.nop())
+    assert conn.writer.state is Writer.BUSY
+    await conn.flush()
+    await wait_for(lambda: conn.writer.state is Writer.IDLE)
+    await conn.aclose()
