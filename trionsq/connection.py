@@ -96,6 +96,10 @@ _OK_FRAME_SIZE = len(_OK_FRAME)
 #: how long a producer's reader leaves its socket to a lone requester (see
 #: Connection._lend) before it looks whether anyone still reads it
 _LEND_PERIOD = 0.05
+#: why a handshake answered in HTTP failed (go-nsq's words, and a hint)
+_HTTP_ANSWER = (
+    "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
+)
 
 
 #: A connection's life: OPENING is the handshake (magic, IDENTIFY, upgrades,
@@ -535,6 +539,11 @@ class Connection:
         """Read one handshake frame: a response's data, or raise the error
         frame (a heartbeat: None with ``heartbeats``, else an error)."""
         header = await self._receive_exactly(4)
+        if header == b"HTTP":
+            # An HTTP server's answer to the magic (nsqd's HTTP port says
+            # "HTTP/1.1 400 Bad Request"): said as go-nsq says it, not as a
+            # frame of 1213486160 bytes.
+            raise NSQConnectionError(cannot_connect(self.address, _HTTP_ANSWER))
         (size,) = SIZE.unpack(header)
         if size > self.config.max_frame_size or size < 4:
             # Let the parser produce the typed error.

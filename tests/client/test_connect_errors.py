@@ -1,7 +1,9 @@
 """A failed connection says what happened, the address once, in one wording
 (trionsq.reasons) for the client's errors and log lines, the front ends and
 the tools: ``cannot connect to nsqd ADDRESS: connection refused``, never
-``ADDRESS: all attempts to connect to ADDRESS failed``."""
+``ADDRESS: all attempts to connect to ADDRESS failed``; and nsqd's HTTP port
+given as its TCP address says so (go-nsq's words), against the real nsqd and
+fakensq, where it read as a frame of 1213486160 bytes (``HTTP``)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,16 @@ import trio
 import trionsq
 from trionsq import aio
 from trionsq.blocking import Producer as BlockingProducer
+from trionsq.config import Config
+from trionsq.connection import Connection
 from trionsq.reasons import cannot_connect, naming, reason
 
 from ..tools.helpers import run_tool
+from .daemons import Daemons
+
+HTTP_ANSWER = (
+    "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
+)
 
 
 def _dead_address() -> str:
@@ -88,3 +97,38 @@ def test_a_tool_says_it_in_the_same_words() -> None:
     assert ours.stderr.decode().splitlines()[-1] == (
         f"trionsq tail: error: cannot connect to nsqd {dead}: connection refused"
     )
+
+
+async def test_nsqds_http_port_given_as_its_tcp_address_says_so(
+    daemons: Daemons, caplog: pytest.LogCaptureFixture
+) -> None:
+    nsqd = await daemons.nsqd()
+    address = nsqd.http_address
+    expected = f"cannot connect to nsqd {address}: {HTTP_ANSWER}"
+    # nsqd's HTTP server answers the magic at once (400 Bad Request): the
+    # error comes then, not at connect_timeout.
+    config = Config(connect_timeout=600.0)
+    with trio.fail_after(60):
+        with pytest.raises(trionsq.NSQConnectionError) as caught:
+            await Connection.open(address, config)
+        assert str(caught.value) == expected
+
+        async with trionsq.Producer([address], connect_timeout=600.0) as producer:
+            with pytest.raises(trionsq.NSQConnectionError) as caught:
+                await producer.publish("topic", b"x")
+        assert str(caught.value) == f"no nsqd reachable ({address}: {HTTP_ANSWER})"
+
+        caplog.set_level(logging.WARNING, logger="trionsq.consumer")
+        async with trionsq.Consumer(
+            "topic", "chan", nsqd_tcp_addresses=[address], connect_timeout=600.0
+        ) as c:
+            while not any(r.getMessage() == expected for r in caplog.records):  # noqa: ASYNC110
+                await trio.sleep(0.01)  # the consumer's first attempt, on a real socket
+            assert c.connections == []
+
+        # (a thread: fakensq answers in this test's Trio loop)
+        ours = await trio.to_thread.run_sync(
+            lambda: run_tool("tail", "--topic=t", f"--nsqd-tcp-address={address}")
+        )
+    assert ours.returncode == 1
+    assert ours.stderr.decode().splitlines()[-1] == f"trionsq tail: error: {expected}"
