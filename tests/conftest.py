@@ -1,5 +1,6 @@
 """Suite-wide settings: hypothesis runs derandomized, so every run is the same;
-the real NSQ binaries are found once, before pytest-xdist starts its workers."""
+the real NSQ binaries are found once, before pytest-xdist starts its workers;
+``pki``: one CA and server certificate for the tests that need TLS."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from . import reference
+from .support.tls import Pki
 
 pytest_plugins = ["pytester"]
 
@@ -59,3 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = reference.nsq_bin()
     if folder is not None and "NSQ_BIN" not in os.environ:
         os.environ["NSQ_BIN"] = str(folder)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA of the tests' own, with a server certificate for 127.0.0.1 and
+    localhost (:class:`tests.support.tls.Pki`)."""
+    return Pki(tmp_path_factory.mktemp("pki"))

@@ -20,7 +20,7 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,7 @@ from fakensq import Cluster
 from fakensq.admin import Admin
 from tests import reference
 
+from ..support.waiting import poll_until
 from .conftest import AsyncRawConsumer
 
 _CONNECTED = re.compile(rb'"connected":\d+')
@@ -63,13 +64,6 @@ def dead_address() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-async def until(predicate: Callable[[], Awaitable[bool]]) -> None:
-    """Wait for a condition on the daemons (they register and count asynchronously)."""
-    with trio.fail_after(20):
-        while not await predicate():  # noqa: ASYNC110 - a condition in other processes
-            await trio.sleep(0.02)
 
 
 @dataclass
@@ -102,11 +96,11 @@ async def build(layout: Layout, http: httpx.AsyncClient) -> AsyncRawConsumer:
 
     (await http.post(f"http://{n0}/topic/create?topic=orders")).raise_for_status()
     await http.post(f"http://{n0}/channel/create?topic=orders&channel=billing")
-    await until(lambda: _equals(lookupd_channels(), ["billing"]))
+    await poll_until(lambda: _equals(lookupd_channels(), ["billing"]))
     # A new topic takes the channels nsqlookupd knows (both daemons look them
     # up before answering; tests/conformance/test_registration.py checks that).
     await http.post(f"http://{n1}/topic/create?topic=orders")
-    await until(lambda: _equals(channels(n1), ["billing"]))
+    await poll_until(lambda: _equals(channels(n1), ["billing"]))
     await http.post(f"http://{n0}/channel/create?topic=orders&channel=audit")
     await http.post(f"http://{n1}/topic/create?topic=empty")
     await http.post(f"http://{n0}/mpub?topic=orders", content=b"a\nb\nc\nd\ne")
@@ -122,7 +116,7 @@ async def build(layout: Layout, http: httpx.AsyncClient) -> AsyncRawConsumer:
             and empty.status_code == 200
         )
 
-    await until(registered)
+    await poll_until(registered)
     consumer = await AsyncRawConsumer.connect(layout.nsqd_tcp[0], "orders", "billing", rdy=2)
 
     async def in_flight() -> bool:
@@ -130,7 +124,7 @@ async def build(layout: Layout, http: httpx.AsyncClient) -> AsyncRawConsumer:
         channels = {c["channel_name"]: c for c in stats["topics"][0]["channels"]}
         return channels["billing"]["in_flight_count"] == 2
 
-    await until(in_flight)
+    await poll_until(in_flight)
     return consumer
 
 
@@ -171,7 +165,7 @@ async def _real_cluster(stack: AsyncExitStack, *nsqd_flags: str) -> Layout:
         # (the log's "peer info") is not given the channels nsqlookupd knows.
         return all("peer info" in n.log() for n in nsqds)
 
-    await until(know_lookupd)
+    await poll_until(know_lookupd)
     return Layout(
         lookupd.http_address, [n.http_address for n in nsqds], [n.tcp_address for n in nsqds]
     )
@@ -398,8 +392,8 @@ async def test_actions_reach_the_daemons_as_nsqadmins(real_pair: Pair) -> None:
 
     for name in ("tomb_fake", "tomb_real"):
         await http.post(f"http://{n1}/topic/create?topic={name}")
-    await until(lambda: _lookup_has(http, lookupd, "tomb_fake"))
-    await until(lambda: _lookup_has(http, lookupd, "tomb_real"))
+    await poll_until(lambda: _lookup_has(http, lookupd, "tomb_fake"))
+    await poll_until(lambda: _lookup_has(http, lookupd, "tomb_real"))
     fake = await act(pair.fake, "DELETE", f"/api/nodes/{n1}", {"topic": "tomb_fake"})
     real = await act(pair.real, "DELETE", f"/api/nodes/{n1}", {"topic": "tomb_real"})
     assert fake == real
@@ -499,7 +493,7 @@ async def test_end_to_end_latency_percentiles_summed_as_nsqadmin_sums_them() -> 
                     return False
             return True
 
-        await until(percentiles_everywhere)
+        await poll_until(percentiles_everywhere)
         pair = await _pair(stack, layout, http)
         for path in (
             "/api/topics/orders",
@@ -576,7 +570,7 @@ async def test_real_nsqadmin_shows_a_fakensq_cluster_as_a_real_one() -> None:
             await http.post(f"http://{n0}/pub?topic=orders&defer=60000", content=b"later")
             live = await AsyncRawConsumer.connect(layout.nsqd_tcp[1], "orders", "live#ephemeral", 1)
             stack.push_async_callback(live.aclose)
-            await until(lambda n1=n1: _has_channel(http, n1, "live#ephemeral"))
+            await poll_until(lambda n1=n1: _has_channel(http, n1, "live#ephemeral"))
             await http.post(f"http://{n1}/pub?topic=orders", content=b"now")
             await http.post(f"http://{layout.lookupd_http}/topic/tombstone?topic=empty&node={n1}")
 
@@ -590,7 +584,7 @@ async def test_real_nsqadmin_shows_a_fakensq_cluster_as_a_real_one() -> None:
                     and ephemeral["in_flight_count"] == 1
                 )
 
-            await until(settled)
+            await poll_until(settled)
         await compare()
 
 
@@ -604,13 +598,13 @@ async def test_a_pause_sent_to_fakensq_admin_reaches_nsqd() -> None:
         for address in cluster.nsqd_http_addresses:
             await http.post(f"http://{address}/topic/create?topic=T")
             await http.post(f"http://{address}/channel/create?topic=T&channel=C")
-        await until(lambda: _lookup_has(http, cluster.lookupd_http_addresses[0], "T"))
+        await poll_until(lambda: _lookup_has(http, cluster.lookupd_http_addresses[0], "T"))
 
         async def two_producers() -> bool:
             doc = (await http.get(f"{admin.url}/api/topics/T")).json()
             return len(doc.get("nodes") or []) == 2
 
-        await until(two_producers)
+        await poll_until(two_producers)
         r = await http.post(f"{admin.url}/api/topics/T/C", json={"action": "pause"})
         assert (r.status_code, r.json()) == (200, {"message": ""})
         for nsqd in cluster.nsqds:

@@ -29,6 +29,7 @@ from fakensq.http.server import HTTPServer, Request, Response
 from fakensq.nsqd.options import TLS_REQUIRED, NSQDOptions
 from tests import reference
 
+from ..support.waiting import wait_until
 from .test_admin_api import answer
 
 
@@ -177,9 +178,8 @@ async def test_notifications_of_admin_actions() -> None:
             sink.requests.clear()
             for method, path, body in actions:
                 await pair.http.request(method, side + path, content=body, headers=auth)
-            with trio.fail_after(20):
-                while len(sink.requests) < 5:  # noqa: ASYNC110 - sent by another process
-                    await trio.sleep(0.01)
+            # sent by another process
+            await wait_until(lambda: len(sink.requests) >= 5, limit=20, step=0.01)
             notices.append([_normalized(r) for r in sink.requests])
         real, fake = notices
         assert sorted(fake, key=json.dumps) == sorted(real, key=json.dumps)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Any
 
 import httpx
 import pytest
@@ -27,13 +26,9 @@ from fakensq.cli.nsqadmin import admin_flagset, admin_options_from_flags
 from fakensq.testing.proxy import WIRE_KINDS, FaultProxy
 from tests import reference
 
+from ..support.waiting import wait_until
+
 needs_nsqd = pytest.mark.skipif(reference.binary("nsqd") is None, reason=reference.skip_reason())
-
-
-async def _wait(condition: Any) -> None:
-    with trio.fail_after(30):
-        while not condition():  # noqa: ASYNC110 - polling what another task changes
-            await trio.sleep(0.02)
 
 
 async def _publish(address: str, topic: str, bodies: list[bytes]) -> None:
@@ -104,7 +99,7 @@ async def test_the_admins_proxy_buttons_drop_a_consumer_that_gets_every_message(
             handler=handle,
             max_in_flight=5,
         ):
-            await _wait(lambda: len(handled) >= 10)
+            await wait_until(lambda: len(handled) >= 10)
             page = await _faults_page(http)
             consumers = re.findall(r'<tr data-client="([^"]+)">.*?data-k="role">consumer<', page)
             assert len(consumers) == 1, page
@@ -117,9 +112,9 @@ async def test_the_admins_proxy_buttons_drop_a_consumer_that_gets_every_message(
                 "ok": True,
                 "message": f"proxy {proxy.http_address}: dropped 1 connection(s) (consumers')",
             }
-            await _wait(lambda: proxy.relayed > relayed)  # the consumer came back
+            await wait_until(lambda: proxy.relayed > relayed)  # the consumer came back
             await _publish(proxy.tcp_address, "admin_proxied", second)
-            await _wait(lambda: set(handled) >= set(first + second))
+            await wait_until(lambda: set(handled) >= set(first + second))
         assert set(handled) == set(first + second)
 
         # A lasting fault: on the page with its Heal button, healed by it.

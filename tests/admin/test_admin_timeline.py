@@ -16,7 +16,7 @@ from fakensq import Cluster
 from fakensq.admin import Admin
 from fakensq.admin.data import LookupdInfo, NodeInfo, Snapshot
 from fakensq.admin.timeline import Timeline
-from tests.fakensq.helpers import wait_until
+from tests.support.waiting import wait_until
 
 from .conftest import AsyncRawConsumer
 

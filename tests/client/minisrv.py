@@ -419,17 +419,6 @@ async def tcp_stream_pair(
     return trio.SocketStream(client), trio.SocketStream(server)
 
 
-async def wait_for(predicate: Any, limit: float = 30.0, step: float = 0.001) -> None:
-    """Wait until ``predicate()`` holds, failing after ``limit`` seconds.
-
-    It polls every ``step`` seconds: the conditions are spread over the client
-    and the server, with no single event to wait on.
-    """
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - see the docstring
-            await trio.sleep(step)
-
-
 def consumer(node: MiniNSQD | Cluster, **options: Any) -> trionsq.Consumer:
     """A Consumer of ``topic``/``chan`` connecting through ``node`` (by default
     to one nsqd, ``nsqd:4150``)."""

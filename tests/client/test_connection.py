@@ -18,7 +18,8 @@ from trionsq.connection import CodecStream, Connection
 from trionsq.protocol import codecs, commands
 from trionsq.protocol.frames import encode_response
 
-from .minisrv import MiniNSQD, wait_for
+from ..support.waiting import wait_until
+from .minisrv import MiniNSQD
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ async def round_trip(node: MiniNSQD, **options: Any) -> trionsq.Consumer:
         handler=lambda m: got.append(m.body),
         **options,
     ) as consumer:
-        await wait_for(lambda: node.fins)
+        await wait_until(lambda: node.fins)
     assert got == [b"body" * 100]
     assert node.published == [("topic", b"payload" * 100)]
     return consumer
@@ -199,7 +200,7 @@ async def test_heartbeats_keep_it_alive_and_get_nops(
     for _ in range(5):
         await trio.sleep(2.0)
         await server.send(encode_response(b"_heartbeat_"))
-    await wait_for(lambda: server.record.nops == 5)
+    await wait_until(lambda: server.record.nops == 5)
     assert not conn.closed
     await conn.aclose()
 
@@ -277,7 +278,7 @@ async def test_consumer_reconnects_after_garbage(
     ) as c:
         await c.wait_connected()
         await node.conns[0].send(b"\x00\x00\x00\x05\x00\x00\x00\x07!")
-        await wait_for(lambda: len(node.conns) == 2 and c.connections == ["nsqd:4150"])
+        await wait_until(lambda: len(node.conns) == 2 and c.connections == ["nsqd:4150"])
         node.put(b"after")
         message = await c.__anext__()
         assert message.body == b"after"

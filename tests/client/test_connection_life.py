@@ -23,7 +23,8 @@ from trionsq.connection import (
 from trionsq.lifecycle import CLOSED, CLOSING, OPEN, OPENING, Lifecycle, LifecycleError, Moves
 from trionsq.protocol import commands
 
-from .minisrv import MiniNSQD, wait_for
+from ..support.waiting import wait_until
+from .minisrv import MiniNSQD
 
 TABLES: dict[str, Moves[Any]] = {
     "life": CONNECTION_MOVES,
@@ -108,9 +109,9 @@ async def test_the_writer_rests_idle_and_a_command_wakes_it(nursery: trio.Nurser
     conn = await Connection.open("nsqd:4150", Config(connector=node.connector))
     assert conn.writer.state is Writer.BUSY  # not running yet: it finds what is queued
     nursery.start_soon(conn.run)
-    await wait_for(lambda: conn.writer.state is Writer.IDLE)
+    await wait_until(lambda: conn.writer.state is Writer.IDLE)
     conn.send_nowait(commands.nop())
     assert conn.writer.state is Writer.BUSY
     await conn.flush()
-    await wait_for(lambda: conn.writer.state is Writer.IDLE)
+    await wait_until(lambda: conn.writer.state is Writer.IDLE)
     await conn.aclose()

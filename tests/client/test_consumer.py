@@ -12,7 +12,8 @@ import trio.testing
 
 import trionsq
 
-from .minisrv import Cluster, MiniNSQD, Queued, consumer, wait_for
+from ..support.waiting import wait_until
+from .minisrv import Cluster, MiniNSQD, Queued, consumer
 
 
 async def test_handler_finishes_messages(nursery: trio.Nursery) -> None:
@@ -24,7 +25,7 @@ async def test_handler_finishes_messages(nursery: trio.Nursery) -> None:
         seen.append(message.body)
 
     async with consumer(node, handler=handler, max_in_flight=10) as c:
-        await wait_for(lambda: len(node.fins) == 3)
+        await wait_until(lambda: len(node.fins) == 3)
         assert c.stats.finished == 3
         assert c.stats.received == 3
     assert sorted(seen) == [b"a", b"b", b"c"]
@@ -39,7 +40,7 @@ async def test_sync_handler_and_message_attributes(nursery: trio.Nursery) -> Non
     (msg_id,) = node.put(b"hello", attempts=2)
     got: list[trionsq.Message] = []
     async with consumer(node, handler=got.append) as c:
-        await wait_for(lambda: node.fins)
+        await wait_until(lambda: node.fins)
         assert c.stats.finished == 1
     (message,) = got
     assert message.id == msg_id
@@ -59,7 +60,7 @@ async def test_failing_handler_requeues_with_attempts_delay(
         raise RuntimeError("boom")
 
     async with consumer(node, handler=handler, default_requeue_delay=2.0, backoff=False) as c:
-        await wait_for(lambda: node.reqs)
+        await wait_until(lambda: node.reqs)
         assert c.stats.requeued == 1
     assert node.reqs[0][1] == 6000  # 2s x 3 attempts, in ms
     assert node.fins == []
@@ -75,7 +76,7 @@ async def test_requeue_delay_is_capped(nursery: trio.Nursery) -> None:
     async with consumer(
         node, handler=handler, default_requeue_delay=100.0, max_requeue_delay=150.0, backoff=False
     ):
-        await wait_for(lambda: node.reqs)
+        await wait_until(lambda: node.reqs)
     assert node.reqs[0][1] == 150_000
 
 
@@ -94,7 +95,7 @@ async def test_iterator_finish_requeue_touch(nursery: trio.Nursery) -> None:
         await one.finish()  # a second answer is ignored
         await two.requeue(delay=1.5, backoff=False)
         await two.finish()  # ignored too: it was requeued
-        await wait_for(lambda: node.fins and node.reqs and node.conns[0].record.touches)
+        await wait_until(lambda: node.fins and node.reqs and node.conns[0].record.touches)
     assert node.fins == [first]
     assert node.reqs == [(second, 1500)]
     assert node.conns[0].record.touches == [first]
@@ -124,7 +125,7 @@ async def test_is_starved_counts_what_was_handed_out_against_the_last_rdy(
     node = MiniNSQD(nursery)
     node.put(*[b"%d" % i for i in range(10)])
     async with consumer(node, max_in_flight=10, backoff=False) as c:
-        await wait_for(lambda: c.stats.received == 10)
+        await wait_until(lambda: c.stats.received == 10)
         assert node.conns[0].record.rdys[-1] == 10
         assert not c.is_starved()  # ten received, none handed out
         taken = [await c.__anext__() for _ in range(8)]
@@ -152,7 +153,7 @@ async def test_give_up_after_max_attempts(nursery: trio.Nursery) -> None:
     async with consumer(
         node, handler=lambda m: handled.append(m.body), give_up=give_up, max_attempts=5
     ) as c:
-        await wait_for(lambda: len(node.fins) == 2)
+        await wait_until(lambda: len(node.fins) == 2)
         assert c.stats.given_up == 1
         assert c.stats.finished == 1
     assert given_up == [b"poison"]
@@ -166,7 +167,7 @@ async def test_give_up_default_logs_a_warning(
     node = MiniNSQD(nursery)
     node.put(b"poison", attempts=3)
     async with consumer(node, handler=lambda m: None, max_attempts=2):
-        await wait_for(lambda: node.fins)
+        await wait_until(lambda: node.fins)
     assert any("giving up" in r.message for r in caplog.records)
 
 
@@ -186,7 +187,7 @@ async def test_close_waits_for_handlers_then_requeues_what_they_hold(
 
     async with consumer(node, handler=handler, max_in_flight=3, close_timeout=10) as c:
         await started.wait()
-        await wait_for(lambda: node.fins == [fast] and c.stats.received == 3)
+        await wait_until(lambda: node.fins == [fast] and c.stats.received == 3)
         start = trio.current_time()
     elapsed = trio.current_time() - start
     # CLS first, then the slow handler finished during the drain, the stuck one
@@ -204,7 +205,7 @@ async def test_messages_buffered_at_close_are_requeued(nursery: trio.Nursery) ->
     node = MiniNSQD(nursery)
     ids = node.put(b"1", b"2", b"3")
     async with consumer(node, max_in_flight=3, close_timeout=0) as c:
-        await wait_for(lambda: c.stats.received == 3)
+        await wait_until(lambda: c.stats.received == 3)
     # None was handed out: all three go back at once, without a delay.
     assert sorted(node.reqs) == sorted((i, 0) for i in ids)
     assert node.fins == []
@@ -229,7 +230,7 @@ async def test_cancellation_requeues_at_once_what_handlers_held(
     # went back with no delay.
     assert trio.current_time() == pytest.approx(5, abs=0.05)
     assert node.fins == [] and node.reqs == [(held, 0)]
-    await wait_for(lambda: not node.live)
+    await wait_until(lambda: not node.live)
 
 
 async def test_cancellation_during_the_close_timeout_wait_requeues_at_once(
@@ -318,7 +319,7 @@ async def test_every_nsqd_s_straggler_is_requeued_whatever_order_the_close_waits
     addresses = [f"n{i}:4150" for i in range(len(delays))]
     stragglers = [b"%016x" % (90 + i) for i in range(len(delays))]
     async with consumer(cluster, nsqd_tcp_addresses=addresses, max_in_flight=8) as c:
-        await wait_for(lambda: c.stats.received == len(delays))
+        await wait_until(lambda: c.stats.received == len(delays))
         for node, straggler in zip(nodes, stragglers, strict=True):
             node.queue.append(Queued(straggler, b"straggler"))  # not sent yet
         start = trio.current_time()
@@ -363,7 +364,7 @@ async def test_leaving_does_not_wait_for_a_connection_still_subscribing(
     addresses = ["slow:4150", "ready:4150"]
     with trio.move_on_after(60) as scope:
         async with consumer(cluster, nsqd_tcp_addresses=addresses, max_in_flight=3) as c:
-            await wait_for(lambda: c.stats.received == 3)
+            await wait_until(lambda: c.stats.received == 3)
             async for message in c:  # noqa: B007 - checked after the loop
                 cancelled = trio.current_time()
                 scope.cancel()
@@ -389,9 +390,9 @@ async def test_reconnects_to_configured_nsqd(
         await trio.sleep(20)  # refused a few times, with growing delays
         assert c.connections == []
         node.refuse = False
-        await wait_for(lambda: c.connections == ["nsqd:4150"], limit=120)
+        await wait_until(lambda: c.connections == ["nsqd:4150"], limit=120)
         node.put(b"after")
-        await wait_for(lambda: c.stats.finished == 1)
+        await wait_until(lambda: c.stats.finished == 1)
     assert len(node.conns) == 2
 
 
@@ -446,11 +447,11 @@ async def test_nothing_outlives_the_async_with(
     async with consumer(
         cluster, nsqd_tcp_addresses=["a:1", "b:1"], handler=lambda m: None, max_in_flight=4
     ) as c:
-        await wait_for(lambda: c.stats.finished == 4)
+        await wait_until(lambda: c.stats.finished == 4)
         inside = trio.lowlevel.current_task().child_nurseries
         assert len(inside) > len(before)  # the consumer's own
     assert trio.lowlevel.current_task().child_nurseries == before
-    await wait_for(lambda: all(not node.live for node in cluster.nodes.values()))
+    await wait_until(lambda: all(not node.live for node in cluster.nodes.values()))
 
 
 async def test_iterating_outside_async_with_is_an_error() -> None:
@@ -472,7 +473,7 @@ async def test_reconnect_delays_grow_exponentially(
     async with trionsq.Consumer(
         "topic", "chan", nsqd_tcp_addresses=["a:1"], connector=refusing, reconnect_backoff=policy
     ):
-        await wait_for(lambda: len(attempts) == 7, limit=100, step=0.1)
+        await wait_until(lambda: len(attempts) == 7, limit=100, step=0.1)
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(attempts)]
     assert gaps == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
 
@@ -490,7 +491,7 @@ async def test_an_unchanged_rdy_is_sent_once_however_many_messages_come(
             await message.finish()
             if c.stats.finished == 40:
                 break
-    await wait_for(lambda: len(node.fins) == 40)
+    await wait_until(lambda: len(node.fins) == 40)
     rdys = node.conns[0].record.rdys
     # RDY 1, then the share (4); leaving may add RDY 0 or nothing, never 4 again.
     assert rdys[:2] == [1, 4]
@@ -509,7 +510,7 @@ async def test_a_refused_sub_is_logged_and_retried(
     node.sub_error = refusal
     with caplog.at_level("WARNING", logger="trionsq.consumer"):
         async with consumer(node) as c:
-            await wait_for(lambda: len(node.conns) >= 2, limit=60)
+            await wait_until(lambda: len(node.conns) >= 2, limit=60)
             assert c.connections == []
             node.sub_error = None
             await c.wait_connected()
@@ -531,7 +532,7 @@ async def test_an_nsqd_that_never_answers_sub_times_out_like_a_connect(
     node.sub_delay = math.inf
     with caplog.at_level("WARNING", logger="trionsq.consumer"):
         async with consumer(node, connect_timeout=2.0) as c:
-            await wait_for(lambda: len(node.conns) >= 2, limit=60)
+            await wait_until(lambda: len(node.conns) >= 2, limit=60)
             assert c.connections == []
     assert any(
         r.getMessage() == "cannot connect to nsqd nsqd:4150: connect timed out after 2s"

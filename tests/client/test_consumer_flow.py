@@ -10,7 +10,8 @@ import trio.testing
 
 import trionsq
 
-from .minisrv import Cluster, MiniNSQD, wait_for
+from ..support.waiting import wait_until
+from .minisrv import Cluster, MiniNSQD
 from .minisrv import consumer as node_consumer
 
 NO_JITTER = trionsq.BackoffPolicy(base=1.0, max=8.0, multiplier=2.0, jitter=0.0)
@@ -38,7 +39,7 @@ async def test_max_in_flight_is_spread_and_never_exceeded(
         in_flight -= 1
 
     async with cluster_consumer(cluster, handler=handler, max_in_flight=7) as c:
-        await wait_for(lambda: c.stats.finished == 90, limit=300)
+        await wait_until(lambda: c.stats.finished == 90, limit=300)
         rdys = {address: s.rdy for address, s in c.stats.connections.items()}
     assert peak == 7
     assert sorted(rdys.values()) == [2, 2, 3]
@@ -58,7 +59,7 @@ async def test_rdy_rotates_when_fewer_max_in_flight_than_connections(
     async with cluster_consumer(
         cluster, handler=lambda m: None, max_in_flight=1, low_rdy_idle_timeout=2.0
     ) as c:
-        await wait_for(lambda: c.stats.finished == 12, limit=600)
+        await wait_until(lambda: c.stats.finished == 12, limit=600)
     # Never more than one RDY out at a time, across all nsqds.
     current: dict[str, int] = {}
     for address, value in cluster.rdy_log:
@@ -81,22 +82,22 @@ async def test_backoff_timeline(
     async with cluster_consumer(cluster, handler=handler, max_in_flight=4, backoff=NO_JITTER) as c:
         a.put(b"warm-a")
         b.put(b"warm-b")
-        await wait_for(lambda: c.stats.finished == 2 and c.stats.rdy == 4)
+        await wait_until(lambda: c.stats.finished == 2 and c.stats.rdy == 4)
         a.put(b"fail")
-        await wait_for(lambda: c.stats.requeued == 1)
+        await wait_until(lambda: c.stats.requeued == 1)
         t0 = trio.current_time()
         assert c.stats.backoff_state == "paused"
-        await wait_for(lambda: c.stats.rdy == 0)
+        await wait_until(lambda: c.stats.rdy == 0)
         assert [v for _, _, v in a.rdy_history][-1] == 0
         assert [v for _, _, v in b.rdy_history][-1] == 0
         # Paused for 1s, then exactly one connection gets RDY 1 to test.
-        await wait_for(lambda: c.stats.backoff_state == "testing")
+        await wait_until(lambda: c.stats.backoff_state == "testing")
         assert trio.current_time() - t0 == pytest.approx(1.0, abs=0.002)
-        await wait_for(lambda: c.stats.rdy == 1)
+        await wait_until(lambda: c.stats.rdy == 1)
         tester = next(s.address for s in c.stats.connections.values() if s.rdy == 1)
         cluster.nodes[tester].put(b"ok")
-        await wait_for(lambda: c.stats.finished == 3)
-        await wait_for(lambda: c.stats.backoff_state == "normal" and c.stats.rdy == 4)
+        await wait_until(lambda: c.stats.finished == 3)
+        await wait_until(lambda: c.stats.backoff_state == "normal" and c.stats.rdy == 4)
     assert b.conns  # both nsqds were used
 
 
@@ -112,9 +113,9 @@ async def test_results_during_a_pause_are_ignored(
         raise RuntimeError
 
     async with node_consumer(node, handler=handler, max_in_flight=3, backoff=NO_JITTER) as c:
-        await wait_for(lambda: c.stats.received == 3)
+        await wait_until(lambda: c.stats.received == 3)
         release.set()
-        await wait_for(lambda: c.stats.requeued == 3)
+        await wait_until(lambda: c.stats.requeued == 3)
         # Three failures, but they all fell in one window: level 1.
         assert c.stats.backoff_level == 1
         assert c.stats.backoff_state == "paused"
@@ -130,7 +131,7 @@ async def test_disabled_backoff_keeps_rdy(
         raise RuntimeError
 
     async with node_consumer(node, handler=handler, max_in_flight=2, backoff=False) as c:
-        await wait_for(lambda: c.stats.requeued == 2)
+        await wait_until(lambda: c.stats.requeued == 2)
         assert c.stats.backoff_state == "normal"
         assert 0 not in [v for _, _, v in node.rdy_history]
 
@@ -144,13 +145,13 @@ async def test_set_max_in_flight_at_run_time(
         node.put(b"x")
         message = await c.__anext__()
         await message.finish()
-        await wait_for(lambda: c.stats.rdy == 5 and node.rdy_history[-1][2] == 5)
+        await wait_until(lambda: c.stats.rdy == 5 and node.rdy_history[-1][2] == 5)
         await c.set_max_in_flight(0)
         assert c.stats.rdy == 0
-        await wait_for(lambda: node.rdy_history[-1][2] == 0)
+        await wait_until(lambda: node.rdy_history[-1][2] == 0)
         await c.set_max_in_flight(2)
         assert c.stats.rdy == 2
-        await wait_for(lambda: node.rdy_history[-1][2] == 2)
+        await wait_until(lambda: node.rdy_history[-1][2] == 2)
     assert [v for _, _, v in node.rdy_history] == [1, 5, 0, 2]
 
 
@@ -174,12 +175,12 @@ async def test_handler_pool_is_bounded_by_max_in_flight(
         running -= 1
 
     async with node_consumer(node, handler=handler, max_in_flight=6) as consumer:
-        await wait_for(lambda: consumer.stats.finished >= 24, limit=300)
+        await wait_until(lambda: consumer.stats.finished >= 24, limit=300)
         assert (peak, peak_workers) == (6, 6)
         await consumer.set_max_in_flight(2)
-        await wait_for(lambda: consumer._workers <= 2, limit=300)
+        await wait_until(lambda: consumer._workers <= 2, limit=300)
         peak = peak_workers = 0
-        await wait_for(lambda: consumer.stats.finished == 60, limit=300)
+        await wait_until(lambda: consumer.stats.finished == 60, limit=300)
     assert 0 < peak <= 2 and 0 < peak_workers <= 2
 
 
@@ -197,5 +198,5 @@ async def test_quick_handlers_need_few_workers(
         workers = max(workers, consumer._workers)
 
     async with node_consumer(node, handler=handler, max_in_flight=100) as consumer:
-        await wait_for(lambda: consumer.stats.finished == 500, limit=300)
+        await wait_until(lambda: consumer.stats.finished == 500, limit=300)
     assert workers <= 3

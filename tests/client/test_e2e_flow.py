@@ -11,6 +11,7 @@ import trio
 
 import trionsq
 
+from ..support.waiting import poll_until, wait_until
 from .daemons import (
     Daemons,
     Nsqd,
@@ -19,7 +20,6 @@ from .daemons import (
     nothing_in_flight,
     publish,
     wait_channel,
-    wait_until,
 )
 
 #: Quick reconnects to a configured nsqd that went away.
@@ -98,9 +98,13 @@ async def wait_until_listed(lookupd: Nsqlookupd, nsqds: list[Nsqd]) -> None:
     """Until nsqlookupd lists exactly ``nsqds`` for the topic (polled: the
     registrations come over another connection)."""
     expected = sorted(n.tcp_address for n in nsqds)
-    with trio.fail_after(20):
-        while await lookupd.producers("topic") != expected:  # noqa: ASYNC110
-            await trio.sleep(0.02)
+    await poll_until(
+        lambda: lookupd.producers("topic"),
+        lambda listed: listed == expected,
+        f"{lookupd} to list {expected} for the topic",
+        limit=20,
+        step=0.02,
+    )
 
 
 # --- RDY ---

@@ -22,8 +22,9 @@ import trio
 
 import trionsq
 
+from ..support.waiting import wait_until
 from . import daemons
-from .daemons import Daemons, Nsqd, nothing_in_flight, publish, wait_until
+from .daemons import Daemons, Nsqd, nothing_in_flight, publish
 
 #: Far below close_timeout: leaving did not wait for it.
 PROMPT = 5.0

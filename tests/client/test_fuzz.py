@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import trionsq
 
-from .minisrv import MiniNSQD, wait_for
+from ..support.waiting import wait_until
+from .minisrv import MiniNSQD
 
 frame_types = st.sampled_from([0, 1, 2, 3, 0xFFFFFFFF])
 
@@ -60,9 +61,9 @@ def test_consumer_survives_anything_the_server_sends(chunks: list[bytes]) -> Non
                         break  # the client hung up on the garbage so far
                 await trio.sleep(1)
                 # Still alive: after a reconnect if the bytes were not acceptable.
-                await wait_for(lambda: consumer.connections == ["nsqd:4150"], limit=60, step=0.1)
+                await wait_until(lambda: consumer.connections == ["nsqd:4150"], limit=60, step=0.1)
                 node.put(b"still works")
-                await wait_for(lambda: b"still works" in handled, limit=60, step=0.1)
+                await wait_until(lambda: b"still works" in handled, limit=60, step=0.1)
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

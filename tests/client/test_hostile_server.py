@@ -43,8 +43,9 @@ from trionsq.protocol.frames import (
     encode_response,
 )
 
+from ..support.waiting import wait_until
 from .hostile import HostileConn, HostileNSQD, deflate_block, message, snappy_bomb_chunk
-from .minisrv import MiniNSQD, wait_for
+from .minisrv import MiniNSQD
 
 #: what a flooding nsqd tries to send (the client must take a bounded part of it)
 FLOOD = 24 * 1024 * 1024
@@ -106,7 +107,9 @@ class Pair:
         async def once_both_subscribed(conn: HostileConn) -> None:
             # RDY spread over both nsqds (the hostile one's share is 2), not
             # all of max_in_flight to the first one that came.
-            await wait_for(lambda: self.consumer is not None and len(self.consumer._sessions) == 2)
+            await wait_until(
+                lambda: self.consumer is not None and len(self.consumer._sessions) == 2
+            )
             await script(conn)
 
         hostile.script = once_both_subscribed
@@ -187,7 +190,7 @@ class Pair:
     async def good_still_works(self) -> None:
         count = len(self.good_bodies)
         self.good.put(b"good 1", b"good 2", b"good 3")
-        await wait_for(lambda: len(self.good_bodies) >= count + 3)
+        await wait_until(lambda: len(self.good_bodies) >= count + 3)
 
     async def heartbeats(self) -> None:
         """What MiniNSQD does not send: nsqd's heartbeats, every second."""
@@ -281,7 +284,7 @@ async def test_a_flood_beyond_rdy_is_read_no_further_than_rdy(
         options[compression] = True
     with traced() as peak:
         async with pair.consuming(**options) as consumer:
-            await wait_for(lambda: len(pair.handed) >= 2)
+            await wait_until(lambda: len(pair.handed) >= 2)
             await trio.testing.wait_all_tasks_blocked(0.05)  # the flood is stuck
             session = hostile_session(consumer)
             # What RDY allowed: its share of max_in_flight 4.
@@ -293,11 +296,11 @@ async def test_a_flood_beyond_rdy_is_read_no_further_than_rdy(
             # Answered, the next ones come, still within RDY; the other
             # nsqd gets its share of max_in_flight and its messages flow.
             pair.release.set()
-            await wait_for(lambda: pair.handed_count >= 1000)
+            await wait_until(lambda: pair.handed_count >= 1000)
             await pair.good_still_works()
             assert peak() < BOUND, peak()
             # Nothing lost: what the handler got is finished, nothing else.
-            await wait_for(lambda: len(conn.fins) >= 1000)
+            await wait_until(lambda: len(conn.fins) >= 1000)
             assert set(conn.fins) <= set(pair.handed)
         assert not pair.beyond_rdy
 
@@ -334,15 +337,15 @@ async def test_the_shared_reader_holds_only_the_flooding_connection(
             handler=handler,
             max_in_flight=4,
         ) as consumer:
-            await wait_for(lambda: [s.wire_rdy for s in consumer._sessions] == [1, 1])
+            await wait_until(lambda: [s.wire_rdy for s in consumer._sessions] == [1, 1])
             start.set()
-            await wait_for(lambda: len(handed) >= 1)
-            await wait_for(lambda: hostile_session(consumer).wire_rdy == 2)
-            await wait_for(lambda: len(handed) == 2)
+            await wait_until(lambda: len(handed) >= 1)
+            await wait_until(lambda: hostile_session(consumer).wire_rdy == 2)
+            await wait_until(lambda: len(handed) == 2)
             await trio.testing.wait_all_tasks_blocked(0.05)
             assert consumer._mux.reads  # both sockets on the shared reader
             good.put(*[b"on the shared reader %d" % i for i in range(50)])
-            await wait_for(lambda: len(got) == 50)
+            await wait_until(lambda: len(got) == 50)
             assert len(handed) == 2
             assert peak() < BOUND, peak()
             await hostile.close_all()
@@ -426,7 +429,7 @@ async def test_a_server_that_never_reads_cannot_pile_up_our_writes(
     pair.release.set()  # a quick handler: a FIN for each
     with traced() as peak:
         async with pair.consuming() as consumer:
-            await wait_for(lambda: pair.handed_count > 100)
+            await wait_until(lambda: pair.handed_count > 100)
             await trio.sleep(60)
             session = hostile_session(consumer)
             assert session.conn.backlogged
@@ -452,7 +455,7 @@ async def test_heartbeats_from_a_server_that_never_reads_queue_one_nop(
     pair = Pair(nursery, hostile)
     with traced() as peak:
         async with pair.consuming() as consumer:
-            await wait_for(lambda: hostile.conns and hostile.conns[0].sent_bytes >= FLOOD // 12)
+            await wait_until(lambda: hostile.conns and hostile.conns[0].sent_bytes >= FLOOD // 12)
             session = hostile_session(consumer)
             assert len(session.conn._out) < 1024
             assert peak() < BOUND, peak()
@@ -534,8 +537,8 @@ async def test_a_huge_message_length_is_read_past_and_answered(
     pair = Pair(nursery, hostile)
     with traced() as peak:
         async with pair.consuming():
-            await wait_for(lambda: hostile.conns and hostile.conns[0].reqs)
-            await wait_for(lambda: hostile.conns[0].sent_bytes > 200 * 65536)
+            await wait_until(lambda: hostile.conns and hostile.conns[0].reqs)
+            await wait_until(lambda: hostile.conns[0].sent_bytes > 200 * 65536)
             assert peak() < BOUND, peak()
             await pair.good_still_works()
             (conn,) = hostile.conns[:1]
@@ -558,7 +561,7 @@ async def test_a_frame_cut_short_ends_the_connection_after_read_timeout(
     pair = Pair(nursery, hostile)
     with traced() as peak:
         async with pair.consuming(heartbeat_interval=1.0, read_timeout=2.0):
-            await wait_for(lambda: len(hostile.conns) >= 2)  # dropped, reconnected
+            await wait_until(lambda: len(hostile.conns) >= 2)  # dropped, reconnected
             assert peak() < BOUND, peak()
             await pair.good_still_works()
     assert not pair.handed

@@ -11,7 +11,7 @@ import fakensq
 import trionsq
 from trionsq.http import http_multi_publish, http_publish
 
-from .minisrv import wait_for
+from ..support.waiting import wait_until
 
 NSQD: Any = getattr(fakensq, "NSQD", None)
 pytestmark = pytest.mark.skipif(NSQD is None, reason="fakensq.NSQD is not available")
@@ -31,7 +31,7 @@ async def test_http_publish_and_multi_publish() -> None:
             handler=lambda m: got.append(m.body),
             max_in_flight=4,
         ):
-            await wait_for(lambda: len(got) == 4, limit=10)
+            await wait_until(lambda: len(got) == 4, limit=10)
     assert sorted(got) == [b"a\nb", b"c", b"deferred", b"via http"]
 
 

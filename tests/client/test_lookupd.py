@@ -14,7 +14,8 @@ import trio.testing
 import trionsq
 from trionsq.lookupd import lookup_url, merge, parse_lookup_response
 
-from .minisrv import Cluster, wait_for
+from ..support.waiting import wait_until
+from .minisrv import Cluster
 
 
 def producer(address: str) -> dict[str, Any]:
@@ -76,7 +77,7 @@ async def test_merges_producers_of_every_lookupd(
     lookupds.answers = {"l1:4161": ["a:4150", "b:4150"], "l2:4161": ["b:4150", "c:4150"]}
     lookupds.envelope = {"l2:4161"}  # the pre-1.0 response shape
     async with consumer(cluster, lookupds) as c:
-        await wait_for(lambda: c.connections == ["a:4150", "b:4150", "c:4150"])
+        await wait_until(lambda: c.connections == ["a:4150", "b:4150", "c:4150"])
         await trio.sleep(35)  # more polls: no duplicate connections
         assert c.connections == ["a:4150", "b:4150", "c:4150"]
     assert [len(node.conns) for node in cluster.nodes.values()] == [1, 1, 1]
@@ -92,7 +93,7 @@ async def test_hanging_or_failing_lookupd_does_not_stall_the_others(
     lookupds.answers = {"l1:4161": "hang", "l2:4161": "error", "l3:4161": ["a:4150"]}
     start = trio.current_time()
     async with consumer(cluster, lookupds, lookupd_poll_interval=5.0) as c:
-        await wait_for(lambda: c.connections == ["a:4150"])
+        await wait_until(lambda: c.connections == ["a:4150"])
         # Connected at once, without waiting for the hung lookupd's timeout.
         assert trio.current_time() - start < 0.1
 
@@ -106,16 +107,16 @@ async def test_new_producers_are_found_and_vanished_ones_dropped(
     lookupds = Lookupds()
     lookupds.answers = {"l1:4161": ["a:4150"], "l2:4161": "missing"}
     async with consumer(cluster, lookupds) as c:
-        await wait_for(lambda: c.connections == ["a:4150"])
+        await wait_until(lambda: c.connections == ["a:4150"])
         lookupds.answers["l2:4161"] = ["b:4150"]
-        await wait_for(lambda: c.connections == ["a:4150", "b:4150"], limit=15, step=0.05)
+        await wait_until(lambda: c.connections == ["a:4150", "b:4150"], limit=15, step=0.05)
         # a vanishes from l1, but l2 fails this round: absence is not trusted yet.
         lookupds.answers["l1:4161"] = []
         lookupds.answers["l2:4161"] = "error"
         await trio.sleep(10)
         assert c.connections == ["a:4150", "b:4150"]
         lookupds.answers["l2:4161"] = ["b:4150"]
-        await wait_for(lambda: c.connections == ["b:4150"], limit=15, step=0.05)
+        await wait_until(lambda: c.connections == ["b:4150"], limit=15, step=0.05)
 
 
 async def test_lost_connection_comes_back_with_the_next_poll(
@@ -126,11 +127,11 @@ async def test_lost_connection_comes_back_with_the_next_poll(
     lookupds = Lookupds()
     lookupds.answers = {"l1:4161": ["a:4150"]}
     async with consumer(cluster, lookupds) as c:
-        await wait_for(lambda: c.connections == ["a:4150"])
+        await wait_until(lambda: c.connections == ["a:4150"])
         start = trio.current_time()
         await node.conns[0].close()
-        await wait_for(lambda: c.connections == [])
-        await wait_for(lambda: c.connections == ["a:4150"], limit=15)
+        await wait_until(lambda: c.connections == [])
+        await wait_until(lambda: c.connections == ["a:4150"], limit=15)
         assert trio.current_time() - start == pytest.approx(10.0, abs=0.1)
 
 
@@ -149,7 +150,7 @@ async def test_poll_interval_jitter_is_bounded(
 
     lookupds.handler = handler  # type: ignore[method-assign]
     async with consumer(cluster, lookupds, lookupd_poll_jitter=0.5):
-        await wait_for(lambda: len(times) == 8, limit=200, step=0.5)
+        await wait_until(lambda: len(times) == 8, limit=200, step=0.5)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(7.5 - 0.01 <= g <= 12.5 + 0.01 for g in gaps)
     assert len({round(g, 3) for g in gaps}) > 1

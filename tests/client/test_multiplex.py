@@ -25,7 +25,8 @@ from trionsq.protocol import commands
 from trionsq.protocol.errors import InvalidError, ProtocolError
 from trionsq.protocol.frames import MessageFrame, encode_error, encode_message, encode_response
 
-from .minisrv import MiniNSQD, tcp_stream_pair, wait_for
+from ..support.waiting import wait_until
+from .minisrv import MiniNSQD, tcp_stream_pair
 from .test_fuzz import frames as fuzz_frames
 
 
@@ -74,7 +75,7 @@ async def start(
     """A connection (no handshake) run by ``mux``, its reads shared."""
     conn = Connection.over(stream, "peer", config or Config())
     nursery.start_soon(conn.run, on_messages, None, mux)
-    await wait_for(lambda: conn.writer.state is Writer.IDLE and conn._fd in mux._readings)
+    await wait_until(lambda: conn.writer.state is Writer.IDLE and conn._fd in mux._readings)
     assert conn._mux is mux
     return conn
 
@@ -112,7 +113,7 @@ async def test_what_a_full_socket_does_not_take_goes_to_the_writer(
     for command in sent:
         conn.send_nowait(command)
     # The flusher wrote what the socket took; the writer task waits to send the rest.
-    await wait_for(lambda: conn.writer.state is Writer.WRITING)
+    await wait_until(lambda: conn.writer.state is Writer.WRITING)
     conn.send_nowait(commands.nop())  # queued behind, for the writer
     flushed = trio.Event()
 
@@ -126,7 +127,7 @@ async def test_what_a_full_socket_does_not_take_goes_to_the_writer(
     with trio.fail_after(30):
         await flushed.wait()
     # Idle again: the next command goes through the flusher once more.
-    await wait_for(lambda: conn.writer.state is Writer.IDLE)
+    await wait_until(lambda: conn.writer.state is Writer.IDLE)
     conn.send_nowait(commands.nop())
     assert await read_exactly(server, 4) == commands.nop()
     await conn.aclose()
@@ -147,7 +148,7 @@ async def test_send_waits_for_room_when_the_peer_does_not_read(
             done += 1
 
     nursery.start_soon(sender)
-    await wait_for(lambda: len(conn._out) >= _HIGH_WATER)
+    await wait_until(lambda: len(conn._out) >= _HIGH_WATER)
     stuck_at = done
     assert stuck_at < len(sent)
     await trio.testing.wait_all_tasks_blocked()
@@ -166,7 +167,7 @@ async def test_connections_write_on_their_own_once_the_multiplexer_ends(
     conn = await start(nursery, client, mux)
     conn.send_nowait(commands.nop())  # on the flusher's list ...
     scope.cancel()  # ... and the flusher cancelled
-    await wait_for(lambda: not mux.running)
+    await wait_until(lambda: not mux.running)
     conn.send_nowait(commands.nop())  # its own writer writes it
     assert await read_exactly(server, 8) == commands.nop() * 2
     await conn.aclose()
@@ -200,7 +201,7 @@ async def test_one_reader_serves_many_connections(nursery: trio.Nursery, mux: Mu
             + message(index * 1000 + 50)
         )
     for index, got in enumerate(gots):
-        await wait_for(lambda got=got: len(got.ids) == 51)
+        await wait_until(lambda got=got: len(got.ids) == 51)
         assert got.ids == [b"%016x" % (index * 1000 + n) for n in range(51)]
     for _, server in pairs:
         assert await read_exactly(server, 4) == commands.nop()
@@ -244,7 +245,7 @@ async def test_one_connections_end_ends_only_it(
             await server.send_all(message(index))
     for index, got in enumerate(gots):
         if index != 2:
-            await wait_for(lambda got=got, index=index: got.ids == [b"%016x" % index])
+            await wait_until(lambda got=got, index=index: got.ids == [b"%016x" % index])
     assert [conn.closed for conn in conns] == [False, False, True, False, False]
     assert len(mux._readings) == 4
 
@@ -267,7 +268,7 @@ async def test_a_failing_callback_is_raised_in_its_connections_task(mux: Multipl
                 await server.send_all(message(1))
         assert raised.group_contains(Bug, match="in on_messages", depth=None)
         await server2.send_all(message(2))
-        await wait_for(lambda: got.ids == [b"%016x" % 2])
+        await wait_until(lambda: got.ids == [b"%016x" % 2])
         await other.aclose()
 
 
@@ -287,16 +288,16 @@ async def test_an_awaitable_from_the_callback_holds_only_its_connection(
     other = await start(nursery, client2, mux, got)
     # Two messages in one read, then more: the second waits behind the first's awaitable.
     await server.send_all(message(1) + encode_response(b"_heartbeat_") + message(2))
-    await wait_for(lambda: held == [b"%016x" % 1])
+    await wait_until(lambda: held == [b"%016x" % 1])
     await server2.send_all(message(3))
-    await wait_for(lambda: got.ids == [b"%016x" % 3])  # the other is read meanwhile
+    await wait_until(lambda: got.ids == [b"%016x" % 3])  # the other is read meanwhile
     await trio.testing.wait_all_tasks_blocked()
     assert held == [b"%016x" % 1]
     release.set()
-    await wait_for(lambda: held == [b"%016x" % 1, b"%016x" % 2])
+    await wait_until(lambda: held == [b"%016x" % 1, b"%016x" % 2])
     assert await read_exactly(server, 4) == commands.nop()
     await server.send_all(message(4))  # read by the shared reader again
-    await wait_for(lambda: held[-1] == b"%016x" % 4)
+    await wait_until(lambda: held[-1] == b"%016x" % 4)
     assert conn._fd in mux._readings
     await conn.aclose()
     await other.aclose()
@@ -330,7 +331,7 @@ async def test_a_closed_connections_socket_number_reused_at_once(
     conn2 = await start(nursery, trio.SocketStream(client2), mux, second)
     assert mux._readings[fd].conn is conn2
     await trio.SocketStream(server2).send_all(message(7))
-    await wait_for(lambda: second.ids == [b"%016x" % 7])
+    await wait_until(lambda: second.ids == [b"%016x" % 7])
     assert first.ids == [] and not conn2.closed
     await conn2.aclose()
     await server.aclose()
@@ -367,9 +368,9 @@ async def test_connections_read_on_their_own_once_the_multiplexer_ends(
     got = Got()
     conn = await start(nursery, client, mux, got)
     scope.cancel()
-    await wait_for(lambda: not mux.running)
+    await wait_until(lambda: not mux.running)
     await server.send_all(message(5))
-    await wait_for(lambda: got.ids == [b"%016x" % 5])
+    await wait_until(lambda: got.ids == [b"%016x" % 5])
     await conn.aclose()
 
 
@@ -388,12 +389,12 @@ async def test_a_consumer_over_tcp_shares_its_reads_and_writes(nursery: trio.Nur
         handler=lambda m: handled.append(m.body),
         max_in_flight=80,
     ) as consumer:
-        await wait_for(lambda: len(consumer.connections) == 8)
+        await wait_until(lambda: len(consumer.connections) == 8)
         assert len(consumer._mux._readings) == 8
         for index, node in enumerate(nodes):
             node.put(*(b"%d-%d" % (index, n) for n in range(100)))
-        await wait_for(lambda: len(handled) == 800)
-        await wait_for(lambda: sum(len(node.fins) for node in nodes) == 800)
+        await wait_until(lambda: len(handled) == 800)
+        await wait_until(lambda: sum(len(node.fins) for node in nodes) == 800)
     assert sorted(handled) == sorted(b"%d-%d" % (i, n) for i in range(8) for n in range(100))
     assert not consumer._mux._readings and not consumer._mux.running
 
@@ -437,7 +438,7 @@ def test_connections_sharing_a_reader_survive_each_others_garbage(
                     await server.send_all(message(999))
             for conn, got, (valid, _) in zip(conns, gots, sent, strict=True):
                 if valid:  # whole frames only, however cut: every message, in order
-                    await wait_for(lambda got=got: got.ids[-1:] == [b"%016x" % 999])
+                    await wait_until(lambda got=got: got.ids[-1:] == [b"%016x" % 999])
                     assert not conn.closed
                     count = len(got.ids) - 1
                     assert got.ids[:-1] == [b"%016x" % n for n in range(count)]

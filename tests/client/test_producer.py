@@ -7,7 +7,8 @@ import trio
 
 import trionsq
 
-from .minisrv import Cluster, MiniNSQD, wait_for
+from ..support.waiting import wait_until
+from .minisrv import Cluster, MiniNSQD
 
 
 def producer(node: MiniNSQD, **options: object) -> trionsq.Producer:
@@ -133,7 +134,7 @@ async def test_pending_publishes_fail_when_connection_drops(
         async with trio.open_nursery() as publishers:
             for _ in range(3):
                 publishers.start_soon(publish)
-            await wait_for(lambda: node.live and node.live[0].record.commands)
+            await wait_until(lambda: node.live and node.live[0].record.commands)
             await node.live[0].close()
         assert len(results) == 3
 
@@ -150,7 +151,7 @@ async def test_failover_to_next_address(nursery: trio.Nursery) -> None:
         first.refuse = False
         second.refuse = True
         await second.live[0].close()
-        await wait_for(lambda: p.address is None)
+        await wait_until(lambda: p.address is None)
         await p.publish("t", b"2")
         assert p.address == "a:4150"
     assert second.published == [("t", b"1")]
@@ -173,7 +174,7 @@ async def test_heartbeat_answered_with_nop(nursery: trio.Nursery) -> None:
         from trionsq.protocol.frames import encode_response
 
         await server.send(encode_response(b"_heartbeat_"))
-        await wait_for(lambda: server.record.nops == 1)
+        await wait_until(lambda: server.record.nops == 1)
         await p.publish("t", b"y")  # the connection is still good
     assert len(node.conns) == 1
 
@@ -186,7 +187,7 @@ async def test_garbage_from_server_gives_protocol_error_and_reconnect(
         await p.publish("t", b"x")
         server = node.live[0]
         await server.send(b"\x00\x00\x00\x08\x00\x00\x00\x09garbage!")  # unknown frame type
-        await wait_for(lambda: p.address is None)
+        await wait_until(lambda: p.address is None)
         await p.publish("t", b"y")
     assert len(node.conns) == 2
 

@@ -20,9 +20,10 @@ import trionsq
 from trionsq.config import Config
 from trionsq.connection import Connection
 
+from ..support.authserver import running_auth_server
+from ..support.waiting import wait_until
 from .daemons import Daemons
-from .minisrv import MiniNSQD, wait_for
-from .test_e2e import auth_server
+from .minisrv import MiniNSQD
 
 #: what no repr, log line or error text may contain
 SECRET = "S3CR3T-d0-not-print"
@@ -223,7 +224,7 @@ async def test_a_refused_secret_is_in_no_log_line_and_no_error(
         reconnect_backoff=trionsq.BackoffPolicy(base=0.01, max=0.01),
     ):
         # Sent (refused, retried) a few times.
-        await wait_for(lambda: sum(c.record.auth == SECRET.encode() for c in node.conns) >= 3)
+        await wait_until(lambda: sum(c.record.auth == SECRET.encode() for c in node.conns) >= 3)
     texts = record_texts(caplog.records) + [t for e in errors for t in error_texts(e)]
     assert any("AUTH failed" in text for text in texts)  # the failure is told...
     assert secret_free(*texts)  # ...without the secret
@@ -246,16 +247,16 @@ async def test_secrets_with_the_real_auth_flow(
         async with trionsq.Consumer(
             "topic", "chan", nsqd_tcp_addresses=[address], auth_secret=SECRET, handler=print
         ):
-            await wait_for(
+            await wait_until(
                 lambda: (
                     len([r for r in caplog.records if "cannot connect" in r.getMessage()]) > refused
                 )
             )
 
-    async with auth_server({"other": ["subscribe", "publish"]}) as auth:
+    with running_auth_server({"other": ["subscribe", "publish"]}) as auth:
         nsqd = await daemons.nsqd(f"--auth-http-address={auth.address}")
         await try_both(nsqd.tcp_address)
-    assert {q["secret"] for q in auth.queries} == {SECRET}  # nsqd asked with it
+    assert set(auth.seen) == {SECRET}  # nsqd asked with it
     await try_both(nsqd.tcp_address)  # the auth server is gone now
     texts = record_texts(caplog.records) + [t for e in errors for t in error_texts(e)]
     assert sum("AUTH failed" in text for text in texts) >= 4

@@ -12,7 +12,7 @@ import trio.testing
 import fakensq
 import trionsq
 
-from .minisrv import wait_for
+from ..support.waiting import wait_until
 
 NSQD: Any = getattr(fakensq, "NSQD", None)
 pytestmark = pytest.mark.skipif(NSQD is None, reason="fakensq.NSQD is not available")
@@ -115,7 +115,7 @@ async def test_backoff_against_nsqd(
         **options(connector, backoff=policy, default_requeue_delay=0.0, max_in_flight=5),
         handler=handler,
     ) as c:
-        await wait_for(lambda: c.stats.finished == 1, limit=120, step=0.01)
+        await wait_until(lambda: c.stats.finished == 1, limit=120, step=0.01)
         assert c.stats.requeued == 3
         # Three failures (level 3), then one success: level 2, pausing 4 s.
         assert (c.stats.backoff_state, c.stats.backoff_level) == ("paused", 2)
@@ -146,7 +146,7 @@ async def test_rdy_never_exceeds_nsqds_max_rdy_count(
         async with trionsq.Consumer(
             "topic", "chan", **options(connector, max_in_flight=10), handler=handler
         ) as c:
-            await wait_for(lambda: c.stats.finished == 20, limit=100, step=0.1)
+            await wait_until(lambda: c.stats.finished == 20, limit=100, step=0.1)
             assert c.stats.connections["nsqd:4150"].max_rdy_count == 3
             assert c.stats.rdy == 3
         assert peak == 3

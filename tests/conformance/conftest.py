@@ -48,16 +48,16 @@ Writing a scenario::
   registered with an nsqlookupd of the same kind: ``conformance.nsqd(scenario,
   *flags, lookupd=[lookupd flags])``, the lookupd is then ``t.lookupd``.
 - AUTH: the ``auth_server`` fixture is one small HTTP auth server both daemons
-  ask (``--auth-http-address=`` + ``auth_server.address``).
+  ask (``--auth-http-address=`` + ``auth_server.address``;
+  :mod:`tests.support.authserver`).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import pprint
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,22 +67,15 @@ import httpx
 import pytest
 import trio
 
-import fakensq
-from fakensq.cli import (
-    nsqd_flagset,
-    nsqd_options_from_flags,
-    nsqlookupd_flagset,
-    nsqlookupd_options_from_flags,
-)
-from fakensq.http.server import HTTPServer, Request, Response
-from fakensq.lookupd.daemon import NSQLookupd
-
 from .. import reference
+from ..support.authserver import AuthServer, running_auth_server
+from ..support.nodes import Daemons, Node, open_daemons
+from ..support.ports import free_address
+from ..support.waiting import poll_until
 from .normalize import Normalizer, key_order
-from .polling import poll_until
 from .session import READ_TIMEOUT, Session, Transcript
 
-__all__ = ["Conformance", "Target", "AuthServer"]
+__all__ = ["AuthServer", "Conformance", "Target"]
 
 #: A whole scenario's bound (each read has its own, shorter one).
 SCENARIO_TIMEOUT = 60.0
@@ -135,7 +128,7 @@ class Target:
     async def until(self, path: str, ok: Callable[[httpx.Response], bool]) -> httpx.Response:
         """GET ``path`` until ``ok(response)`` (state that changes asynchronously,
         as a registration with nsqlookupd or a message timing out), for at most
-        ``READ_TIMEOUT`` seconds."""
+        :data:`tests.support.waiting.LIMIT` seconds."""
         async with self.http() as http:
             return await poll_until(lambda: http.get(path), ok, f"GET {path} to answer as wanted")
 
@@ -163,57 +156,26 @@ def _alias_daemon(normalizer: Normalizer, role: str, tcp: str, http: str) -> Non
     normalizer.alias(int(http.rpartition(":")[2]), f"<{role}:http_port>")
 
 
-def _parse_flags(flagset: Any, flags: Sequence[str]) -> dict[str, Any]:
-    values, rest = flagset.parse(list(flags))
-    assert not rest, f"not flags: {rest}"
-    return values  # type: ignore[no-any-return]
-
-
 @asynccontextmanager
-async def _fake_lookupd(flags: Sequence[str], normalizer: Normalizer) -> AsyncIterator[Target]:
-    values = _parse_flags(nsqlookupd_flagset(), flags)
-    options = nsqlookupd_options_from_flags(values)
-    options.tcp_address = "127.0.0.1:0"
-    options.http_address = "127.0.0.1:0"
-    if "broadcast-address" not in values:  # as RealDaemon: a flag given wins
-        options.broadcast_address = "127.0.0.1"
-    async with NSQLookupd(options) as lookupd:
-        _alias_daemon(normalizer, "lookupd", lookupd.tcp_address, lookupd.http_address)
-        yield Target("fakensq", lookupd.tcp_address, lookupd.http_address, normalizer, fake=lookupd)
-
-
-@asynccontextmanager
-async def _fake_nsqd(flags: Sequence[str], normalizer: Normalizer, tmp: Path) -> AsyncIterator[Any]:
-    values = _parse_flags(nsqd_flagset(), flags)
-    options = nsqd_options_from_flags(values).replace(
-        tcp_address="127.0.0.1:0", http_address="127.0.0.1:0"
-    )
-    if "broadcast-address" not in values:  # as RealDaemon: a flag given wins
-        options = options.replace(broadcast_address="127.0.0.1")
-    if not options.data_path:
-        data = tmp / "fake-nsqd-data"
-        data.mkdir(exist_ok=True)
-        options = options.replace(data_path=str(data))
-    async with fakensq.NSQD(options=options) as nsqd:
-        _alias_daemon(normalizer, "nsqd", nsqd.tcp_address, nsqd.http_address)
-        yield nsqd
-
-
-@asynccontextmanager
-async def _real(name: str, flags: Sequence[str], normalizer: Normalizer) -> AsyncIterator[Any]:
-    opener = reference.open_nsqd if name == "nsqd" else reference.open_nsqlookupd
-    async with opener(*flags) as daemon:
-        _alias_daemon(
-            normalizer,
-            "nsqd" if name == "nsqd" else "lookupd",
-            daemon.tcp_address,
-            daemon.http_address,
-        )
-        try:
-            yield daemon
-        except BaseException as exc:
-            exc.add_note(f"real {name} log ({daemon.log_path}):\n{daemon.log()[-3000:]}")
-            raise
+async def _started(
+    daemons: Daemons, name: str, flags: Sequence[str], normalizer: Normalizer
+) -> AsyncIterator[Target]:
+    """A node (``name``: ``"nsqd"`` or ``"nsqlookupd"``) of ``daemons``' kind,
+    as a Target whose addresses ``normalizer`` knows; a real daemon's log is
+    added to what fails while it runs."""
+    node: Node
+    if name == "nsqd":
+        node = await daemons.nsqd(*flags)
+    else:
+        node = await daemons.nsqlookupd(*flags)
+    role = "nsqd" if name == "nsqd" else "lookupd"
+    _alias_daemon(normalizer, role, node.tcp_address, node.http_address)
+    try:
+        yield Target(node.kind, node.tcp_address, node.http_address, normalizer, fake=node.fake)
+    except BaseException as exc:
+        if node.real is not None:
+            exc.add_note(f"real {name} log ({node.real.log_path}):\n{node.log()[-3000:]}")
+        raise
 
 
 class Conformance:
@@ -356,38 +318,24 @@ class Conformance:
         async with AsyncExitStack() as stack:
             lookupd: Target | None = None
             if lookupd_flags is not None:
-                if (self._lookupd_kind or kind) == "fakensq":
-                    lookupd = await stack.enter_async_context(
-                        _fake_lookupd(lookupd_flags, normalizer)
-                    )
-                else:
-                    daemon = await stack.enter_async_context(
-                        _real("nsqlookupd", lookupd_flags, normalizer)
-                    )
-                    lookupd = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
+                lookupd_kind = self._lookupd_kind or kind
+                lookupds = await stack.enter_async_context(
+                    open_daemons(lookupd_kind, tmp / "lookupd")
+                )
+                lookupd = await stack.enter_async_context(
+                    _started(lookupds, "nsqlookupd", lookupd_flags, normalizer)
+                )
                 flags = [*flags, f"--lookupd-tcp-address={lookupd.tcp_address}"]
             https = ""
             if name == "nsqd" and any(f.lstrip("-").startswith("tls-cert") for f in flags):
                 # With a certificate nsqd also serves HTTPS, by default on the
                 # fixed port 4152: give it a free one.
-                https = f"127.0.0.1:{reference.free_port()}"
+                https = free_address()
                 normalizer.alias(https, "<nsqd:https>")
                 normalizer.alias(int(https.rpartition(":")[2]), "<nsqd:https_port>")
                 flags = [*flags, f"--https-address={https}"]
-            if name == "nsqlookupd":
-                if kind == "fakensq":
-                    target = await stack.enter_async_context(_fake_lookupd(flags, normalizer))
-                else:
-                    daemon = await stack.enter_async_context(_real(name, flags, normalizer))
-                    target = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
-            elif kind == "fakensq":
-                node = await stack.enter_async_context(_fake_nsqd(flags, normalizer, tmp))
-                target = Target(
-                    "fakensq", node.tcp_address, node.http_address, normalizer, fake=node
-                )
-            else:
-                daemon = await stack.enter_async_context(_real(name, flags, normalizer))
-                target = Target("real", daemon.tcp_address, daemon.http_address, normalizer)
+            daemons = await stack.enter_async_context(open_daemons(kind, tmp / "daemons"))
+            target = await stack.enter_async_context(_started(daemons, name, flags, normalizer))
             target.lookupd = lookupd
             target.tmp = tmp
             target.https_address = https
@@ -434,45 +382,9 @@ def conformance(tmp_path: Path) -> Conformance:
     return Conformance(tmp_path)
 
 
-class AuthServer:
-    """One small HTTP auth server for both daemons (nsqd's ``/auth`` protocol).
-
-    ``grants`` maps a secret to the JSON document to answer (a dict), a text
-    body (str) or an HTTP status (an int); unknown secrets get 403, whatever
-    the path.  ``queries`` records each request (method, path, raw query,
-    user agent, body), to compare what the two nsqds send.
-    """
-
-    def __init__(self) -> None:
-        self.grants: dict[str, Any] = {}
-        self.queries: list[dict[str, Any]] = []
-        self.address = ""
-
-    async def _handle(self, request: Request) -> Response:
-        params = {k: v[0] for k, v in request.query.items()}
-        self.queries.append(
-            {
-                "method": request.method,
-                "path": request.path,
-                "query": request.raw_query,  # its order and escaping too
-                "user-agent": request.headers.get("user-agent", ""),
-                "accept": request.headers.get("accept", ""),
-                "body": request.body,
-            }
-        )
-        grant = self.grants.get(params.get("secret", ""), 403)
-        if isinstance(grant, int):
-            return Response.json({"message": "NO"}, grant)
-        if isinstance(grant, bytes | str):
-            return Response.text(grant)
-        return Response(200, json.dumps(grant).encode(), [("Content-Type", "application/json")])
-
-
 @pytest.fixture
-async def auth_server(nursery: trio.Nursery) -> AuthServer:
-    """An auth server on a free loopback port (``auth_server.address``)."""
-    server = AuthServer()
-    http = HTTPServer(server._handle)
-    host, port = await nursery.start(http.serve, "127.0.0.1", 0)
-    server.address = f"{host}:{port}"
-    return server
+def auth_server() -> Iterator[AuthServer]:
+    """An auth server on a free loopback port (``auth_server.address``), for
+    both daemons: its ``grants`` are set by the test."""
+    with running_auth_server() as server:
+        yield server

@@ -16,11 +16,12 @@ import trio
 from trionsq.protocol import commands as cmds
 from trionsq.protocol.names import is_ephemeral
 
+from ..support.nodes import Nsqd
+from ..support.waiting import poll
 from .normalize import Normalizer
-from .restartable import RestartableNSQD
 from .session import READ_TIMEOUT, Session, Transcript
 
-__all__ = ["Daemon", "Run", "view", "poll", "SENTINEL", "DEFER_MS"]
+__all__ = ["Daemon", "Run", "view", "SENTINEL", "DEFER_MS"]
 
 T = TypeVar("T")
 
@@ -62,8 +63,8 @@ def view(stats: Any) -> list[Any]:
 class Daemon:
     """One nsqd under test (fakensq's or the real one), restartable."""
 
-    def __init__(self, kind: str, data: Path, flags: list[str]) -> None:
-        self.node = RestartableNSQD(kind, data, flags)
+    def __init__(self, kind: str, data: Path, flags: list[str], nursery: trio.Nursery) -> None:
+        self.node = Nsqd(kind, flags, data, nursery)
         self.data = data
 
     @property
@@ -150,25 +151,14 @@ class Daemon:
         return out
 
 
-async def poll(read: Callable[[], Awaitable[T]], done: Callable[[T], bool], within: float) -> T:
-    """``read()`` until ``done``, for at most ``within`` seconds; the last value
-    read (the caller says what is wrong if it is not done)."""
-    value = await read()
-    with trio.move_on_after(within):
-        while not done(value):
-            await trio.sleep(0.01)  # another process's state: poll it
-            value = await read()
-    return value
-
-
 class Run:
     """fakensq and (if there is one) the real nsqd, with the same flags; every
     action goes to both, fakensq first."""
 
     def __init__(self, nursery: trio.Nursery, folder: Path, flags: list[str], real: bool) -> None:
         self.nursery = nursery
-        self.fake = Daemon("fakensq", folder / "fakensq", flags)
-        self.real = Daemon("real", folder / "real", flags) if real else None
+        self.fake = Daemon("fakensq", folder / "fakensq", flags, nursery)
+        self.real = Daemon("real", folder / "real", flags, nursery) if real else None
         self.http = httpx.AsyncClient(timeout=READ_TIMEOUT)
 
     @property
@@ -178,7 +168,7 @@ class Run:
     async def start(self) -> None:
         for d in self.daemons:
             await trio.Path(d.data).mkdir(parents=True)
-            await d.node.start(self.nursery)
+            await d.node.start()
             await d.post(self.http, f"/topic/create?topic={SENTINEL}")
 
     async def close(self) -> None:
@@ -208,7 +198,7 @@ class Run:
         async def read() -> Any:
             return view(await real.stats(self.http))
 
-        return [fake, await poll(read, lambda v: v == fake, SETTLE_TIMEOUT)]
+        return [fake, await poll(read, lambda v: v == fake, limit=SETTLE_TIMEOUT)]
 
     async def stop(self, *, kill: bool) -> None:
         for d in self.daemons:
@@ -216,11 +206,11 @@ class Run:
                 await d.post(self.http, f"/topic/unpause?topic={SENTINEL}")
                 await self._wait_synced(d)
             await d.node.stop(kill=kill)
-            await d.node.start(self.nursery)
+            await d.node.start()
 
     async def _wait_synced(self, d: Daemon) -> None:
         async def read() -> dict[str, tuple[int, int]]:
             return d.synced_depths(await d.stats(self.http))
 
-        depths = await poll(read, lambda v: all(a == b for a, b in v.values()), READ_TIMEOUT)
+        depths = await poll(read, lambda v: all(a == b for a, b in v.values()), limit=READ_TIMEOUT)
         assert all(a == b for a, b in depths.values()), f"{d.node.kind}: not synced: {depths}"

@@ -21,7 +21,7 @@ import trio
 
 from trionsq.transport import parse_address
 
-from .polling import poll_until
+from ..support.waiting import poll_until
 from .session import READ_TIMEOUT
 
 __all__ = [

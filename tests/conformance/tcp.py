@@ -15,8 +15,8 @@ from typing import Any
 
 from trionsq.protocol import commands as cmds
 
+from ..support.waiting import poll_until
 from .conftest import Target
-from .polling import poll_until
 from .session import Session
 
 __all__ = [

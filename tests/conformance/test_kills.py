@@ -23,10 +23,10 @@ import trio
 from trionsq.protocol import commands as cmds
 
 from .. import reference
+from ..support.nodes import Nsqd, open_daemons
+from ..support.waiting import poll_until
 from .conftest import _diff
 from .normalize import Normalizer
-from .polling import poll_until
-from .restartable import RestartableNSQD, restartable
 from .session import READ_TIMEOUT, Session, Transcript
 
 
@@ -38,23 +38,23 @@ def synced_depth(data: Path, queue: str) -> int | None:
         return None
 
 
-async def wait_synced(node: RestartableNSQD, queue: str, depth: int) -> None:
+async def wait_synced(node: Nsqd, queue: str, depth: int) -> None:
     async def read() -> int | None:
         if node.fake is not None:
             node.fake.catch_up_disk_syncs()  # (its tickers run when looked at)
-        return synced_depth(node.data, queue)
+        return synced_depth(node.data_path, queue)
 
     await poll_until(read, lambda synced: synced == depth, f"{queue}'s sync of depth {depth}")
 
 
-async def publish(node: RestartableNSQD, name: str, bodies: list[bytes]) -> None:
+async def publish(node: Nsqd, name: str, bodies: list[bytes]) -> None:
     p = await Session.connect(node.tcp_address, name, Transcript(), Normalizer())
     for body in bodies:
         await p.call(cmds.pub("t", body))
     await p.close()
 
 
-async def consume(node: RestartableNSQD, n: int) -> None:
+async def consume(node: Nsqd, n: int) -> None:
     """A consumer of t/ch reads and FINs ``n`` messages, then leaves (RDY 0
     before the FINs: nsqd sends no more, and reads no more from disk)."""
     c = await Session.connect(node.tcp_address, "c", Transcript(), Normalizer())
@@ -81,9 +81,9 @@ def depths(stats: Any) -> Any:
 
 
 async def scenario(kind: str, data: Path, flags: list[str], plan: list[Any]) -> Any:
-    await trio.Path(data).mkdir()
     outcome: list[Any] = []
-    async with restartable(kind, data, flags) as node, httpx.AsyncClient(timeout=10) as http:
+    async with open_daemons(kind, data) as daemons, httpx.AsyncClient(timeout=10) as http:
+        node = await daemons.nsqd(*flags)
         for step in plan:
             if step[0] == "channel":
                 await http.post(f"http://{node.http_address}/topic/create?topic=t")
@@ -97,25 +97,23 @@ async def scenario(kind: str, data: Path, flags: list[str], plan: list[Any]) -> 
         stats = (await http.get(f"http://{node.http_address}/stats?format=json")).json()
         outcome.append(("before", depths(stats)))
         await node.kill()
-        async with trio.open_nursery() as nursery:
-            await node.start(nursery)
-            stats = (await http.get(f"http://{node.http_address}/stats?format=json")).json()
-            outcome.append(("after", depths(stats)))
-            depth = sum(ch["depth"] for t in stats["topics"] for ch in t["channels"])
-            c = await Session.connect(node.tcp_address, "c", Transcript(), Normalizer())
-            await c.sub("t", "ch", rdy=100)
-            await publish(node, "p", [b"marker"])
-            got = []
-            with trio.fail_after(READ_TIMEOUT):
-                # (nsqd reads memory and disk in no fixed order: the marker may
-                # come first when it fits in memory; the order is not compared.)
-                while b"marker" not in got or len(got) <= depth:
-                    (msg,) = await c.read_messages(1)
-                    got.append(msg.body)
-                    await c.send(cmds.fin(msg.id))
-            outcome.append(("consumed", sorted(got)))
-            await c.close()
-            nursery.cancel_scope.cancel()
+        await node.start()
+        stats = (await http.get(f"http://{node.http_address}/stats?format=json")).json()
+        outcome.append(("after", depths(stats)))
+        depth = sum(ch["depth"] for t in stats["topics"] for ch in t["channels"])
+        c = await Session.connect(node.tcp_address, "c", Transcript(), Normalizer())
+        await c.sub("t", "ch", rdy=100)
+        await publish(node, "p", [b"marker"])
+        got = []
+        with trio.fail_after(READ_TIMEOUT):
+            # (nsqd reads memory and disk in no fixed order: the marker may
+            # come first when it fits in memory; the order is not compared.)
+            while b"marker" not in got or len(got) <= depth:
+                (msg,) = await c.read_messages(1)
+                got.append(msg.body)
+                await c.send(cmds.fin(msg.id))
+        outcome.append(("consumed", sorted(got)))
+        await c.close()
     return outcome
 
 

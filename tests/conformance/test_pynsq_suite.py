@@ -28,15 +28,14 @@ import asyncio
 import functools
 import ssl
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import nsq  # pynsq, installed by the test extra
 import pytest
 import tornado.gen
 import trio
-import trustme
 
+from ..support.tls import Pki
 from .conftest import Conformance, Target
 
 #: pynsq's ReaderIntegrationTest.identify_options.
@@ -52,16 +51,6 @@ IDENTIFY_OPTIONS: dict[str, Any] = {
 
 #: How long a case waits for what it waits for (pynsq's tests: 5 s).
 CASE_TIMEOUT = 10.0
-
-
-@pytest.fixture(scope="module")
-def server_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder: Path = tmp_path_factory.mktemp("pynsq-tls")
-    cert = trustme.CA().issue_cert("127.0.0.1", "localhost")
-    files = {"cert": str(folder / "cert.pem"), "key": str(folder / "key.pem")}
-    cert.cert_chain_pems[0].write_to_path(files["cert"])
-    cert.private_key_pem.write_to_path(files["key"])
-    return files
 
 
 def _stream_error(conn: Any) -> str:
@@ -180,7 +169,7 @@ BROKEN = "closed after {}: OSError(11)"
 
 @pytest.mark.parametrize("case", CASES)
 async def test_pynsq_reader_integration_fails_on_both(
-    conformance: Conformance, server_files: dict[str, str], case: str
+    conformance: Conformance, pki: Pki, case: str
 ) -> None:
     async def scenario(t: Target) -> Any:
         host, port = t.tcp_address.rsplit(":", 1)
@@ -203,14 +192,13 @@ async def test_pynsq_reader_integration_fails_on_both(
     await conformance.nsqd(
         scenario,
         "--snappy",
-        f"--tls-cert={server_files['cert']}",
-        f"--tls-key={server_files['key']}",
+        *pki.nsqd_flags(),
         expect=([], expected),
     )
 
 
 async def test_pynsq_tls_alone_works_on_both(
-    conformance: Conformance, server_files: dict[str, str]
+    conformance: Conformance, pki: Pki
 ) -> None:
     # Without snappy, the same pynsq reads nsqd's TLS records through tornado's
     # SSL stream, which reads every record there is: no difference shows.
@@ -242,7 +230,6 @@ async def test_pynsq_tls_alone_works_on_both(
 
     await conformance.nsqd(
         scenario,
-        f"--tls-cert={server_files['cert']}",
-        f"--tls-key={server_files['key']}",
+        *pki.nsqd_flags(),
         expect=([], "5 messages"),
     )

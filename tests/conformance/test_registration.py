@@ -17,11 +17,11 @@ import pytest
 
 from trionsq.protocol import commands as cmds
 
+from ..support.waiting import poll_until
 from .conftest import Conformance, Target
 from .httpcheck import unsettled
 from .lookupd import debug_times, lookupd_state
 from .normalize import Normalizer
-from .polling import poll_until
 
 KINDS = [None, "fakensq", "real"]
 KIND_IDS = ["same kinds", "fakensq lookupd", "real lookupd"]

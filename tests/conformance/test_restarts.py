@@ -14,34 +14,22 @@ from typing import Any
 
 import httpx
 import pytest
-import trio
-
-from fakensq.lookupd.daemon import NSQLookupd
 
 from .. import reference
+from ..support.nodes import Nsqd, open_daemons
+from ..support.waiting import poll_until
 from .conftest import Target, _diff
 from .lookupd import debug_times, lookupd_state
 from .normalize import Normalizer
-from .polling import poll_until
-from .restartable import RestartableNSQD, restartable
 
 
 @asynccontextmanager
-async def pair(
-    kind: str, tmp: Path, normalizer: Normalizer
-) -> AsyncIterator[tuple[RestartableNSQD, Target]]:
+async def pair(kind: str, tmp: Path, normalizer: Normalizer) -> AsyncIterator[tuple[Nsqd, Target]]:
     """An nsqlookupd and an nsqd registered with it, both of ``kind``."""
-    async with trio.open_nursery() as nursery:
-        if kind == "real":
-            lookupd_cm: Any = reference.open_nsqlookupd()
-        else:
-            lookupd_cm = NSQLookupd(broadcast_address="127.0.0.1")
-        async with lookupd_cm as daemon:
-            lookupd = Target(kind, daemon.tcp_address, daemon.http_address, normalizer)
-            flags = [f"--lookupd-tcp-address={daemon.tcp_address}"]
-            async with restartable(kind, tmp, flags) as node:
-                yield node, lookupd
-        nursery.cancel_scope.cancel()
+    async with open_daemons(kind, tmp) as daemons:
+        lookupd = await daemons.nsqlookupd()
+        nsqd = await daemons.nsqd(lookupd=lookupd)
+        yield nsqd, Target(kind, lookupd.tcp_address, lookupd.http_address, normalizer)
 
 
 async def _wait(http: httpx.AsyncClient, url: str, ok: Any) -> None:
@@ -90,13 +78,12 @@ async def scenario(kind: str, tmp: Path, *, kill: bool) -> Any:
         await node.stop(kill=kill)
         await _wait(http, f"{lookupd_url}/nodes", lambda doc: not doc["producers"])
         gone = await lookupd_state(lookupd, "t", "p")
-        async with trio.open_nursery() as nursery:
-            await node.start(nursery)
-            await _wait(http, f"{lookupd_url}/lookup?topic=t", lambda doc: doc["producers"])
-            await _wait(http, f"{lookupd_url}/lookup?topic=p", lambda doc: doc["producers"])
-            back = _view((await http.get(base + "/stats?format=json")).json())
-            registered = await lookupd_state(lookupd, "t", "p")
-            await node.stop(kill=False)
+        await node.start()
+        await _wait(http, f"{lookupd_url}/lookup?topic=t", lambda doc: doc["producers"])
+        await _wait(http, f"{lookupd_url}/lookup?topic=p", lambda doc: doc["producers"])
+        back = _view((await http.get(base + "/stats?format=json")).json())
+        registered = await lookupd_state(lookupd, "t", "p")
+        await node.stop()
         return normalizer((gone, back, registered))
 
 

@@ -14,7 +14,8 @@ import trio
 
 from trionsq.protocol import commands as cmds
 
-from .conftest import AuthServer, Conformance, Target
+from ..support.authserver import AuthServer
+from .conftest import Conformance, Target
 from .session import READ_TIMEOUT, SYNC_TOPIC
 from .tcp import body, settled_stats
 from .test_tcp_identify import client_context, client_view, tls_files, tls_flags

@@ -9,28 +9,17 @@ compared.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-import trustme
 
 from trionsq.protocol import commands as cmds
 from trionsq.protocol.codecs import DeflateDecoder
 
+from ..support.tls import Pki
 from .conftest import Conformance, Target
 from .session import READ_TIMEOUT
-
-
-@pytest.fixture(scope="module")
-def server_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder: Path = tmp_path_factory.mktemp("bad-upgrade")
-    cert = trustme.CA().issue_cert("127.0.0.1")
-    files = {"cert": str(folder / "c.pem"), "key": str(folder / "k.pem")}
-    cert.cert_chain_pems[0].write_to_path(files["cert"])
-    cert.private_key_pem.write_to_path(files["key"])
-    return files
 
 
 async def read_to_eof(stream: trio.abc.Stream) -> bytes:
@@ -64,7 +53,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_bad_upgrade(
-    conformance: Conformance, server_files: dict[str, str], case: str
+    conformance: Conformance, pki: Pki, case: str
 ) -> None:
     fields, garbage = CASES[case]
 
@@ -86,5 +75,5 @@ async def test_bad_upgrade(
         return rest.removesuffix(b"<reset>") if fields.get("snappy") else rest
 
     await conformance.nsqd(
-        scenario, f"--tls-cert={server_files['cert']}", f"--tls-key={server_files['key']}"
+        scenario, *pki.nsqd_flags()
     )

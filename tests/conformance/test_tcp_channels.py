@@ -14,8 +14,8 @@ import pytest
 
 from trionsq.protocol import commands as cmds
 
+from ..support.waiting import poll_until
 from .conftest import Conformance, Target
-from .polling import poll_until
 from .session import Session, bodies
 from .tcp import node_state
 

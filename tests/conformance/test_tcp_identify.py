@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import ssl
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-import trustme
 
 from trionsq.protocol import commands as cmds
 
+from ..support.tls import Pki
 from .conftest import Conformance, Target
 from .session import READ_TIMEOUT, Session
 from .tcp import body, settled_stats
@@ -240,23 +239,14 @@ async def test_identify_with_node_options(
 
 
 @pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def tls_files(pki: Pki) -> dict[str, Any]:
     """A CA, a server certificate for 127.0.0.1, and a client certificate."""
-    folder: Path = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("conformance-client")
-    files = {
-        "cert": folder / "server.pem",
-        "key": folder / "server.key",
-        "ca": folder / "ca.pem",
-        "client_cert": folder / "client.pem",
+    return {
+        "cert": pki.cert,
+        "key": pki.key,
+        "ca": pki.ca_file,
+        "client_cert": pki.client_pem("conformance-client"),
     }
-    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
-    server.private_key_pem.write_to_path(str(files["key"]))
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    client.private_key_and_cert_chain_pem.write_to_path(str(files["client_cert"]))
-    return {**{k: str(v) for k, v in files.items()}, "ca_obj": ca}
 
 
 def client_context(

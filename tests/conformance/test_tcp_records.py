@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import random
 import ssl
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-import trustme
 
 from trionsq.protocol import commands as cmds
 from trionsq.protocol.codecs import (
@@ -37,25 +35,11 @@ from trionsq.protocol.codecs import (
 )
 from trionsq.protocol.frames import FrameParser, MessageFrame
 
+from ..support.tls import Pki
 from .conftest import Conformance, Target
 from .session import READ_TIMEOUT
 
 _MARKER = b"\x00\x00\xff\xff"
-
-
-@pytest.fixture(scope="module")
-def server_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder: Path = tmp_path_factory.mktemp("records")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    files = {"cert": str(folder / "c.pem"), "key": str(folder / "k.pem")}
-    cert.cert_chain_pems[0].write_to_path(files["cert"])
-    cert.private_key_pem.write_to_path(files["key"])
-    return files
-
-
-def flags(files: dict[str, str]) -> list[str]:
-    return [f"--tls-cert={files['cert']}", f"--tls-key={files['key']}"]
 
 
 class RecordReader:
@@ -130,7 +114,7 @@ CONTEXTS = {
 @pytest.mark.parametrize("context", sorted(CONTEXTS))
 @pytest.mark.parametrize("compression", ["none", "snappy"])
 async def test_record_sizes(
-    conformance: Conformance, server_files: dict[str, str], context: str, compression: str
+    conformance: Conformance, pki: Pki, context: str, compression: str
 ) -> None:
     # Messages of random bytes, one at a time (RDY 1: nsqd flushes each), then
     # a burst that fills the output buffer: records as Go cuts them.
@@ -154,10 +138,10 @@ async def test_record_sizes(
         seen["burst"] = [len(x) for x in await r.frames(3)]
         return seen
 
-    await conformance.nsqd(scenario, *flags(server_files))
+    await conformance.nsqd(scenario, *pki.nsqd_flags())
 
 
-async def test_deflate_shape(conformance: Conformance, server_files: dict[str, str]) -> None:
+async def test_deflate_shape(conformance: Conformance, pki: Pki) -> None:
     async def scenario(t: Target) -> Any:
         # (compressible: Go writes random data as stored blocks, in one piece)
         await publish(t, "d", [b"".join(b"line %d\n" % i for i in range(n)) for n in (300, 6000)])
@@ -179,13 +163,13 @@ async def test_deflate_shape(conformance: Conformance, server_files: dict[str, s
 
     await conformance.nsqd(
         scenario,
-        *flags(server_files),
+        *pki.nsqd_flags(),
         expect=([], {"deflate ok": True, "sub": True, "messages": True}),
     )
 
 
 async def test_deflate_without_a_buffer_holds_messages_until_a_flush(
-    conformance: Conformance, server_files: dict[str, str]
+    conformance: Conformance, pki: Pki
 ) -> None:
     # output_buffer_size -1 turns nsqd's output buffer timer off; the flate
     # writer keeps what it was given until a flush: the messages come with
@@ -210,4 +194,4 @@ async def test_deflate_without_a_buffer_holds_messages_until_a_flush(
         records = await r.frames(4, then=_MARKER)  # 3 messages, a heartbeat
         return records.count(_MARKER), records[-1] == _MARKER
 
-    await conformance.nsqd(scenario, *flags(server_files), expect=([], (2, True)))
+    await conformance.nsqd(scenario, *pki.nsqd_flags(), expect=([], (2, True)))

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import json
 import ssl
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-import trustme
 
 from trionsq.protocol import commands as cmds
 
-from .conftest import AuthServer, Conformance, Target
+from ..support.authserver import AuthServer
+from ..support.tls import Pki
+from .conftest import Conformance, Target
 from .session import READ_TIMEOUT
 from .tcp import body
 
@@ -32,36 +32,26 @@ VERSIONS = {"tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def certs(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A root CA with a server and a client certificate, and a client
     certificate from another CA (its common names are what nsqd tells the
     auth server)."""
-    folder: Path = tmp_path_factory.mktemp("pki")
-    ca, other = trustme.CA(), trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("client.example", common_name="root-ca-client")
-    stranger = other.issue_cert("stranger.example", common_name="other-ca-client")
-    files = {
-        "cert": folder / "server.pem",
-        "key": folder / "server.key",
-        "ca": folder / "ca.pem",
-        "client": folder / "client.pem",
-        "other": folder / "other.pem",
+    other = Pki(tmp_path_factory.mktemp("other-pki"))
+    return {
+        "cert": pki.cert,
+        "key": pki.key,
+        "ca": pki.ca_file,
+        "client": pki.client_pem("client.example", "root-ca-client"),
+        "other": other.client_pem("stranger.example", "other-ca-client"),
     }
-    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
-    server.private_key_pem.write_to_path(str(files["key"]))
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    client.private_key_and_cert_chain_pem.write_to_path(str(files["client"]))
-    stranger.private_key_and_cert_chain_pem.write_to_path(str(files["other"]))
-    return {k: str(v) for k, v in files.items()}
 
 
-def client_ssl(pki: dict[str, str], cert: str, version: str) -> ssl.SSLContext:
+def client_ssl(certs: dict[str, str], cert: str, version: str) -> ssl.SSLContext:
     """A client that trusts nsqd's certificate, presenting ``cert`` ("" none)."""
-    ctx = ssl.create_default_context(cafile=pki["ca"])
+    ctx = ssl.create_default_context(cafile=certs["ca"])
     ctx.maximum_version = VERSIONS[version]
     if cert:
-        ctx.load_cert_chain(pki[cert])
+        ctx.load_cert_chain(certs[cert])
     return ctx
 
 
@@ -117,12 +107,12 @@ async def tls_client(t: Target, ctx: ssl.SSLContext | None) -> str:
     return f"{outcome}, SUB: {frame[4:]!r}" if frame is not None else f"{outcome}, SUB: EOF"
 
 
-async def every_client(t: Target, pki: dict[str, str]) -> dict[str, str]:
+async def every_client(t: Target, certs: dict[str, str]) -> dict[str, str]:
     outcomes = {}
     for cert in ("", "client", "other"):
         for version in VERSIONS:
             key = f"{cert or 'no'} certificate, {version}"
-            outcomes[key] = await tls_client(t, client_ssl(pki, cert, version))
+            outcomes[key] = await tls_client(t, client_ssl(certs, cert, version))
     outcomes["no tls_v1"] = await tls_client(t, None)
     del t.transcript[:]  # (the IDENTIFY answers: compared in test_tcp_identify)
     return outcomes
@@ -146,13 +136,15 @@ POLICIES = [
 
 @pytest.mark.parametrize("flags", POLICIES, ids=lambda f: " ".join(f) or "no-policy")
 async def test_client_auth_policy(
-    conformance: Conformance, pki: dict[str, str], flags: list[str]
+    conformance: Conformance, certs: dict[str, str], flags: list[str]
 ) -> None:
     async def scenario(t: Target) -> Any:
-        return await every_client(t, pki)
+        return await every_client(t, certs)
 
-    given = [f.format(**pki) for f in flags]
-    await conformance.nsqd(scenario, f"--tls-cert={pki['cert']}", f"--tls-key={pki['key']}", *given)
+    given = [f.format(**certs) for f in flags]
+    await conformance.nsqd(
+        scenario, f"--tls-cert={certs['cert']}", f"--tls-key={certs['key']}", *given
+    )
 
 
 async def test_tls_v1_without_a_certificate(conformance: Conformance) -> None:
@@ -168,7 +160,7 @@ async def test_tls_v1_without_a_certificate(conformance: Conformance) -> None:
 
 @pytest.mark.parametrize("cert", ["client", "other"])
 async def test_auth_learns_the_common_name_of_any_certificate(
-    conformance: Conformance, auth_server: AuthServer, pki: dict[str, str], cert: str
+    conformance: Conformance, auth_server: AuthServer, certs: dict[str, str], cert: str
 ) -> None:
     # With "require", a certificate nsqd cannot verify still names the client.
     auth_server.grants["s"] = {
@@ -181,7 +173,7 @@ async def test_auth_learns_the_common_name_of_any_certificate(
         start = len(auth_server.queries)
         c = await t.connect()
         await c.identify(
-            feature_negotiation=True, tls_v1=True, ssl_context=client_ssl(pki, cert, "tls1.3")
+            feature_negotiation=True, tls_v1=True, ssl_context=client_ssl(certs, cert, "tls1.3")
         )
         await c.call(b"AUTH\n" + body(b"s"))
         await c.sub("t", "ch")
@@ -189,22 +181,22 @@ async def test_auth_learns_the_common_name_of_any_certificate(
 
     await conformance.nsqd(
         scenario,
-        f"--tls-cert={pki['cert']}",
-        f"--tls-key={pki['key']}",
+        f"--tls-cert={certs['cert']}",
+        f"--tls-key={certs['key']}",
         "--tls-client-auth-policy=require",
         f"--auth-http-address={auth_server.address}",
     )
 
 
 async def test_https_with_a_client_auth_policy(
-    conformance: Conformance, pki: dict[str, str]
+    conformance: Conformance, certs: dict[str, str]
 ) -> None:
     # nsqd's HTTPS listener shares the TCP listener's TLS configuration.
     async def scenario(t: Target) -> Any:
         outcomes = {}
         for cert in ("", "other"):
             for version in VERSIONS:
-                ctx = client_ssl(pki, cert, version)
+                ctx = client_ssl(certs, cert, version)
                 host, port = t.https_address.rsplit(":", 1)
                 try:
                     with trio.fail_after(READ_TIMEOUT):
@@ -223,7 +215,7 @@ async def test_https_with_a_client_auth_policy(
 
     await conformance.nsqd(
         scenario,
-        f"--tls-cert={pki['cert']}",
-        f"--tls-key={pki['key']}",
+        f"--tls-cert={certs['cert']}",
+        f"--tls-key={certs['key']}",
         "--tls-client-auth-policy=require",
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -20,13 +19,6 @@ from trionsq.protocol.codecs import (
 )
 from trionsq.protocol.frames import Error, Frame, FrameParser, MessageFrame, Response
 from trionsq.transport import parse_address
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    """Poll a condition on a live server (real sockets: no virtual time);
-    callers bound it with ``trio.fail_after``."""
-    while not predicate():  # noqa: ASYNC110 - a condition in another component
-        await trio.sleep(0.005)
 
 
 class RawClient:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
-import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -20,21 +19,17 @@ from typing import Any
 import httpx
 import pytest
 import trio
-import trustme
 
 import trionsq
 from fakensq.testing.proxy import FaultProxy
 from tests import reference
 
+from ..support.tls import Pki
+from ..support.waiting import poll_until, wait_until, wait_until_asyncio
+
 pytestmark = pytest.mark.skipif(reference.binary("nsqd") is None, reason=reference.skip_reason())
 
 MSG_TIMEOUT = "--msg-timeout=2s"
-
-
-async def _wait(condition: Any) -> None:
-    with trio.fail_after(30):
-        while not condition():  # noqa: ASYNC110 - polling what another task changes
-            await trio.sleep(0.02)
 
 
 async def _publish(address: str, topic: str, bodies: list[bytes], **options: Any) -> None:
@@ -81,14 +76,12 @@ async def _consume_with_a_drop(
         max_in_flight=5,
         **options,
     ):
-        await _wait(lambda: len(handled) >= 10)
+        await wait_until(lambda: len(handled) >= 10)
         dropped = await proxy.faults.drop()
         assert dropped >= 1
         await _publish(proxy.tcp_address, topic, second, **options)
-        await _wait(lambda: set(handled) >= set(first + second))
-        with trio.fail_after(30):
-            while not await _settled(http_address, topic):  # noqa: ASYNC110 - nsqd's state
-                await trio.sleep(0.1)
+        await wait_until(lambda: set(handled) >= set(first + second))
+        await poll_until(lambda: _settled(http_address, topic), step=0.1)
     return handled
 
 
@@ -103,32 +96,19 @@ async def test_trionsq_through_the_proxy_survives_a_drop() -> None:
         assert set(handled) == expected
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    folder = tmp_path_factory.mktemp("pki")
-    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return {"cert": folder / "cert.pem", "key": folder / "key.pem", "context": context}
-
-
 @pytest.mark.parametrize("feature", ["tls", "snappy", "deflate"])
 async def test_upgraded_connections_pass_through_and_still_drop(
-    feature: str, pki: dict[str, Any]
+    feature: str, pki: Pki
 ) -> None:
     flags = [MSG_TIMEOUT]
     options: dict[str, Any] = {}
     if feature == "tls":
         flags += [
-            f"--tls-cert={pki['cert']}",
-            f"--tls-key={pki['key']}",
+            *pki.nsqd_flags(),
             # (with a certificate nsqd serves HTTPS too: 0.0.0.0:4152 unless told)
             f"--https-address=127.0.0.1:{reference.free_port()}",
         ]
-        options["tls"] = pki["context"]
+        options["tls"] = pki.client_context()
     else:
         options[feature] = True
     async with (
@@ -206,8 +186,7 @@ def _pynsq_with_a_drop(proxy_address: str, http_address: str) -> list[bytes]:
 
     async def run() -> None:
         await mpub([b"%d" % i for i in range(20)])
-        while len(received) < 5:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        await wait_until_asyncio(lambda: len(received) >= 5, step=0.01)
         # (the tornado loop waits for the answer: nothing else runs on it meanwhile)
         with httpx.Client() as http:
             answer = http.post(f"http://{http_address}/faults/drop").json()  # noqa: ASYNC212
@@ -313,10 +292,8 @@ async def test_seeded_schedules_on_the_proxy_lose_nothing() -> None:
                 met.extend(await proxy.play_seeded(7, rate=6, horizon=1.5, rounds=2))
 
             nursery.start_soon(play)
-            await _wait(lambda: got >= set(bodies) and len(met) > 0)
-            with trio.fail_after(30):
-                while not await _settled(nsqd.http_address, "seeded"):  # noqa: ASYNC110
-                    await trio.sleep(0.1)
+            await wait_until(lambda: got >= set(bodies) and len(met) > 0)
+            await poll_until(lambda: _settled(nsqd.http_address, "seeded"), step=0.1)
         assert {m.event.kind for m in met} <= {"drop", "delay", "stall", "swallow_heartbeats"}
         # The same seed draws the same schedules (what happened may differ: real time).
         async with FaultProxy(nsqd.tcp_address) as other:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import AsyncIterator
 
 import pytest
 import trio
-import trustme
 
 import fakensq
 from trionsq.protocol import commands as cmds
 from trionsq.protocol.codecs import DeflateDecoder, DeflateEncoder, SnappyDecoder, SnappyEncoder
 
+from ..support.tls import Pki
 from .helpers import RawClient, memory_client
 
 
@@ -78,35 +77,22 @@ async def test_compression_with_pipelined_commands(
     assert nsqd.clients[max(nsqd.clients)].stats()[codec] is True
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-def _server_context(ca: trustme.CA) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(ctx)
-    return ctx
-
-
-async def _upgrade_tls(c: RawClient, ca: trustme.CA, **identify: object) -> dict[str, object]:
+async def _upgrade_tls(c: RawClient, pki: Pki, **identify: object) -> dict[str, object]:
     await c.send(cmds.identify({"feature_negotiation": True, "tls_v1": True, **identify}))
     doc: dict[str, object] = json.loads(await c.read_response())
     assert doc["tls_v1"] is True
-    client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
-    c.stream = trio.SSLStream(c.stream, client_ctx, server_hostname="127.0.0.1")
+    c.stream = trio.SSLStream(c.stream, pki.client_context(), server_hostname="127.0.0.1")
     assert await c.read_response() == b"OK"
     return doc
 
 
-async def test_tls_upgrade_over_tcp(ca: trustme.CA) -> None:
+async def test_tls_upgrade_over_tcp(pki: Pki) -> None:
     async with fakensq.NSQD(
-        tcp_address="127.0.0.1:0", http_address="", ssl_context=_server_context(ca), tls_required=1
+        tcp_address="127.0.0.1:0", http_address="", ssl_context=pki.server_context(), tls_required=1
     ) as nsqd:
         with trio.fail_after(5):
             c = await RawClient.connect(nsqd.tcp_address)
-            await _upgrade_tls(c, ca)
+            await _upgrade_tls(c, pki)
             await c.pub("t", b"secret")
             await c.sub("t", "c", rdy=1)
             assert (await c.read_message()).body == b"secret"
@@ -116,12 +102,12 @@ async def test_tls_upgrade_over_tcp(ca: trustme.CA) -> None:
             assert stats["tls_cipher_suite"]
 
 
-async def test_tls_then_snappy(ca: trustme.CA, nursery: trio.Nursery) -> None:
+async def test_tls_then_snappy(pki: Pki, nursery: trio.Nursery) -> None:
     async with fakensq.NSQD(
-        tcp_address="", http_address="", ssl_context=_server_context(ca)
+        tcp_address="", http_address="", ssl_context=pki.server_context()
     ) as nsqd:
         c = await memory_client(nsqd, nursery)
-        await _upgrade_tls(c, ca, snappy=True)
+        await _upgrade_tls(c, pki, snappy=True)
         c.encoder, c.decoder = SnappyEncoder(), SnappyDecoder()
         assert await c.read_response() == b"OK"
         await c.pub("t", b"both")

@@ -11,7 +11,8 @@ import trio
 import fakensq
 from trionsq.protocol import commands as cmds
 
-from .helpers import RawClient, wait_until
+from ..support.waiting import wait_until
+from .helpers import RawClient
 
 
 async def test_pub_sub_fin() -> None:

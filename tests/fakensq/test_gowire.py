@@ -8,14 +8,12 @@ tests/conformance/test_tcp_records.py; these run without it.
 from __future__ import annotations
 
 import random
-import ssl
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,6 +26,8 @@ from fakensq.golang.tlsrecords import RecordSizer
 from fakensq.nsqd.wire import ClientWire
 from trionsq.protocol.codecs import SnappyDecoder
 from trionsq.protocol.frames import encode_response
+
+from ..support.tls import Pki
 
 IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
 
@@ -164,13 +164,8 @@ def test_client_wire_takes_frames_in_pieces() -> None:
 async def test_everything_arrives_over_tls(tmp_path: Path, codec: str, buffer: int) -> None:
     # Over real TCP, through nsqd's cuts (the buffer's rest waits for its
     # timeout): every message of random sizes arrives, RDY well above 1.
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    server.cert_chain_pems[0].write_to_path(str(cert))
-    server.private_key_pem.write_to_path(str(key))
-    client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    pki = Pki(tmp_path)
+    client_ctx = pki.client_context()
     rng = random.Random(5)
     sizes = [1, 100, 3000] if buffer == -1 else [1, 100, 3000, 20_000]
     bodies = [rng.randbytes(rng.choice(sizes)) for _ in range(200)]
@@ -183,7 +178,7 @@ async def test_everything_arrives_over_tls(tmp_path: Path, codec: str, buffer: i
     if codec != "none":
         options[codec] = True
     async with fakensq.NSQD(
-        tcp_address="127.0.0.1:0", http_address="", tls_cert=str(cert), tls_key=str(key)
+        tcp_address="127.0.0.1:0", http_address="", tls_cert=pki.cert, tls_key=pki.key
     ) as nsqd:
         topic = nsqd.get_topic("t")
         topic.get_channel("c")

@@ -13,6 +13,7 @@ import fakensq
 from fakensq import RegistryEvent
 from trionsq.protocol import commands as cmds
 
+from ..support.waiting import wait_until
 from .helpers import memory_client
 
 
@@ -191,9 +192,7 @@ async def test_ephemeral_channel_and_topic_go_with_last_client(
     await c.sub("t#ephemeral", "c#ephemeral")
     assert nsqd.registrations() == [("t#ephemeral", None), ("t#ephemeral", "c#ephemeral")]
     await c.aclose()
-    with trio.fail_after(5):
-        while nsqd.topics:  # noqa: ASYNC110
-            await trio.sleep(0.01)
+    await wait_until(lambda: not nsqd.topics, limit=5, step=0.01)
     assert [e.action for e in events] == ["register", "register", "unregister", "unregister"]
 
 

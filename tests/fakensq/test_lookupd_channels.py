@@ -7,6 +7,7 @@ import trio
 
 import fakensq
 
+from ..support.waiting import wait_until
 from .helpers import memory_client
 
 
@@ -21,13 +22,11 @@ async def test_new_topic_precreates_channels_from_lookupd(nursery: trio.Nursery)
                     topic.get_channel("shipping")
                     topic.get_channel("tmp#ephemeral")
                     # registrations reach the lookupd asynchronously
-                    while len(lookupd.channels("orders")) < 3:  # noqa: ASYNC110
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: len(lookupd.channels("orders")) >= 3, step=0.01)
 
                     c = await memory_client(b, nursery)
                     await c.pub("orders", b"first")
-                    while not b.topics["orders"].started:  # noqa: ASYNC110
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: b.topics["orders"].started, step=0.01)
                     got = b.topics["orders"].channels
                     assert sorted(got) == ["billing", "shipping"]
                     assert all(ch.depth() == 1 for ch in got.values())

@@ -18,7 +18,8 @@ from fakensq.nsqd.diskqueue import DiskBackedQueue
 from fakensq.nsqd.message import Message, MessageQueue
 from trionsq.protocol import commands as cmds
 
-from .helpers import RawClient, wait_until
+from ..support.waiting import wait_until
+from .helpers import RawClient
 
 
 def drain(queue: MessageQueue) -> list[bytes]:

@@ -12,6 +12,8 @@ import trio
 
 import fakensq
 
+from ..support.tls import Pki
+
 
 def _pynsq_roundtrip(
     tcp_address: str,
@@ -104,13 +106,7 @@ async def test_pynsq_reader_and_writer(features: dict[str, Any]) -> None:
 async def test_pynsq_tls_and_auth(tmp_path: Any) -> None:
     import ssl
 
-    import trustme
-
-    ca = trustme.CA()
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
+    pki = Pki(tmp_path)
     grant = {
         "ttl": 60,
         "identity": "pynsq",
@@ -121,13 +117,13 @@ async def test_pynsq_tls_and_auth(tmp_path: Any) -> None:
     async with fakensq.NSQD(
         tcp_address="127.0.0.1:0",
         http_address="",
-        ssl_context=server_ctx,
+        ssl_context=pki.server_context(),
         tls_required=1,
         auth_handler=lambda query: grant if query["secret"] == "pw" else {},
     ) as nsqd:
         features = {
             "tls_v1": True,
-            "tls_options": {"ca_certs": str(ca_file), "cert_reqs": ssl.CERT_REQUIRED},
+            "tls_options": {"ca_certs": pki.ca_file, "cert_reqs": ssl.CERT_REQUIRED},
             "auth_secret": "pw",
             # (not snappy: pynsq breaks on snappy over TLS, on nsqd as on fakensq;
             # see tests/conformance/test_pynsq_suite.py)

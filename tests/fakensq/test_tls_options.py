@@ -4,42 +4,21 @@ from __future__ import annotations
 
 import json
 import ssl
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
-import trustme
 
 import fakensq
 from trionsq.protocol import commands as cmds
 
+from ..support.tls import Pki
 from .helpers import RawClient
 
 
-@pytest.fixture
-def pki(tmp_path: Path) -> dict[str, Any]:
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    client = ca.issue_cert("client.example", common_name="worker-7")
-    files = {
-        "cert": tmp_path / "server.pem",
-        "key": tmp_path / "server.key",
-        "ca": tmp_path / "ca.pem",
-    }
-    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
-    server.private_key_pem.write_to_path(str(files["key"]))
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    return {"ca": ca, "client": client, "files": files}
-
-
-def _client_context(pki: dict[str, Any], with_cert: bool) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    pki["ca"].configure_trust(ctx)
-    if with_cert:
-        pki["client"].configure_cert(ctx)
-    return ctx
+def _client_context(pki: Pki, with_cert: bool) -> ssl.SSLContext:
+    return pki.client_context(pki.client_pem("client.example", "worker-7") if with_cert else "")
 
 
 async def _tls_client(address: str, ctx: ssl.SSLContext) -> RawClient:
@@ -51,8 +30,7 @@ async def _tls_client(address: str, ctx: ssl.SSLContext) -> RawClient:
     return c
 
 
-async def test_client_certificate_required_and_common_name(pki: dict[str, Any]) -> None:
-    files = pki["files"]
+async def test_client_certificate_required_and_common_name(pki: Pki) -> None:
     queries: list[dict[str, str]] = []
     grant = {
         "ttl": 60,
@@ -67,9 +45,9 @@ async def test_client_certificate_required_and_common_name(pki: dict[str, Any]) 
         tcp_address="127.0.0.1:0",
         http_address="",
         https_address="127.0.0.1:0",
-        tls_cert=str(files["cert"]),
-        tls_key=str(files["key"]),
-        tls_root_ca_file=str(files["ca"]),
+        tls_cert=pki.cert,
+        tls_key=pki.key,
+        tls_root_ca_file=pki.ca_file,
         tls_client_auth_policy="require-verify",
         auth_handler=auth,
     ) as nsqd:

@@ -7,44 +7,38 @@ the same matrix with the real nsqd.
 from __future__ import annotations
 
 import ssl
-from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
-import trustme
 
 from fakensq.golang.tlsconfig import HandshakeError, server_context, server_handshake
+
+from ..support.tls import Pki
 
 VERSIONS = [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3]
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder: Path = tmp_path_factory.mktemp("pki")
-    ca, other = trustme.CA(), trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    paths = {k: str(folder / f"{k}.pem") for k in ("cert", "key", "ca", "client", "other")}
-    server.cert_chain_pems[0].write_to_path(paths["cert"])
-    server.private_key_pem.write_to_path(paths["key"])
-    ca.cert_pem.write_to_path(paths["ca"])
-    ca.issue_cert("c", common_name="mine").private_key_and_cert_chain_pem.write_to_path(
-        paths["client"]
-    )
-    other.issue_cert("o", common_name="theirs").private_key_and_cert_chain_pem.write_to_path(
-        paths["other"]
-    )
-    return paths
+def certs(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    other = Pki(tmp_path_factory.mktemp("other-pki"))
+    return {
+        "cert": pki.cert,
+        "key": pki.key,
+        "ca": pki.ca_file,
+        "client": pki.client_pem("c", common_name="mine"),
+        "other": other.client_pem("o", common_name="theirs"),
+    }
 
 
 async def _connect(
-    server_ctx: ssl.SSLContext, pki: dict[str, str], cert: str, version: ssl.TLSVersion
+    server_ctx: ssl.SSLContext, certs: dict[str, str], cert: str, version: ssl.TLSVersion
 ) -> str:
     """What the client sees: "ok <server's view of its CN>" or the alert."""
-    client_ctx = ssl.create_default_context(cafile=pki["ca"])
+    client_ctx = ssl.create_default_context(cafile=certs["ca"])
     client_ctx.maximum_version = version
     if cert:
-        client_ctx.load_cert_chain(pki[cert])
+        client_ctx.load_cert_chain(certs[cert])
     left, right = trio.testing.memory_stream_pair()
     client = trio.SSLStream(right, client_ctx, server_hostname="127.0.0.1")
     seen: list[str] = []
@@ -76,9 +70,9 @@ async def _connect(
     return f"ok {','.join(seen)}"
 
 
-async def _matrix(ctx: ssl.SSLContext, pki: dict[str, str]) -> dict[tuple[str, str], str]:
+async def _matrix(ctx: ssl.SSLContext, certs: dict[str, str]) -> dict[tuple[str, str], str]:
     return {
-        (cert or "none", v.name): await _connect(ctx, pki, cert, v)
+        (cert or "none", v.name): await _connect(ctx, certs, cert, v)
         for cert in ("", "client", "other")
         for v in VERSIONS
     }
@@ -92,18 +86,18 @@ NO_CERT_REFUSED = {
 }
 
 
-async def test_no_policy_asks_for_no_certificate(pki: dict[str, str]) -> None:
-    for root in ("", pki["ca"]):
-        ctx = server_context(pki["cert"], pki["key"], root_ca_file=root)
-        assert set((await _matrix(ctx, pki)).values()) == {"ok "}  # (none sent, none seen)
+async def test_no_policy_asks_for_no_certificate(certs: dict[str, str]) -> None:
+    for root in ("", certs["ca"]):
+        ctx = server_context(certs["cert"], certs["key"], root_ca_file=root)
+        assert set((await _matrix(ctx, certs)).values()) == {"ok "}  # (none sent, none seen)
 
 
-async def test_require_takes_any_certificate(pki: dict[str, str]) -> None:
-    for root in ("", pki["ca"]):
+async def test_require_takes_any_certificate(certs: dict[str, str]) -> None:
+    for root in ("", certs["ca"]):
         ctx = server_context(
-            pki["cert"], pki["key"], client_auth_policy="require", root_ca_file=root
+            certs["cert"], certs["key"], client_auth_policy="require", root_ca_file=root
         )
-        assert await _matrix(ctx, pki) == {
+        assert await _matrix(ctx, certs) == {
             **NO_CERT_REFUSED,
             ("client", "TLSv1_2"): "ok mine",
             ("client", "TLSv1_3"): "ok mine",
@@ -112,11 +106,11 @@ async def test_require_takes_any_certificate(pki: dict[str, str]) -> None:
         }
 
 
-async def test_require_verify_checks_the_chain(pki: dict[str, str]) -> None:
+async def test_require_verify_checks_the_chain(certs: dict[str, str]) -> None:
     ctx = server_context(
-        pki["cert"], pki["key"], client_auth_policy="require-verify", root_ca_file=pki["ca"]
+        certs["cert"], certs["key"], client_auth_policy="require-verify", root_ca_file=certs["ca"]
     )
-    assert await _matrix(ctx, pki) == {
+    assert await _matrix(ctx, certs) == {
         **NO_CERT_REFUSED,
         ("client", "TLSv1_2"): "ok mine",
         ("client", "TLSv1_3"): "ok mine",
@@ -124,16 +118,18 @@ async def test_require_verify_checks_the_chain(pki: dict[str, str]) -> None:
         ("other", "TLSv1_3"): f"refused TLSV1_ALERT_UNKNOWN_CA ({UNKNOWN_CA})",
     }
     # Without a root CA file, the system's roots: a test CA is unknown.
-    ctx = server_context(pki["cert"], pki["key"], client_auth_policy="require-verify")
-    outcomes = await _matrix(ctx, pki)
+    ctx = server_context(certs["cert"], certs["key"], client_auth_policy="require-verify")
+    outcomes = await _matrix(ctx, certs)
     assert outcomes[("client", "TLSv1_3")] == f"refused TLSV1_ALERT_UNKNOWN_CA ({UNKNOWN_CA})"
 
 
-async def test_a_policy_in_process_requires_tls(pki: dict[str, str]) -> None:
+async def test_a_policy_in_process_requires_tls(certs: dict[str, str]) -> None:
     import fakensq
     from fakensq.nsqd.options import TLS_REQUIRED
 
-    node = fakensq.NSQD(tls_cert=pki["cert"], tls_key=pki["key"], tls_client_auth_policy="require")
+    node = fakensq.NSQD(
+        tls_cert=certs["cert"], tls_key=certs["key"], tls_client_auth_policy="require"
+    )
     assert node.options.tls_required == TLS_REQUIRED
 
 

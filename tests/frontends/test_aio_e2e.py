@@ -17,7 +17,9 @@ import trionsq
 from trionsq import aio
 from trionsq.aio import guest
 
-from .conftest import FAST_RECONNECT, AuthServer, Daemon, Nsqds, Tls, stats, wait_until
+from ..support.nodes import BlockingDaemons, BlockingNode
+from ..support.waiting import wait_until_asyncio, wait_until_blocking
+from .conftest import FAST_RECONNECT, AuthServer, Tls, registered_nsqds, stats
 
 pytestmark = pytest.mark.usefixtures("no_threads_left")
 
@@ -38,7 +40,7 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 async def consume(
-    daemon: Daemon, count: int, topic: str = "topic", **options: Any
+    daemon: BlockingNode, count: int, topic: str = "topic", **options: Any
 ) -> list[aio.Message]:
     got: list[aio.Message] = []
     options.setdefault("max_in_flight", 16)
@@ -53,13 +55,7 @@ async def consume(
     return got
 
 
-async def until(predicate: Callable[[], bool], limit: float = 20.0) -> None:
-    async with asyncio.timeout(limit):
-        while not predicate():  # noqa: ASYNC110 - a condition spread over client and server
-            await asyncio.sleep(0.005)
-
-
-def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
+def test_publish_and_consume_exact_sets(daemon: BlockingNode) -> None:
     async def main() -> list[aio.Message]:
         async with aio.Producer([daemon.tcp_address]) as producer:
             await producer.publish("topic", b"one")
@@ -73,11 +69,11 @@ def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
     expected = {b"one", b"two", b"three", b"later", *(b"p%d" % i for i in range(50))}
     assert sorted(m.body for m in got) == sorted(expected)
     assert all(m.attempts == 1 and m.responded == "finished" for m in got)
-    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
     assert stats(daemon, "topic", "chan")["depth"] == 0
 
 
-def test_async_and_sync_handlers(daemon: Daemon) -> None:
+def test_async_and_sync_handlers(daemon: BlockingNode) -> None:
     seen: list[bytes] = []
 
     async def main() -> None:
@@ -116,13 +112,13 @@ def test_async_and_sync_handlers(daemon: Daemon) -> None:
             nsqd_tcp_addresses=[daemon.tcp_address],
             handler=lambda m: sync_seen.append(m.body),
         ):
-            await until(lambda: sync_seen == [b"s"])
+            await wait_until_asyncio(lambda: sync_seen == [b"s"])
 
     run(main)
     assert sorted(seen) == sorted(b"%d" % i for i in range(40))
 
 
-def test_requeue_give_up_and_a_failing_handler(daemon: Daemon) -> None:
+def test_requeue_give_up_and_a_failing_handler(daemon: BlockingNode) -> None:
     given_up: list[tuple[bytes, int]] = []
     attempts: list[int] = []
 
@@ -148,7 +144,7 @@ def test_requeue_give_up_and_a_failing_handler(daemon: Daemon) -> None:
                 await message.requeue(0)
                 if message.attempts == 2:
                     break
-            await until(lambda: bool(given_up))
+            await wait_until_asyncio(lambda: bool(given_up))
 
         async def handler(message: aio.Message) -> None:
             attempts.append(message.attempts)
@@ -163,16 +159,16 @@ def test_requeue_give_up_and_a_failing_handler(daemon: Daemon) -> None:
             backoff=trionsq.BackoffPolicy(base=0.1, max=0.2, jitter=0.0),
             default_requeue_delay=0.05,
         ) as consumer:
-            await until(lambda: consumer.stats.finished == 1)
+            await wait_until_asyncio(lambda: consumer.stats.finished == 1)
             assert consumer.stats.requeued == 1
 
     run(main)
     assert given_up == [(b"poison", 3)]
     assert attempts == [1, 2]
-    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
 
 
-def test_leaving_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
+def test_leaving_is_prompt_and_loses_nothing(daemon: BlockingNode) -> None:
     async def main() -> tuple[list[bytes], float, aio.Message]:
         async with aio.Producer([daemon.tcp_address]) as producer:
             await producer.multi_publish("topic", [b"%d" % i for i in range(30)])
@@ -186,7 +182,7 @@ def test_leaving_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
                     unfinished = message
                     break
                 await message.finish()
-            await until(lambda: consumer.stats.received >= 10)
+            await wait_until_asyncio(lambda: consumer.stats.received >= 10)
             began = time.monotonic()
         return first, time.monotonic() - began, unfinished
 
@@ -199,7 +195,7 @@ def test_leaving_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
     assert sorted([*first[:2], *(m.body for m in rest)]) == sorted(b"%d" % i for i in range(30))
 
 
-def test_cancelling_the_task_that_holds_them_closes_them(daemon: Daemon) -> None:
+def test_cancelling_the_task_that_holds_them_closes_them(daemon: BlockingNode) -> None:
     async def main() -> tuple[list[aio.Message], float]:
         async with aio.Producer([daemon.tcp_address]) as producer:
             await producer.multi_publish("topic", [b"a", b"b", b"c"])
@@ -226,7 +222,7 @@ def test_cancelling_the_task_that_holds_them_closes_them(daemon: Daemon) -> None
         async with aio.Producer([daemon.tcp_address]) as producer:
             await producer.publish("other", b"x")
         task = asyncio.create_task(holder())
-        await until(lambda: len(held) == 3)
+        await wait_until_asyncio(lambda: len(held) == 3)
         await asyncio.wait_for(handler_started.wait(), 20)
         began = time.monotonic()
         task.cancel()
@@ -244,8 +240,8 @@ def test_cancelling_the_task_that_holds_them_closes_them(daemon: Daemon) -> None
     assert [m.attempts for m in asyncio.run(consume(daemon, 1, topic="other"))] == [2]
 
 
-def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
-    daemon = nsqds()
+def test_an_nsqd_killed_and_restarted(nodes: BlockingDaemons) -> None:
+    daemon = nodes.nsqd()
 
     async def main() -> list[bytes]:
         received: list[bytes] = []
@@ -261,13 +257,13 @@ def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
         ):
             await consumer.wait_connected()
             await producer.multi_publish("topic", [b"before-%d" % i for i in range(5)])
-            await until(lambda: len(received) == 5)
+            await wait_until_asyncio(lambda: len(received) == 5)
             await asyncio.to_thread(daemon.kill)
             with pytest.raises(trionsq.NSQConnectionError):
                 await producer.publish("topic", b"lost")
             await asyncio.to_thread(daemon.start)
             await producer.multi_publish("topic", [b"after-%d" % i for i in range(5)])
-            await until(lambda: len(received) == 10)
+            await wait_until_asyncio(lambda: len(received) == 10)
         return received
 
     received = run(main)
@@ -278,9 +274,13 @@ def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 def test_tls_compression_and_auth(
-    nsqds: Nsqds, tls: Tls, auth_server: AuthServer, compression: str
+    nodes: BlockingDaemons, tls: Tls, auth_server: AuthServer, compression: str
 ) -> None:
-    daemon = nsqds(tls_cert=tls.cert, tls_key=tls.key, auth_http_addresses=[auth_server.address])
+    daemon = nodes.nsqd(
+        f"--tls-cert={tls.cert}",
+        f"--tls-key={tls.key}",
+        f"--auth-http-address={auth_server.address}",
+    )
     options: dict[str, Any] = {"tls": tls.client, "auth_secret": "open-sesame", compression: True}
 
     async def main() -> list[aio.Message]:
@@ -293,8 +293,8 @@ def test_tls_compression_and_auth(
     assert set(auth_server.seen) == {"open-sesame"}
 
 
-def test_refusals_are_typed_and_closed_clients_raise(nsqds: Nsqds) -> None:
-    daemon = nsqds(max_msg_size=10)
+def test_refusals_are_typed_and_closed_clients_raise(nodes: BlockingDaemons) -> None:
+    daemon = nodes.nsqd("--max-msg-size=10")
 
     async def main() -> None:
         producer = aio.Producer([daemon.tcp_address])
@@ -321,7 +321,7 @@ def test_refusals_are_typed_and_closed_clients_raise(nsqds: Nsqds) -> None:
 
 
 @pytest.mark.parametrize("guest", [True, False], ids=["guest", "thread"])
-def test_no_thread_or_trio_run_outlives_the_block(daemon: Daemon, guest: bool) -> None:
+def test_no_thread_or_trio_run_outlives_the_block(daemon: BlockingNode, guest: bool) -> None:
     during: set[threading.Thread] = set()
     started: set[threading.Thread] = set()  # during the block, not before it
 
@@ -355,7 +355,7 @@ def test_no_thread_or_trio_run_outlives_the_block(daemon: Daemon, guest: bool) -
         assert {"trionsq-asyncio-producer", "trionsq-asyncio-consumer"} <= names
 
 
-def test_clients_of_one_loop_share_its_guest_run(daemon: Daemon) -> None:
+def test_clients_of_one_loop_share_its_guest_run(daemon: BlockingNode) -> None:
     async def main() -> None:
         async with aio.Producer([daemon.tcp_address]) as first:
             token = trio.lowlevel.current_trio_token()  # the guest run's, on this thread
@@ -369,36 +369,36 @@ def test_clients_of_one_loop_share_its_guest_run(daemon: Daemon) -> None:
             await third.publish("topic", b"3")
 
     run(main)
-    wait_until(lambda: stats(daemon, "topic").get("message_count") == 3)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 3)
 
 
-def test_discovery_and_failover(clusters: Any) -> None:
-    cluster = clusters(nsqd=2)
-    first, second = cluster.nsqd_tcp_addresses
+def test_discovery_and_failover(nodes: BlockingDaemons) -> None:
+    lookupd, nsqds = registered_nsqds(nodes)
+    first, second = (nsqd.tcp_address for nsqd in nsqds)
 
     async def main() -> list[bytes]:
         received: list[bytes] = []
         async with aio.Consumer(
             "topic",
             "chan",
-            lookupd_http_addresses=cluster.lookupd_http_addresses,
+            lookupd_http_addresses=[lookupd.http_address],
             lookupd_poll_interval=0.1,
             handler=lambda m: received.append(m.body),
         ) as consumer:
             async with aio.Producer([first, second], connect_timeout=1.0) as producer:
                 await producer.publish("topic", b"one")
                 assert producer.address == first
-                await until(lambda: consumer.connections == [first])
+                await wait_until_asyncio(lambda: consumer.connections == [first])
                 # "one" reaches the consumer before its nsqd (memory only) dies:
                 # subscribed is not yet delivered (a race the real nsqd loses
                 # now and then under load).
-                await until(lambda: received == [b"one"])
-                await asyncio.to_thread(cluster.kill_nsqd, 0)
-                await until(lambda: producer.address is None)
+                await wait_until_asyncio(lambda: received == [b"one"])
+                await asyncio.to_thread(nsqds[0].kill)
+                await wait_until_asyncio(lambda: producer.address is None)
                 await producer.publish("topic", b"two")  # failed over
                 assert producer.address == second
-            await until(lambda: consumer.connections == [second])  # found through lookupd
-            await until(lambda: sorted(received) == [b"one", b"two"])
+            await wait_until_asyncio(lambda: consumer.connections == [second])  # found through lookupd
+            await wait_until_asyncio(lambda: sorted(received) == [b"one", b"two"])
         return received
 
     run(main)
@@ -417,7 +417,7 @@ def default_sigint() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("default_sigint")
-def test_ctrl_c_stays_the_asyncio_programs_and_closes_them(daemon: Daemon) -> None:
+def test_ctrl_c_stays_the_asyncio_programs_and_closes_them(daemon: BlockingNode) -> None:
     held: list[aio.Message] = []
 
     async def main() -> None:
@@ -439,12 +439,12 @@ def test_ctrl_c_stays_the_asyncio_programs_and_closes_them(daemon: Daemon) -> No
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert all(m.responded == "requeued" for m in held)
     assert not trio.lowlevel.in_trio_run()
-    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
     assert sorted(m.body for m in asyncio.run(consume(daemon, 3))) == [b"a", b"b", b"c"]
 
 
 @pytest.mark.usefixtures("default_sigint")
-def test_a_guest_run_leaves_the_sigint_handler_alone(daemon: Daemon) -> None:
+def test_a_guest_run_leaves_the_sigint_handler_alone(daemon: BlockingNode) -> None:
     # Without asyncio.run, Python's default handler is in place: Trio would
     # install its own for its run; the guest run must not.
     loop = asyncio.new_event_loop()
@@ -461,7 +461,7 @@ def test_a_guest_run_leaves_the_sigint_handler_alone(daemon: Daemon) -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_loop_hosting_a_trio_guest_run_of_its_own_needs_guest_false(daemon: Daemon) -> None:
+def test_a_loop_hosting_a_trio_guest_run_of_its_own_needs_guest_false(daemon: BlockingNode) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[object] = loop.create_future()
@@ -484,10 +484,10 @@ def test_a_loop_hosting_a_trio_guest_run_of_its_own_needs_guest_false(daemon: Da
             await ended
 
     run(main)
-    wait_until(lambda: stats(daemon, "topic").get("message_count") == 1)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 1)
 
 
-def test_clients_of_one_run_come_and_go_independently(daemon: Daemon) -> None:
+def test_clients_of_one_run_come_and_go_independently(daemon: BlockingNode) -> None:
     async def main() -> None:
         published = asyncio.Event()
 
@@ -525,10 +525,10 @@ def test_clients_of_one_run_come_and_go_independently(daemon: Daemon) -> None:
         assert not trio.lowlevel.in_trio_run()
 
     run(main)
-    wait_until(lambda: stats(daemon, "topic").get("message_count") == 9)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 9)
 
 
-def test_a_consumers_state_can_be_read_from_another_thread(daemon: Daemon) -> None:
+def test_a_consumers_state_can_be_read_from_another_thread(daemon: BlockingNode) -> None:
     async def main() -> None:
         async with aio.Consumer(
             "topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address]

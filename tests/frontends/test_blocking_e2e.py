@@ -13,13 +13,15 @@ import pytest
 import trionsq
 from trionsq import blocking
 
-from .conftest import FAST_RECONNECT, AuthServer, Daemon, Nsqds, Tls, stats, wait_until
+from ..support.nodes import BlockingDaemons, BlockingNode
+from ..support.waiting import wait_until_blocking
+from .conftest import FAST_RECONNECT, AuthServer, Tls, registered_nsqds, stats
 
 pytestmark = pytest.mark.usefixtures("no_threads_left")
 
 
 def consume(
-    daemon: Daemon, count: int, topic: str = "topic", **options: Any
+    daemon: BlockingNode, count: int, topic: str = "topic", **options: Any
 ) -> list[blocking.Message]:
     """Iterate until ``count`` messages came, finishing each."""
     got: list[blocking.Message] = []
@@ -35,7 +37,7 @@ def consume(
     return got
 
 
-def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
+def test_publish_and_consume_exact_sets(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("topic", b"one")
         producer.multi_publish("topic", [b"two", b"three"])
@@ -53,11 +55,11 @@ def test_publish_and_consume_exact_sets(daemon: Daemon) -> None:
     got = consume(daemon, len(expected))
     assert sorted(m.body for m in got) == sorted(expected)
     assert all(m.attempts == 1 and len(m.id) == 16 and m.has_responded for m in got)
-    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
     assert stats(daemon, "topic", "chan")["depth"] == 0
 
 
-def test_threads_share_a_small_window_and_close_wakes_those_waiting(daemon: Daemon) -> None:
+def test_threads_share_a_small_window_and_close_wakes_those_waiting(daemon: BlockingNode) -> None:
     # Window 3, 8 threads: callers sleep while it is full and are woken as
     # answers free places; never more than 3 await nsqd's answer.
     most = 0
@@ -93,7 +95,7 @@ def test_threads_share_a_small_window_and_close_wakes_those_waiting(daemon: Daem
         for thread in threads:
             thread.start()
         started.wait()
-        wait_until(lambda: producer.stats.published >= 20)
+        wait_until_blocking(lambda: producer.stats.published >= 20)
         producer.close()
         for thread in threads:
             thread.join(10)
@@ -104,7 +106,7 @@ def test_threads_share_a_small_window_and_close_wakes_those_waiting(daemon: Daem
     )
 
 
-def test_a_handler_on_a_pool_of_threads(daemon: Daemon) -> None:
+def test_a_handler_on_a_pool_of_threads(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.multi_publish("topic", [b"%d" % i for i in range(60)])
     seen: list[bytes] = []
@@ -135,10 +137,10 @@ def test_a_handler_on_a_pool_of_threads(daemon: Daemon) -> None:
     assert sorted(seen) == sorted(b"%d" % i for i in range(60))
     assert 1 < most <= 4 and len(threads) <= 4
     assert consumer.stats.finished == 60
-    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
 
 
-def test_handlers_that_block_get_every_thread_of_the_pool(daemon: Daemon) -> None:
+def test_handlers_that_block_get_every_thread_of_the_pool(daemon: BlockingNode) -> None:
     # A batch wakes one thread of the pool; the others are woken while its
     # messages wait: four handlers meet at a barrier only if all four run.
     with blocking.Producer([daemon.tcp_address]) as producer:
@@ -161,7 +163,7 @@ def test_handlers_that_block_get_every_thread_of_the_pool(daemon: Daemon) -> Non
     assert consumer.stats.finished == 8 and consumer.stats.requeued == 0
 
 
-def test_requeue_touch_and_give_up(daemon: Daemon) -> None:
+def test_requeue_touch_and_give_up(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("topic", b"again")
         producer.publish("topic", b"poison")
@@ -193,15 +195,15 @@ def test_requeue_touch_and_give_up(daemon: Daemon) -> None:
                 message.finish()
             if (b"again", 2) in bodies and (b"poison", 2) in bodies:
                 break
-        wait_until(lambda: bool(given_up))  # the third delivery goes to give_up
+        wait_until_blocking(lambda: bool(given_up))  # the third delivery goes to give_up
     assert (b"again", 1) in bodies and (b"again", 2) in bodies
     assert [(b, a) for b, a, _ in given_up] == [(b"poison", 3)]
     assert given_up[0][2].endswith("-helper")  # not on the loop's thread
-    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
-    wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 0)
 
 
-def test_a_failing_handler_requeues_with_backoff(daemon: Daemon) -> None:
+def test_a_failing_handler_requeues_with_backoff(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("topic", b"fails once")
     attempts: list[int] = []
@@ -222,7 +224,7 @@ def test_a_failing_handler_requeues_with_backoff(daemon: Daemon) -> None:
         default_requeue_delay=0.05,
     )
     with consumer:
-        wait_until(lambda: consumer.stats.requeued == 1)
+        wait_until_blocking(lambda: consumer.stats.requeued == 1)
         states.append(consumer.stats.backoff_state)
         assert consumer.run(timeout=20)
     assert attempts == [1, 2]
@@ -230,7 +232,7 @@ def test_a_failing_handler_requeues_with_backoff(daemon: Daemon) -> None:
     assert consumer.stats.finished == 1
 
 
-def test_leaving_the_loop_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
+def test_leaving_the_loop_is_prompt_and_loses_nothing(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.multi_publish("topic", [b"%d" % i for i in range(30)])
     first: list[bytes] = []
@@ -243,7 +245,7 @@ def test_leaving_the_loop_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
                 unfinished = message  # handed out, never settled
                 break
             message.finish()
-        wait_until(lambda: consumer.stats.received >= 10)
+        wait_until_blocking(lambda: consumer.stats.received >= 10)
         started = time.monotonic()
     took = time.monotonic() - started
     assert took < 2.0, f"leaving took {took:.2f} s"
@@ -255,7 +257,7 @@ def test_leaving_the_loop_is_prompt_and_loses_nothing(daemon: Daemon) -> None:
     assert sorted([*first[:2], *(m.body for m in rest)]) == sorted(b"%d" % i for i in range(30))
 
 
-def test_a_stuck_handler_gets_close_timeout_then_its_message_is_requeued(daemon: Daemon) -> None:
+def test_a_stuck_handler_gets_close_timeout_then_its_message_is_requeued(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.multi_publish("topic", [b"stuck", b"quick"])
     release = threading.Event()
@@ -278,7 +280,7 @@ def test_a_stuck_handler_gets_close_timeout_then_its_message_is_requeued(daemon:
     )
     with consumer:
         assert started.wait(10)
-        wait_until(lambda: b"quick" in handled)
+        wait_until_blocking(lambda: b"quick" in handled)
         begin = time.monotonic()
         threading.Timer(1.0, release.set).start()  # lets the thread end after the close
     took = time.monotonic() - begin
@@ -288,7 +290,7 @@ def test_a_stuck_handler_gets_close_timeout_then_its_message_is_requeued(daemon:
     assert [(m.body, m.attempts) for m in got] == [(b"stuck", 2)]
 
 
-def test_ctrl_c_in_the_main_thread_closes_promptly_and_requeues(daemon: Daemon) -> None:
+def test_ctrl_c_in_the_main_thread_closes_promptly_and_requeues(daemon: BlockingNode) -> None:
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
     with blocking.Producer([daemon.tcp_address]) as producer:
@@ -296,7 +298,7 @@ def test_ctrl_c_in_the_main_thread_closes_promptly_and_requeues(daemon: Daemon) 
     held: list[blocking.Message] = []
 
     def interrupt() -> None:
-        wait_until(lambda: len(held) >= 2)
+        wait_until_blocking(lambda: len(held) >= 2)
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     helper = threading.Thread(target=interrupt)
@@ -316,8 +318,8 @@ def test_ctrl_c_in_the_main_thread_closes_promptly_and_requeues(daemon: Daemon) 
     assert sorted(m.body for m in consume(daemon, 3)) == [b"a", b"b", b"c"]
 
 
-def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
-    daemon = nsqds()
+def test_an_nsqd_killed_and_restarted(nodes: BlockingDaemons) -> None:
+    daemon = nodes.nsqd()
     received: list[bytes] = []
     lock = threading.Lock()
 
@@ -337,14 +339,14 @@ def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
     ):
         consumer.wait_connected(timeout=10)
         producer.multi_publish("topic", [b"before-%d" % i for i in range(5)])
-        wait_until(lambda: len(received) == 5)
+        wait_until_blocking(lambda: len(received) == 5)
         daemon.kill()
         with pytest.raises(trionsq.NSQConnectionError):
             producer.publish("topic", b"lost")  # nobody there
         daemon.start()
         # The producer reconnects on its next publish; the consumer on its own.
         producer.multi_publish("topic", [b"after-%d" % i for i in range(5)])
-        wait_until(lambda: len(received) == 10)
+        wait_until_blocking(lambda: len(received) == 10)
     assert sorted(received) == sorted(
         [b"before-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(5)]
     )
@@ -352,9 +354,13 @@ def test_an_nsqd_killed_and_restarted(nsqds: Nsqds) -> None:
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 def test_tls_compression_and_auth(
-    nsqds: Nsqds, tls: Tls, auth_server: AuthServer, compression: str
+    nodes: BlockingDaemons, tls: Tls, auth_server: AuthServer, compression: str
 ) -> None:
-    daemon = nsqds(tls_cert=tls.cert, tls_key=tls.key, auth_http_addresses=[auth_server.address])
+    daemon = nodes.nsqd(
+        f"--tls-cert={tls.cert}",
+        f"--tls-key={tls.key}",
+        f"--auth-http-address={auth_server.address}",
+    )
     options: dict[str, Any] = {"tls": tls.client, "auth_secret": "open-sesame", compression: True}
     with blocking.Producer([daemon.tcp_address], **options) as producer:
         producer.multi_publish("topic", [b"z" * 5000, b"secret"])
@@ -363,8 +369,8 @@ def test_tls_compression_and_auth(
     assert set(auth_server.seen) == {"open-sesame"}
 
 
-def test_nsqd_refusals_are_typed_and_the_producer_goes_on(nsqds: Nsqds) -> None:
-    daemon = nsqds(max_msg_size=10)
+def test_nsqd_refusals_are_typed_and_the_producer_goes_on(nodes: BlockingDaemons) -> None:
+    daemon = nodes.nsqd("--max-msg-size=10")
     with blocking.Producer([daemon.tcp_address]) as producer:
         with pytest.raises(trionsq.BadMessageError):
             producer.publish("topic", b"x" * 100)
@@ -377,7 +383,7 @@ def test_nsqd_refusals_are_typed_and_the_producer_goes_on(nsqds: Nsqds) -> None:
     assert [m.body for m in consume(daemon, 1)] == [b"fits"]
 
 
-def test_closed_clients_raise_and_never_hang(daemon: Daemon) -> None:
+def test_closed_clients_raise_and_never_hang(daemon: BlockingNode) -> None:
     producer = blocking.Producer([daemon.tcp_address])
     with pytest.raises(RuntimeError, match="start"):
         producer.publish("topic", b"x")
@@ -402,7 +408,7 @@ def test_closed_clients_raise_and_never_hang(daemon: Daemon) -> None:
         consumer.start()
 
 
-async def test_blocking_calls_from_a_trio_task_raise_at_once(daemon: Daemon) -> None:
+async def test_blocking_calls_from_a_trio_task_raise_at_once(daemon: BlockingNode) -> None:
     producer = blocking.Producer([daemon.tcp_address])
     with pytest.raises(blocking.BlockingInTrioError, match="inside a Trio run"):
         producer.start()
@@ -411,23 +417,24 @@ async def test_blocking_calls_from_a_trio_task_raise_at_once(daemon: Daemon) -> 
         consumer.start()
 
 
-def test_the_producer_fails_over_when_an_nsqd_dies(clusters: Any) -> None:
-    cluster = clusters(nsqd=2)
-    first, second = cluster.nsqd_tcp_addresses
+def test_the_producer_fails_over_when_an_nsqd_dies(nodes: BlockingDaemons) -> None:
+    _, nsqds = registered_nsqds(nodes)
+    first, second = (nsqd.tcp_address for nsqd in nsqds)
     with blocking.Producer([first, second], connect_timeout=1.0) as producer:
         producer.publish("topic", b"to-first")
         assert producer.address == first
-        cluster.kill_nsqd(0)
-        wait_until(lambda: producer.address is None)
+        nsqds[0].kill()
+        wait_until_blocking(lambda: producer.address is None)
         producer.publish("topic", b"to-second")
         assert producer.address == second
     with blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[second]) as consumer:
         assert next(iter(consumer)).body == b"to-second"
 
 
-def test_discovery_as_nsqds_come_and_go(clusters: Any) -> None:
-    cluster = clusters(nsqd=2)
-    for index, address in enumerate(cluster.nsqd_tcp_addresses):
+def test_discovery_as_nsqds_come_and_go(nodes: BlockingDaemons) -> None:
+    lookupd, nsqds = registered_nsqds(nodes)
+    addresses = [nsqd.tcp_address for nsqd in nsqds]
+    for index, address in enumerate(addresses):
         with blocking.Producer([address]) as producer:
             producer.publish("topic", b"from-%d" % index)
     received: list[bytes] = []
@@ -440,25 +447,25 @@ def test_discovery_as_nsqds_come_and_go(clusters: Any) -> None:
     with blocking.Consumer(
         "topic",
         "chan",
-        lookupd_http_addresses=cluster.lookupd_http_addresses,
+        lookupd_http_addresses=[lookupd.http_address],
         lookupd_poll_interval=0.1,
         handler=handler,
         concurrency=2,
     ) as consumer:
-        wait_until(lambda: sorted(received) == [b"from-0", b"from-1"])
-        assert consumer.connections == sorted(cluster.nsqd_tcp_addresses)
-        cluster.kill_nsqd(1)  # gone: the consumer lets it go
-        wait_until(lambda: consumer.connections == [cluster.nsqd_tcp_addresses[0]])
-        cluster.start_nsqd(1)  # back: found again through nsqlookupd
-        with blocking.Producer([cluster.nsqd_tcp_addresses[1]]) as producer:
+        wait_until_blocking(lambda: sorted(received) == [b"from-0", b"from-1"])
+        assert consumer.connections == sorted(addresses)
+        nsqds[1].kill()  # gone: the consumer lets it go
+        wait_until_blocking(lambda: consumer.connections == [addresses[0]])
+        nsqds[1].start()  # back: found again through nsqlookupd
+        with blocking.Producer([addresses[1]]) as producer:
             producer.publish("topic", b"again")
-        wait_until(lambda: b"again" in received)
+        wait_until_blocking(lambda: b"again" in received)
 
 
-def test_touch_keeps_a_slow_message_and_rdy_bounds_what_comes(nsqds: Nsqds) -> None:
+def test_touch_keeps_a_slow_message_and_rdy_bounds_what_comes(nodes: BlockingDaemons) -> None:
     # A timeout 7 touch intervals long: a crowded machine may stall this
     # thread or the client's for a while without nsqd timing a message out.
-    daemon = nsqds(msg_timeout=2.0)
+    daemon = nodes.nsqd("--msg-timeout=2s")
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.multi_publish("topic", [b"%d" % i for i in range(12)])
     with blocking.Consumer(
@@ -466,7 +473,7 @@ def test_touch_keeps_a_slow_message_and_rdy_bounds_what_comes(nsqds: Nsqds) -> N
     ) as consumer:
         held = [next(iter(consumer)) for _ in range(4)]
         # RDY 4: nsqd hands out 4 and no more while they are unanswered.
-        wait_until(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 4)
+        wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("in_flight_count") == 4)
         for _ in range(8):  # 2.4 s, past the 2 s msg_timeout, touched every 0.3 s
             time.sleep(0.3)
             for message in held:

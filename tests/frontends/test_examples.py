@@ -17,7 +17,8 @@ import pytest
 
 from trionsq import blocking
 
-from .conftest import stats, wait_until
+from ..support.waiting import wait_until_blocking
+from .conftest import stats
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -72,7 +73,7 @@ def test_a_fastapi_app_consumes_in_its_lifespan(nsqd: Any) -> None:
     with TestClient(app) as client:
         with blocking.Producer([nsqd.tcp_address]) as producer:
             producer.multi_publish("events", [b"login", b"logout"])
-        wait_until(lambda: sorted(client.get("/recent").json()) == ["login", "logout"])
+        wait_until_blocking(lambda: sorted(client.get("/recent").json()) == ["login", "logout"])
         assert client.get("/stats").json() == {"received": 2, "finished": 2}
     # The lifespan ended: the consumer left, nothing in flight.
     assert stats(nsqd, "events", "dashboard")["in_flight_count"] == 0
@@ -117,7 +118,7 @@ def test_the_worker_stops_cleanly_on_sigterm(nsqd: Any) -> None:
             pytest.fail(f"the worker ended before it was ready: {worker.wait()}")
         with blocking.Producer([nsqd.tcp_address]) as producer:
             producer.multi_publish("jobs", [b"job-%d" % i for i in range(3)])
-        wait_until(lambda: stats(nsqd, "jobs", "workers").get("depth") == 0)
+        wait_until_blocking(lambda: stats(nsqd, "jobs", "workers").get("depth") == 0)
         began = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)

@@ -10,7 +10,9 @@ import pytest
 
 from trionsq import aio, blocking
 
-from .conftest import Daemon, stats, wait_until
+from ..support.nodes import BlockingNode
+from ..support.waiting import wait_until_blocking
+from .conftest import stats
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork"),
@@ -40,7 +42,7 @@ def in_child(work: Callable[[], str]) -> str:
 
 
 def test_a_producer_reconnects_in_the_child_never_sharing_the_parents_socket(
-    daemon: Daemon,
+    daemon: BlockingNode,
 ) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("topic", b"parent-before")
@@ -55,10 +57,10 @@ def test_a_producer_reconnects_in_the_child_never_sharing_the_parents_socket(
         # The parent's connection is intact, and goes on.
         producer.publish("topic", b"parent-after")
         assert producer.stats.published == 2
-    wait_until(lambda: stats(daemon, "topic").get("message_count") == 3)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 3)
 
 
-def test_after_fork_error_fails_with_a_clear_message(daemon: Daemon) -> None:
+def test_after_fork_error_fails_with_a_clear_message(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address], after_fork="error") as producer:
         producer.publish("topic", b"x")
 
@@ -71,7 +73,7 @@ def test_after_fork_error_fails_with_a_clear_message(daemon: Daemon) -> None:
         producer.publish("topic", b"y")
 
 
-def test_a_consumer_started_before_fork_fails_in_the_child(daemon: Daemon) -> None:
+def test_a_consumer_started_before_fork_fails_in_the_child(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("topic", b"x")
     with blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address]) as consumer:
@@ -85,11 +87,11 @@ def test_a_consumer_started_before_fork_fails_in_the_child(daemon: Daemon) -> No
         report = in_child(child)
         assert report.startswith("ForkedError: this Consumer was started before a fork()")
         message.finish()
-    wait_until(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
+    wait_until_blocking(lambda: stats(daemon, "topic", "chan").get("depth") == 0)
     assert stats(daemon, "topic", "chan")["in_flight_count"] == 0
 
 
-def test_a_producer_created_but_not_started_before_fork_just_works(daemon: Daemon) -> None:
+def test_a_producer_created_but_not_started_before_fork_just_works(daemon: BlockingNode) -> None:
     producer = blocking.Producer([daemon.tcp_address])
 
     def child() -> str:
@@ -98,10 +100,10 @@ def test_a_producer_created_but_not_started_before_fork_just_works(daemon: Daemo
         return "ok"
 
     assert in_child(child) == "ok"
-    wait_until(lambda: stats(daemon, "topic").get("message_count") == 1)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 1)
 
 
-def test_asyncio_clients_in_guest_mode_fail_in_the_child(daemon: Daemon) -> None:
+def test_asyncio_clients_in_guest_mode_fail_in_the_child(daemon: BlockingNode) -> None:
     async def main() -> str:
         async with (
             aio.Producer([daemon.tcp_address]) as producer,
@@ -132,4 +134,4 @@ def test_asyncio_clients_in_guest_mode_fail_in_the_child(daemon: Daemon) -> None
         "ForkedError: this Producer was opened before a fork(); open one in this process",
         "ForkedError: this Consumer was opened before a fork()",
     ]
-    wait_until(lambda: stats(daemon, "topic").get("message_count") == 2)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 2)

@@ -14,7 +14,7 @@ from trionsq.aio import consumer as aio_consumer
 from trionsq.blocking import consumer as blocking_consumer
 from trionsq.lifecycle import CLOSED, NEW, OPEN, OPENING, Life, Lifecycle, LifecycleError, Moves
 
-from .conftest import Daemon
+from ..support.nodes import BlockingNode
 
 #: every front end's table
 TABLES = {
@@ -71,7 +71,7 @@ def test_a_refused_move_says_why_in_the_objects_words() -> None:
     assert isinstance(LifecycleError(), RuntimeError)
 
 
-def test_a_blocking_consumer_starts_once(daemon: Daemon) -> None:
+def test_a_blocking_consumer_starts_once(daemon: BlockingNode) -> None:
     consumer = blocking.Consumer("topic", "chan", nsqd_tcp_addresses=[daemon.tcp_address])
     assert "new" in repr(consumer) and not consumer.closed
     with pytest.raises(RuntimeError, match=r"only once \(it is open\)"):
@@ -87,7 +87,7 @@ def test_a_blocking_consumer_starts_once(daemon: Daemon) -> None:
 
 
 def test_an_aio_consumer_closed_while_it_is_entered_ends_what_it_started(
-    daemon: Daemon,
+    daemon: BlockingNode,
 ) -> None:
     before = set(threading.enumerate())
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from ..conformance.conftest import Conformance, Target
-from ..conformance.polling import poll_until
+from ..support.waiting import poll_until, wait_until
 from .peers import (
     TIMEOUT,
     Answer,
@@ -101,9 +101,9 @@ async def test_45_concurrent_cpu_profiles(conformance: Conformance) -> None:
                 await trio.aclose_forcefully(stream)
         again = await _profile_once(t)
         if t.fake is not None:
-            with trio.fail_after(TIMEOUT):
-                while threading.active_count() > threads_before:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+            await wait_until(
+                lambda: threading.active_count() <= threads_before, limit=TIMEOUT, step=0.01
+            )
         shapes = []
         for shape in map(_shape, answers):
             if shape not in shapes:

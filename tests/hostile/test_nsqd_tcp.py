@@ -23,11 +23,12 @@ import fakensq
 from trionsq.protocol import commands as cmds
 from trionsq.protocol.codecs import SnappyEncoder
 
-from ..conformance.conftest import AuthServer, Conformance, Target
-from ..conformance.polling import poll_until
+from ..conformance.conftest import Conformance, Target
 from ..conformance.tcp import body, node_state
 from ..fakensq.helpers import memory_client
 from ..fakensq.test_fuzz import _check_frames, _Fail, _run_session
+from ..support.authserver import AuthServer
+from ..support.waiting import poll_until
 from .peers import TIMEOUT, MiB, drain, traced_peak
 
 

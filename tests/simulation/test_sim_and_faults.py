@@ -17,12 +17,7 @@ from fakensq import Cluster
 from fakensq.testing.simulation import SimCluster
 from trionsq.protocol.errors import PubFailedError
 
-
-async def wait_for(predicate: Any, limit: float = 300.0, step: float = 0.5) -> None:
-    # Polling in virtual time costs nothing and needs no hook in the code under test.
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(step)
+from ..support.waiting import wait_until
 
 
 def consumer(cluster: SimCluster, name: str = "client", **options: Any) -> trionsq.Consumer:
@@ -96,7 +91,7 @@ async def scenario(seed: int, trace: list[dict[str, Any]]) -> list[tuple[bytes, 
             fault = cluster.faults.partition("c2", "nsqd-0")
             await trio.sleep(20)
             fault.heal()
-            await wait_for(lambda: len({b for b, _ in handled}) == 20)
+            await wait_until(lambda: len({b for b, _ in handled}) == 20, limit=300, step=0.5)
             await trio.sleep(100)
     return handled
 
@@ -166,13 +161,15 @@ async def test_drop_swallow_heartbeats_corrupt_truncate(
             await (await c.__anext__()).finish()
             await trio.sleep(1)  # the FIN reaches nsqd before the drop
             assert await cluster.faults.drop(client="c1") == 1
-            await wait_for(lambda: c.stats.connections.get("nsqd-0:4150") is None)
-            await wait_for(lambda: c.connections == ["nsqd-0:4150"])
+            await wait_until(
+                lambda: c.stats.connections.get("nsqd-0:4150") is None, limit=300, step=0.5
+            )
+            await wait_until(lambda: c.connections == ["nsqd-0:4150"], limit=300, step=0.5)
             # Heartbeats swallowed: the client's read timeout ends the connection.
             fault = cluster.faults.swallow_heartbeats(client="c1")
             await trio.sleep(15)
             fault.heal()
-            await wait_for(lambda: c.connections == ["nsqd-0:4150"])
+            await wait_until(lambda: c.connections == ["nsqd-0:4150"], limit=300, step=0.5)
             # A corrupt frame and a truncated one: the client reconnects each time.
             for spoil in (cluster.faults.corrupt_next_frame, cluster.faults.truncate_next_frame):
                 fault = spoil(client="c1")
@@ -328,7 +325,7 @@ async def test_nsqd_partitioned_from_lookupd(autojump_clock: trio.testing.MockCl
         assert "new-topic" in cluster.lookupd(0).topics()
         assert "new-topic" not in cluster.lookupd(1).topics()
         fault.heal()
-        await wait_for(lambda: "new-topic" in cluster.lookupd(1).topics(), limit=60)
+        await wait_until(lambda: "new-topic" in cluster.lookupd(1).topics(), limit=60, step=0.5)
 
 
 async def test_the_same_faults_over_tcp() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +14,8 @@ import pytest
 import trio
 
 import trionsq
+
+from ..support.waiting import wait_until_blocking
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -115,18 +116,6 @@ def consume(
 
     trio.run(main)
     return received
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll ``condition`` until it returns something truthy (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def example(name: str) -> Any:
@@ -253,4 +242,4 @@ def wait_for_executors(spark: SparkSession, count: int = 2, timeout: float = 120
         tracker = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()  # type: ignore[union-attr]
         return int(tracker.size()) - 1 >= count  # the driver's block manager counts too
 
-    wait_for(registered, timeout=timeout, what=f"{count} executors")
+    wait_until_blocking(registered, limit=timeout, what=f"{count} executors")

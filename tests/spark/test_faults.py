@@ -24,13 +24,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from ..support.waiting import wait_until_blocking
 from .conftest import (
     descendants,
     driver_pid,
     executor_pids,
     http_publish,
     nsqd_channel,
-    wait_for,
     wait_for_executors,
 )
 
@@ -130,7 +130,7 @@ def test_every_subscriber_is_an_executor_process(
     assert subscribers and subscribers <= on_executors
     assert driver_pid(spark) not in subscribers and os.getpid() not in subscribers
     assert drained(daemons)
-    wait_for(
+    wait_until_blocking(
         lambda: not any(nsqd_channel(d, TOPIC, CHANNEL)["clients"] for d in daemons),
         what="the agents to unsubscribe at the end of the query",
     )
@@ -174,10 +174,10 @@ def test_a_query_stopped_and_started_again_loses_nothing(
     http_publish(daemon, TOPIC, expected)
     options = {"max_messages_per_trigger": "500"}
     query = parquet(stream(spark, [daemon], **options), out)
-    wait_for(lambda: rows_read(query) >= 1500, timeout=120, what="three batches")
+    wait_until_blocking(lambda: rows_read(query) >= 1500, limit=120, what="three batches")
     query.stop()
     # Whatever the query held went back to nsqd when it stopped.
-    wait_for(lambda: in_flight([daemon]) == 0, what="the stop to requeue")
+    wait_until_blocking(lambda: in_flight([daemon]) == 0, what="the stop to requeue")
     assert nsqd_channel(daemon, TOPIC, CHANNEL)["clients"] == []
     finish(spark, [daemon], out, **options)
     # The batch running at the stop (its output discarded) comes again; one committed
@@ -201,18 +201,18 @@ def test_an_executor_killed_mid_batch_loses_nothing(
     options = {"max_messages_per_trigger": "1000", "msg_timeout": "5"}
     query = parquet(stream(spark, [daemon], **options).withColumn("body", slow("body")), out)
     try:
-        wait_for(lambda: rows_read(query) >= 2000, timeout=180, what="two batches")
+        wait_until_blocking(lambda: rows_read(query) >= 2000, limit=180, what="two batches")
         held = in_flight([daemon])
         victim = sorted(executor_pids(spark).items())[0][1]
         os.kill(victim, signal.SIGKILL)
         # The query goes on, on the other executor (and the replacement Spark starts).
-        wait_for(lambda: rows_read(query) >= len(expected), timeout=240, what="the rest")
+        wait_until_blocking(lambda: rows_read(query) >= len(expected), limit=240, what="the rest")
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
     finish(spark, [daemon], out, **options)
     check(spark, out, expected, duplicates_at_most=held)
-    wait_for(lambda: drained([daemon]), what="nothing left in flight")
+    wait_until_blocking(lambda: drained([daemon]), what="nothing left in flight")
     wait_for_executors(spark, 2)
 
 
@@ -232,12 +232,12 @@ def test_an_nsqd_killed_and_restarted_loses_nothing(
     options = {"max_messages_per_trigger": "600"}
     query = parquet(stream(spark, [steady, victim], **options), out)
     try:
-        wait_for(lambda: rows_read(query) >= 1200, timeout=180, what="two batches")
+        wait_until_blocking(lambda: rows_read(query) >= 1200, limit=180, what="two batches")
         victim.kill()
-        wait_for(lambda: rows_read(query) >= 1800, timeout=120, what="a batch without it")
+        wait_until_blocking(lambda: rows_read(query) >= 1800, limit=120, what="a batch without it")
         victim.start()
         # The agents reconnect; the restarted nsqd redelivers what it had.
-        wait_for(lambda: drained([steady, victim]), timeout=240, what="both drained")
+        wait_until_blocking(lambda: drained([steady, victim]), limit=240, what="both drained")
     finally:
         query.stop()
     counts = archived(spark, out)
@@ -264,11 +264,11 @@ def test_the_driver_killed_mid_batch_restarts_from_its_checkpoint(
     driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
     try:
         commits = checkpoint / "commits"
-        wait_for(
+        wait_until_blocking(
             lambda: (
                 commits.is_dir() and len([p for p in commits.iterdir() if p.name.isdigit()]) >= 3
             ),
-            timeout=240,
+            limit=240,
             what="three committed batches",
         )
         held = in_flight([daemon])
@@ -285,4 +285,4 @@ def test_the_driver_killed_mid_batch_restarts_from_its_checkpoint(
     missing = set(expected) - set(counts)
     assert not missing, f"{len(missing)} lost"
     assert sum(n - 1 for n in counts.values()) <= max(held, 500)
-    wait_for(lambda: drained([daemon]), what="nothing left in flight")
+    wait_until_blocking(lambda: drained([daemon]), what="nothing left in flight")

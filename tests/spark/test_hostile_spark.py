@@ -15,7 +15,8 @@ from pyspark.sql import SparkSession
 from fakensq import NSQD
 from trionsq.spark._executor import driver_settings
 
-from .conftest import cmdline, descendants, executor_pids, publish, wait_for
+from ..support.waiting import wait_until_blocking
+from .conftest import cmdline, descendants, executor_pids, publish
 from .hostile import HUGE_LENGTHS, alive, forge, memory, send_until_refused
 from .test_source import source_runner_pids
 
@@ -130,11 +131,11 @@ def test_a_query_under_attack_archives_every_message(
                 return set()
             return {row.body for row in rows}
 
-        wait_for(lambda: archived() >= set(first), timeout=120, what="the first messages")
+        wait_until_blocking(lambda: archived() >= set(first), limit=120, what="the first messages")
         # Each agent imports pyarrow in a thread as it starts: measured once it has.
-        wait_for(
+        wait_until_blocking(
             lambda: agent_pids(spark) and all(arrow_loaded(pid) for pid in agent_pids(spark)),
-            timeout=120,
+            limit=120,
             what="the agents' pyarrow",
         )
         agents = {pid: memory(pid)[1] for pid in agent_pids(spark)}
@@ -149,8 +150,8 @@ def test_a_query_under_attack_archives_every_message(
         attacker.start()
         second = [b"during-attack-%05d" % i for i in range(300)]
         publish(nsqd.tcp_address, "attacked", second)
-        wait_for(lambda: attacker is not None and attacker.rounds >= 3, timeout=120, what="attacks")
-        wait_for(lambda: archived() >= set(first + second), timeout=120, what="every message")
+        wait_until_blocking(lambda: attacker is not None and attacker.rounds >= 3, limit=120, what="attacks")
+        wait_until_blocking(lambda: archived() >= set(first + second), limit=120, what="every message")
         attacker.stop()
         assert query.exception() is None and query.isActive
         for pid, peak_before in agents.items():

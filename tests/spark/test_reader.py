@@ -36,7 +36,8 @@ from trionsq.spark._options import parse_sink_options, parse_source_options
 from trionsq.spark.sink import NSQBatchWriter
 from trionsq.spark.source import NSQStreamReader
 
-from .conftest import consume, publish, wait_for
+from ..support.waiting import wait_until_blocking
+from .conftest import consume, publish
 
 
 def reader_for(address: str, **extra: str) -> NSQStreamReader:
@@ -197,13 +198,13 @@ def test_batches_come_from_the_executors_and_are_finished_after_commit(
         assert channel_stats(nsqd)["in_flight_count"] == 10
         # Asking for the next batch means batch 1 is committed: its messages go.
         assert plan(reader, 1) == (1, [])
-        wait_for(lambda: channel_stats(nsqd)["in_flight_count"] == 0, what="FINs")
+        wait_until_blocking(lambda: channel_stats(nsqd)["in_flight_count"] == 0, what="FINs")
         assert channel_stats(nsqd)["depth"] == 0
         publish(nsqd.tcp_address, "events", [b"later"])
-        end, partitions = wait_for(lambda: plan(reader, 1)[1] and plan(reader, 1), what="a batch")
+        end, partitions = wait_until_blocking(lambda: plan(reader, 1)[1] and plan(reader, 1), what="a batch")
         assert read_all(reader, partitions) == [b"later"]
         reader.commit({"batch": end})
-        wait_for(lambda: channel_stats(nsqd)["in_flight_count"] == 0, what="FINs")
+        wait_until_blocking(lambda: channel_stats(nsqd)["in_flight_count"] == 0, what="FINs")
     finally:
         reader.stop()
 
@@ -256,7 +257,7 @@ def test_a_retried_task_replays_the_same_messages(
         as_task(monkeypatch, stage=2, attempt=0, task=12)  # another stage, same batch
         assert read(reader, partition) == first
         assert plan(reader, 1, ReadMaxRows(10))[0] == 2  # commits batch 1: FINs it once
-        wait_for(lambda: finished(nsqd) == 6, what="FINs")
+        wait_until_blocking(lambda: finished(nsqd) == 6, what="FINs")
     finally:
         reader.stop()
 
@@ -279,7 +280,7 @@ def test_a_retry_on_another_executor_fetches_the_first_attempts_messages(
         assert read(reader, partition) == rows  # replayed from the first agent
         assert len(agent_pids(nsqd)) == 1  # the second executor never subscribed for it
         reader.commit({"batch": 1})
-        wait_for(lambda: finished(nsqd) == 20, what="FINs")
+        wait_until_blocking(lambda: finished(nsqd) == 20, what="FINs")
     finally:
         reader.stop()
 
@@ -297,9 +298,9 @@ def test_an_executor_that_dies_gives_its_messages_back_and_the_retry_reads_fresh
         as_task(monkeypatch, attempt=0, task=1)
         assert sorted(read(reader, partition)) == bodies
         doomed.kill()  # the executor goes; its agent leaves with it, requeueing
-        wait_for(lambda: not channel_stats(nsqd)["clients"], what="the agent to leave")
-        wait_for(lambda: channel_stats(nsqd)["depth"] == 8, what="the requeue")
-        wait_for(lambda: len(linked_agents(reader)) == 0, what="the coordinator to notice")
+        wait_until_blocking(lambda: not channel_stats(nsqd)["clients"], what="the agent to leave")
+        wait_until_blocking(lambda: channel_stats(nsqd)["depth"] == 8, what="the requeue")
+        wait_until_blocking(lambda: len(linked_agents(reader)) == 0, what="the coordinator to notice")
         on(monkeypatch, survivor)
         as_task(monkeypatch, attempt=1, task=2)
         seen = read(reader, partition)  # fresh: what nsqd hands the new agent
@@ -310,7 +311,7 @@ def test_an_executor_that_dies_gives_its_messages_back_and_the_retry_reads_fresh
             seen += read_all(reader, partitions)
         assert sorted(seen) == bodies
         reader.commit({"batch": end})
-        wait_for(lambda: finished(nsqd) == 8, what="FINs")
+        wait_until_blocking(lambda: finished(nsqd) == 8, what="FINs")
         assert channel_stats(nsqd)["in_flight_count"] == 0
     finally:
         reader.stop()
@@ -418,7 +419,7 @@ def test_nsqds_are_found_through_lookupd(nsq_cluster: Cluster, executor: Executo
     [address] = nsq_cluster.nsqd_tcp_addresses
     [lookupd] = nsq_cluster.lookupd_http_addresses
     publish(address, "found", [b"via lookupd"])
-    wait_for(
+    wait_until_blocking(
         lambda: httpx.get(f"http://{lookupd}/lookup?topic=found").status_code == 200,
         what="the topic's registration",
     )
@@ -491,7 +492,7 @@ def test_a_connection_lost_while_reading_fails_the_read(
                 n += 1
 
         threading.Thread(target=trickle, daemon=True).start()
-        wait_for(
+        wait_until_blocking(
             lambda: channel_stats(daemon)["depth"] + channel_stats(daemon)["in_flight_count"] > 3,
             what="a trickle",
         )
@@ -517,9 +518,9 @@ def test_the_agent_leaves_with_its_executor(nsqd: NSQD, own_executor: Executor) 
         read_all(reader, partitions)
         [agent] = agent_pids(nsqd)
         own_executor.kill()
-        wait_for(lambda: not _alive(agent), what="the agent to leave")
+        wait_until_blocking(lambda: not _alive(agent), what="the agent to leave")
         # It requeued what it held on the way out.
-        wait_for(lambda: channel_stats(nsqd)["in_flight_count"] == 0, what="requeue")
+        wait_until_blocking(lambda: channel_stats(nsqd)["in_flight_count"] == 0, what="requeue")
         assert channel_stats(nsqd)["depth"] == 1
     finally:
         reader.stop()
@@ -551,8 +552,8 @@ def test_a_killed_agent_loses_nothing(
         assert sorted(read(reader, partition)) == bodies
         [agent] = agent_pids(nsqd)
         os.kill(agent, signal.SIGKILL)
-        wait_for(lambda: not _alive(agent), what="the agent's death")
-        wait_for(lambda: not linked_agents(reader), what="the coordinator to notice")
+        wait_until_blocking(lambda: not _alive(agent), what="the agent's death")
+        wait_until_blocking(lambda: not linked_agents(reader), what="the coordinator to notice")
         # No requeue this time: nsqd times the messages out, and they come again.
         end = 1
         seen: list[bytes] = []
@@ -576,7 +577,7 @@ def test_big_messages_lower_what_a_partition_holds(nsqd: NSQD, executor: Executo
         seen = read(reader, partition)
         # 64 KiB of 8 KiB bodies: 8 held at a time (plus what came before the first
         # sizes were known), not all 60.
-        wait_for(lambda: channel_stats(nsqd)["in_flight_count"] <= 16, what="a lower RDY")
+        wait_until_blocking(lambda: channel_stats(nsqd)["in_flight_count"] <= 16, what="a lower RDY")
         while len(seen) < len(bodies):
             end, partitions = plan(reader, end)
             seen += read_all(reader, partitions)

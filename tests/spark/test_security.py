@@ -30,7 +30,8 @@ from trionsq.spark.agent import Agent
 from trionsq.spark.coordinator import Coordinator, default_host, listen_address
 from trionsq.spark.source import NSQStreamReader
 
-from .conftest import publish, wait_for
+from ..support.waiting import wait_until_blocking
+from .conftest import publish
 
 
 class Relay:
@@ -143,7 +144,7 @@ def test_neither_bodies_nor_the_token_cross_the_network_in_the_clear(
         loop.run_sync(lambda: setattr(holder, "peer", to_holder.address))
         assert read_on(second, 1) == rows
         reader.commit({"batch": end})
-        wait_for(lambda: nsqd_finished(nsqd) == len(bodies), what="the FINs")
+        wait_until_blocking(lambda: nsqd_finished(nsqd) == len(bodies), what="the FINs")
     finally:
         reader.stop()
         for relay in relays:

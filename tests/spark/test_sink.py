@@ -15,7 +15,8 @@ from pyspark.sql import SparkSession
 
 from fakensq import NSQD, Cluster
 
-from .conftest import consume, example, wait_for
+from ..support.waiting import wait_until_blocking
+from .conftest import consume, example
 from .test_reader import channel_stats
 
 
@@ -69,7 +70,7 @@ def test_aggregate_example_streams_counts_back_to_a_topic(
 def test_write_through_lookupd(spark: SparkSession, nsq_cluster: Cluster) -> None:
     [address] = nsq_cluster.nsqd_tcp_addresses
     [lookupd] = nsq_cluster.lookupd_http_addresses
-    wait_for(lambda: httpx.get(f"http://{lookupd}/nodes").json()["producers"], what="registration")
+    wait_until_blocking(lambda: httpx.get(f"http://{lookupd}/nodes").json()["producers"], what="registration")
     df = spark.createDataFrame([(f"v{i}",) for i in range(40)], ["value"])
     (
         df.write.format("nsq")

@@ -15,7 +15,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from fakensq import NSQD
 
-from .conftest import example, publish, wait_for
+from ..support.waiting import wait_until_blocking
+from .conftest import example, publish
 from .test_reader import channel_stats
 
 
@@ -98,9 +99,9 @@ def test_a_killed_query_restarts_from_its_checkpoint_losing_nothing(
         stream().writeStream.format("parquet").option("checkpointLocation", checkpoint).start(out)
     )
     try:
-        wait_for(
+        wait_until_blocking(
             lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 120,
-            timeout=60,
+            limit=60,
             what="two batches",
         )
         [pid] = set(source_runner_pids(spark)) - earlier
@@ -113,7 +114,7 @@ def test_a_killed_query_restarts_from_its_checkpoint_losing_nothing(
     finally:
         query.stop()
     # What the dead consumer held comes back to the channel after msg_timeout.
-    wait_for(
+    wait_until_blocking(
         lambda: channel_stats(nsqd, "orders", "archive")["in_flight_count"] == 0,
         what="nsqd to time the dead consumer's messages out",
     )

@@ -9,11 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+from ..support.waiting import wait_until_blocking
 
 TIMEOUT = 30.0
 
@@ -64,20 +64,6 @@ def stop_tool(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> tu
     process.send_signal(sig)
     out, err = process.communicate(timeout=TIMEOUT)
     return process.returncode, out.decode(), err.decode()
-
-
-def wait_for(
-    predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition"
-) -> Any:
-    """Poll ``predicate`` until it is truthy (fails the test after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def dead_address() -> str:
@@ -141,7 +127,7 @@ def stop_when_drained(
 ) -> str:
     """Wait until the tool's channel is :func:`drained`, stop the tool (SIGTERM),
     check that it exited with status 0; its stderr."""
-    wait_for(
+    wait_until_blocking(
         lambda: drained(http_address, topic, channel, total), what=f"{topic}/{channel} drained"
     )
     status, _, err = stop_tool(process)

@@ -13,13 +13,13 @@ from fakensq import NSQD
 from fakensq.http.server import HTTPServer, Request, Response
 from fakensq.testing.threaded import BackgroundNode
 
+from ..support.waiting import wait_until_blocking
 from .helpers import (
     channel_stats,
     publish,
     start_tool,
     stop_when_drained,
     topic_depth,
-    wait_for,
 )
 
 FAST_RETRY = ["--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "backoff=false"]
@@ -220,7 +220,7 @@ def test_to_http_finishes_what_it_delivered_when_stopped(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(to_http.run, args, prepared, stop)
             await trio.to_thread.run_sync(
-                lambda: wait_for(lambda: len(endpoint.requests) == 5, what="delivered")
+                lambda: wait_until_blocking(lambda: len(endpoint.requests) == 5, what="delivered")
             )
             held = await trio.to_thread.run_sync(stats)
             assert (held["in_flight_count"], held["depth"]) == (5, 0)  # none finished yet

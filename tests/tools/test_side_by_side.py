@@ -27,6 +27,7 @@ import pytest
 from tests import reference
 from tests.gousage import parse_usage
 
+from ..support.waiting import wait_until_blocking
 from .helpers import (
     channel_stats,
     command,
@@ -37,7 +38,6 @@ from .helpers import (
     run_here,
     run_tool,
     track,
-    wait_for,
 )
 from .recorder import Recorder, recording
 
@@ -119,7 +119,7 @@ def fill(nsqd: reference.RealDaemon, topic: str, bodies: list[bytes], channels: 
             stats = channel_stats(nsqd.http_address, topic, channel)
             return stats is not None and stats["message_count"] == before[channel] + len(bodies)
 
-        wait_for(arrived, what=f"{topic}/{channel} filled")
+        wait_until_blocking(arrived, what=f"{topic}/{channel} filled")
 
 
 # --- flags ---------------------------------------------------------------------
@@ -342,7 +342,7 @@ def archive_both(
         ],
     )
     for channel in ("go", "py"):
-        wait_for(
+        wait_until_blocking(
             lambda channel=channel: drained(nsqd.http_address, topic, channel, total),
             what=f"{channel} archived",
         )
@@ -411,7 +411,7 @@ def test_to_file_rotation_by_time_as_nsq_to_file(
         ],
     )
     for out in dirs:
-        wait_for(lambda out=out: len(list(out.iterdir())) >= 3, what="three files")
+        wait_until_blocking(lambda out=out: len(list(out.iterdir())) >= 3, what="three files")
     for process in processes:
         assert stop(process)[0] == 0
     for out in dirs:
@@ -444,10 +444,10 @@ def test_to_file_topic_pattern_picks_up_new_topics_as_nsq_to_file(tmp_path: Path
         )
         try:
             for out in dirs:
-                wait_for(lambda out=out: any(out.iterdir()), what="logs_a archived")
+                wait_until_blocking(lambda out=out: any(out.iterdir()), what="logs_a archived")
             fill(nsqd, "logs_b", [b"logs_b 1"], ["go", "py"])  # a new topic, found later
             for out in dirs:
-                wait_for(lambda out=out: len(list(out.iterdir())) == 2, what="logs_b archived")
+                wait_until_blocking(lambda out=out: len(list(out.iterdir())) == 2, what="logs_b archived")
         finally:
             for process in processes:
                 stop(process)
@@ -530,13 +530,13 @@ def test_to_file_skips_a_bad_topic_name_from_lookupd_as_nsq_to_file(tmp_path: Pa
         )
         try:
             for channel in ("go", "py"):
-                wait_for(
+                wait_until_blocking(
                     lambda channel=channel: drained(nsqd.http_address, "logs_a", channel, 1),
                     what=f"logs_a archived by {channel}",
                 )
             fill(nsqd, "logs_b", [b"logs_b 1"], ["go", "py"])  # found at a later refresh
             for channel in ("go", "py"):
-                wait_for(
+                wait_until_blocking(
                     lambda channel=channel: drained(nsqd.http_address, "logs_b", channel, 1),
                     what=f"logs_b archived by {channel}",
                 )
@@ -599,7 +599,7 @@ def copy_both(
         ]
         process = start(go_argv("to-nsq", *args) if name == "go" else command("to-nsq", *args))
         try:
-            wait_for(lambda name=name: drained(source.http_address, topic, name, total), what=name)
+            wait_until_blocking(lambda name=name: drained(source.http_address, topic, name, total), what=name)
         finally:
             status, _, err = stop(process)
         assert status == 0, err
@@ -700,7 +700,7 @@ def deliver_both(
                 go_argv("to-http", *args) if name == "go" else command("to-http", *args)
             )
             try:
-                wait_for(
+                wait_until_blocking(
                     lambda name=name: drained(nsqd.http_address, topic, name, total), what=name
                 )
             finally:

@@ -15,6 +15,7 @@ import pytest
 
 from fakensq import NSQD
 
+from ..support.waiting import wait_until_blocking
 from .helpers import (
     channel_stats,
     command,
@@ -24,7 +25,6 @@ from .helpers import (
     start_tool,
     stop_tool,
     track,
-    wait_for,
 )
 from .recorder import recording
 
@@ -45,7 +45,7 @@ def wait_subscribed(nsqd: NSQD, topic: str, channel: str) -> None:
         stats = channel_stats(nsqd.http_address, topic, channel)
         return stats is not None and stats["client_count"] > 0
 
-    wait_for(subscribed, what="the tool subscribed")
+    wait_until_blocking(subscribed, what="the tool subscribed")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -95,7 +95,7 @@ def test_stat_and_pub_leave_promptly(nsqd: NSQD) -> None:
     assert pub.stdin is not None
     pub.stdin.write(b"one\ntwo\n")
     pub.stdin.flush()
-    wait_for(lambda: (channel_stats(nsqd.http_address, "t", "c") or {}).get("depth") == 2)
+    wait_until_blocking(lambda: (channel_stats(nsqd.http_address, "t", "c") or {}).get("depth") == 2)
     status, err = stop_within(pub, PROMPT, signal.SIGTERM)  # stdin still open
     assert status == 0, err
 
@@ -110,7 +110,7 @@ def test_to_http_requeues_what_a_hanging_endpoint_holds_and_leaves(nsqd: NSQD) -
             f"--post={endpoint.url}/",
             "-n=3",
         )
-        wait_for(lambda: endpoint.under_way == 3, what="three requests under way")
+        wait_until_blocking(lambda: endpoint.under_way == 3, what="three requests under way")
         status, err = stop_within(process, PROMPT, signal.SIGTERM)
         assert status == 0, err
     stats = channel_stats(nsqd.http_address, "hang", "nsq_to_http")
@@ -127,7 +127,7 @@ def test_a_second_signal_leaves_at_once(nsqd: NSQD) -> None:
             f"--nsqd-tcp-address={nsqd.tcp_address}",
             f"--post={endpoint.url}/",
         )
-        wait_for(lambda: endpoint.under_way == 4, what="requests under way")
+        wait_until_blocking(lambda: endpoint.under_way == 4, what="requests under way")
         process.send_signal(signal.SIGTERM)
         status, err = stop_within(process, PROMPT, signal.SIGTERM)
         assert status in (0, 130), err
@@ -146,7 +146,7 @@ def test_to_http_does_not_stall_at_a_large_max_in_flight(nsqd_factory: Callable[
             f"--post={endpoint.url}/",
             "--max-in-flight=2500",
         )
-        wait_for(lambda: drained(nsqd.http_address, "many", "nsq_to_http", 2000), what="delivered")
+        wait_until_blocking(lambda: drained(nsqd.http_address, "many", "nsq_to_http", 2000), what="delivered")
         status, err = stop_within(process, PROMPT, signal.SIGTERM)
         assert status == 0, err
         assert len(endpoint.requests) == 2000

@@ -14,6 +14,7 @@ import pytest
 from fakensq import NSQD
 from trionsq.tools.to_file import _topic_list
 
+from ..support.waiting import wait_until, wait_until_blocking
 from .helpers import (
     channel_stats,
     drained,
@@ -22,7 +23,6 @@ from .helpers import (
     start_tool,
     stop_tool,
     stop_when_drained,
-    wait_for,
 )
 
 HOST = socket.gethostname().split(".")[0]
@@ -103,7 +103,7 @@ def test_rotation_by_time_even_without_traffic(nsqd: NSQD, tmp_path: Path) -> No
     process = start_tool(
         *archive(nsqd, tmp_path, "--rotate-interval", "100ms", "--sync-interval", "50ms")
     )
-    wait_for(lambda: len(list(tmp_path.iterdir())) >= 3, what="rotations")
+    wait_until_blocking(lambda: len(list(tmp_path.iterdir())) >= 3, what="rotations")
     status, _, err = stop_tool(process)
     assert status == 0, err
     files = sorted(tmp_path.iterdir())
@@ -115,7 +115,7 @@ def test_work_dir_files_move_to_output_dir_when_closed(nsqd: NSQD, tmp_path: Pat
     work, out = tmp_path / "work", tmp_path / "out"
     publish(nsqd.http_address, "logs", [b"a", b"b"])
     process = start_tool(*archive(nsqd, out, "--work-dir", str(work)))
-    wait_for(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 2), what="all finished")
+    wait_until_blocking(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 2), what="all finished")
     # In progress: the file is in the work dir only.
     assert len(list(work.iterdir())) == 1 and not any(out.iterdir())
     status, _, err = stop_tool(process, signal.SIGINT)
@@ -138,7 +138,7 @@ def test_sigterm_mid_stream_loses_nothing(nsqd: NSQD, tmp_path: Path) -> None:
         stats = channel_stats(nsqd.http_address, "logs", "nsq_to_file")
         return stats is not None and stats["depth"] < total - 200
 
-    wait_for(some_finished, what="a part archived")
+    wait_until_blocking(some_finished, what="a part archived")
     status, _, err = stop_tool(process)
     assert status == 0, err
     archived = read_lines(sorted(tmp_path.iterdir()))
@@ -195,9 +195,7 @@ async def test_the_table_counts_open_files_and_closed_ones(nsqd: NSQD, tmp_path:
     files = FileOptions(output_dir=out, work_dir=out)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_archive, "logs", "archive", options, files, 0.05, stop, progress)
-        with trio.fail_after(30):
-            while progress.counts["finished"] < 3:  # noqa: ASYNC110 (counters have no event)
-                await trio.sleep(0.01)
+        await wait_until(lambda: progress.counts["finished"] >= 3, step=0.01)
         assert (progress.counts["open"], progress.counts["closed"]) == (1, 0)
         stop.set()
     assert (progress.counts["open"], progress.counts["closed"]) == (0, 1)

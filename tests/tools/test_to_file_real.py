@@ -14,6 +14,7 @@ import pytest
 
 from tests import reference
 
+from ..support.waiting import wait_until_blocking
 from .helpers import (
     channel_stats,
     create_channel,
@@ -21,7 +22,6 @@ from .helpers import (
     publish,
     start_tool,
     stop_tool,
-    wait_for,
 )
 
 
@@ -42,7 +42,7 @@ def prefill(nsqd: reference.RealDaemon, bodies: list[bytes]) -> None:
         stats = channel_stats(nsqd.http_address, "logs", "nsq_to_file")
         return stats is not None and stats["message_count"] == len(bodies)
 
-    wait_for(arrived, what="the messages in the channel")
+    wait_until_blocking(arrived, what="the messages in the channel")
 
 
 def read_members(path: Path) -> list[bytes]:
@@ -89,7 +89,7 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(
         assert stats is not None
         return bool(total - stats["depth"] - stats["in_flight_count"] >= 3 * in_flight)
 
-    wait_for(some_finished, what="a part archived")
+    wait_until_blocking(some_finished, what="a part archived")
     first.kill()  # SIGKILL: no sync, no FIN, no CLS
     first.communicate()
     # What the killed run left on disk, file by file.
@@ -97,9 +97,9 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(
     assert before, "the first run wrote nothing"
 
     second = start_tool(*args)
-    wait_for(
+    wait_until_blocking(
         lambda: drained(real_nsqd.http_address, "logs", "nsq_to_file", total),
-        timeout=60,
+        limit=60,
         what="the rest archived after the restart",
     )
     status, _, err = stop_tool(second)
@@ -132,9 +132,9 @@ def test_syncs_come_in_batches_at_a_large_max_in_flight(
             real_nsqd, tmp_path, f"--max-in-flight={in_flight}", "--sync-interval=1h", "--gzip"
         )
     )
-    wait_for(
+    wait_until_blocking(
         lambda: drained(real_nsqd.http_address, "logs", "nsq_to_file", total),
-        timeout=60,
+        limit=60,
         what="all archived",
     )
     status, _, err = stop_tool(process, signal.SIGINT)
