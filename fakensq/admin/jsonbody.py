@@ -10,7 +10,7 @@ that built nsqadmin v1.3.0 for a syntax error (``EOF``, ``unexpected EOF``,
 ``invalid character 'x' looking for beginning of value``, ``invalid escape
 sequence `\\x` in string``) or a type mismatch (``json: cannot unmarshal
 number into Go struct field .action of type string``).  (Answers are written
-with :mod:`fakensq.gojson`.)
+with :mod:`fakensq.golang.json`.)
 """
 
 from __future__ import annotations

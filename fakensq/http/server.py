@@ -54,7 +54,7 @@ class Request:
     reports for the raw query (a bad escape, a semicolon), or ``None``.
     ``body`` stops after the server's ``max_body_size`` (Go's handlers read
     through a ``LimitReader`` of their own bound).  ``params`` are the route's
-    ``:name`` segments (:mod:`fakensq.router`).  ``peer_gone`` is set when the
+    ``:name`` segments (:mod:`fakensq.http.router`).  ``peer_gone`` is set when the
     client closes its end while the handler runs (Go's ``r.Context().Done()``):
     a handler that waits (a profile) stops then; the others answer as usual.
     """

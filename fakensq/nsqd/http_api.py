@@ -1,7 +1,7 @@
-"""nsqd's HTTP API (v1.3.0), served by :mod:`fakensq.httpserver`.
+"""nsqd's HTTP API (v1.3.0), served by :mod:`fakensq.http.server`.
 
 Routes, answers and error codes are nsqd v1.3.0's (its ``http.go`` through
-``httprouter``, :mod:`fakensq.router`):
+``httprouter``, :mod:`fakensq.http.router`):
 
 - 200 bodies as ``http_api.RespondV1`` writes them: strings as they are
   (``OK``), documents as JSON, nothing as an empty body; errors as
@@ -13,7 +13,7 @@ Routes, answers and error codes are nsqd v1.3.0's (its ``http.go`` through
 - the aliases older nsqds served (``/put``, ``/mput``, ``/create_topic``, ...)
   answer 404 as in v1.3.0, unless the ``legacy_http_aliases`` option asks for them;
 - ``/debug/pprof/*``, ``/debug/freememory`` and ``/debug/setblockrate`` exist
-  with nsqd's methods and status codes (:mod:`fakensq.pprof`).
+  with nsqd's methods and status codes (:mod:`fakensq.http.pprof`).
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class NSQD(ServingNode):
         self._nursery: trio.Nursery | None = None
         self._healthy: str | None = None
         self.hostname = socket.gethostname()
-        #: Fault injection and tracing (:mod:`fakensq.hooks`); None: none.
+        #: Fault injection and tracing (:mod:`fakensq.nsqd.hooks`); None: none.
         self.hooks: NodeHooks | None = None
         #: The httpx transport for nsqd's own HTTP requests to nsqlookupd (None:
         #: the network; fakensq.simulation gives an in-memory one).

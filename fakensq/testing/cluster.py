@@ -9,7 +9,7 @@
         await cluster.start_nsqd(1)       # same ports, same data path
 
 Every node runs inside the caller's task tree.  Each nsqd registers with every
-nsqlookupd (through :mod:`fakensq.lookup_peer`, exactly as a real nsqd does);
+nsqlookupd (through :mod:`fakensq.nsqd.lookup_peer`, exactly as a real nsqd does);
 entering the context returns once every nsqd is registered with every lookupd.
 """
 

@@ -132,7 +132,7 @@ class Fault:
 
 
 class _NodeHooks:
-    """One nsqd's :class:`fakensq.hooks.NodeHooks`, backed by the shared Faults."""
+    """One nsqd's :class:`fakensq.nsqd.hooks.NodeHooks`, backed by the shared Faults."""
 
     def __init__(self, faults: Faults, name: str, nsqd: NSQD) -> None:
         self.faults = faults

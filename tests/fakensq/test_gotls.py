@@ -1,4 +1,4 @@
-"""fakensq.gotls: a server context that picks cipher suites as Go's crypto/tls."""
+"""fakensq.golang.tls: a server context that picks cipher suites as Go's crypto/tls."""
 
 from __future__ import annotations
 

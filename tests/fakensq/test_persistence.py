@@ -1,5 +1,5 @@
 """An NSQD with a data path keeps its state across a clean restart, and queues
-beyond mem-queue-size on disk (fakensq.persist, fakensq.diskqueue)."""
+beyond mem-queue-size on disk (fakensq.nsqd.persist, fakensq.nsqd.diskqueue)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""nsqd's statsd push (fakensq.statsd): names, values, packets, prefix."""
+"""nsqd's statsd push (fakensq.nsqd.statsd): names, values, packets, prefix."""
 
 from __future__ import annotations
 

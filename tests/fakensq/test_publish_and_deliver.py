@@ -1,4 +1,5 @@
-"""The first slice: TCP serving, IDENTIFY, SUB/PUB/MPUB/DPUB, RDY/FIN/REQ/TOUCH, CLS."""
+"""nsqd's core, on fakensq: TCP serving, IDENTIFY, SUB/PUB/MPUB/DPUB, RDY/FIN/REQ/TOUCH, CLS,
+heartbeats, HTTP publishing, and running in the caller's nursery."""
 
 from __future__ import annotations
 
