@@ -13,7 +13,6 @@ This module holds the producer side; :mod:`trionsq.hosted_consumer` the consumer
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,11 +22,10 @@ import trio
 from .bridge import Inbox
 from .config import Config
 from .connection import Connection, ConnectionClosedError, PendingResponse
-from .producer import Producer, ProducerStats, check_body
-from .protocol import commands
-from .protocol.errors import BadBodyError, NSQError, ProtocolError
+from .producer import Producer
+from .protocol.errors import NSQError, ProtocolError
 from .protocol.frames import OK
-from .protocol.names import check_topic
+from .publishing import ProducerStats, PublishCore
 from .transport import Connector
 from .trio_thread import LoopStoppedError, TrioThread
 
@@ -58,34 +56,15 @@ Job = tuple[str, tuple[Any, ...], Completion]
 _HIGH_WATER = 1024 * 1024
 
 
-def encode(
-    method: str, args: tuple[Any, ...], check_topic: Callable[[str, str], None] = check_topic
-) -> tuple[bytes, int]:
-    """The command for a job, and how many messages it carries; raises what
-    :class:`trionsq.Producer`'s method raises for the same arguments
-    (``check_topic(verb, topic)`` checks the topic: a Producer's remembers the
-    valid ones)."""
+def encode(core: PublishCore, method: str, args: tuple[Any, ...]) -> tuple[bytes, int]:
+    """The command for a job and its batch (see :class:`PublishCore`); raises
+    what :class:`trionsq.Producer`'s method raises for the same arguments."""
     if method == "publish":
-        topic, body = args
-        check_topic("PUB", topic)
-        if type(body) is not bytes or not body:
-            body = check_body("PUB", body)
-        return commands.pub(topic, body), 1
+        return core.pub(*args), 0
     if method == "multi_publish":
-        topic, bodies = args
-        check_topic("MPUB", topic)
-        data = [check_body("MPUB", body) for body in bodies]
-        if not data:
-            raise BadBodyError("MPUB invalid message count 0")
-        return commands.mpub(topic, data), len(data)
+        return core.mpub(*args)
     if method == "deferred_publish":
-        topic, body, delay = args
-        check_topic("DPUB", topic)
-        if isinstance(delay, bool) or not isinstance(delay, int | float):
-            raise TypeError("delay must be a number of seconds")
-        if not math.isfinite(delay) or delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        return commands.dpub(topic, round(delay * 1000), check_body("DPUB", body)), 1
+        return core.dpub(*args), 0
     raise ValueError(f"unknown publishing method {method!r}")
 
 
@@ -142,9 +121,7 @@ class HostedProducer:
         self._window = self.config.publish_window
         self._room = trio.lowlevel.ParkingLot()  # the pump, while the window is full
         self._answers = trio.lowlevel.ParkingLot()  # the collector, while nothing waits
-        self._published = 0
-        self._batches = 0
-        self._errors = 0
+        self._core = PublishCore()
         #: jobs given their outcome so far (read by ``end_of_batch``)
         self.completed = 0
         self._close_requested: trio.Event | None = None
@@ -153,13 +130,7 @@ class HostedProducer:
     @property
     def stats(self) -> ProducerStats:
         """The counters of :class:`trionsq.ProducerStats`, for the hosted publishes."""
-        return ProducerStats(
-            published=self._published,
-            batches=self._batches,
-            errors=self._errors,
-            in_flight=len(self._waiting),
-            window=self._window,
-        )
+        return self._core.stats(len(self._waiting), self._window)
 
     # --- life (called from the front end's thread) ---
 
@@ -265,7 +236,7 @@ class HostedProducer:
     async def _pump(self, pumped: trio.Event) -> None:
         """Encode the jobs and queue them on the connection, window permitting."""
         inbox, items, waiting = self.inbox, self.inbox.items, self._waiting
-        check_topic = self.producer.check_topic  # remembers the valid topics
+        core = self._core
         conn: Connection | None = None
         try:
             while True:
@@ -279,7 +250,7 @@ class HostedProducer:
                         continue
                     method, args, done = items.popleft()
                     try:
-                        data, messages = encode(method, args, check_topic)
+                        data, batch = encode(core, method, args)
                     except Exception as exc:  # refused before reaching nsqd (not an error)
                         self.completed += 1
                         done.set_exception(exc)
@@ -290,12 +261,12 @@ class HostedProducer:
                             conn = await self.producer.connection()
                         pending = conn.request_nowait(data)
                     except (NSQError, OSError) as exc:
-                        self._errors += 1
+                        core.errors += 1
                         self.completed += 1
                         done.set_exception(exc)
                         self._batch_done()
                         continue
-                    waiting.append((pending, done, messages if method == "multi_publish" else 0))
+                    waiting.append((pending, done, batch))
                     if len(waiting) == 1:
                         self._answers.unpark()
                     queued += len(data)
@@ -307,7 +278,7 @@ class HostedProducer:
 
     async def _collector(self) -> None:
         """Hand each queued job its outcome, in order, as the answers come."""
-        waiting = self._waiting
+        waiting, core = self._waiting, self._core
         while True:
             if not waiting:
                 await self._answers.park()
@@ -320,32 +291,23 @@ class HostedProducer:
             while waiting and waiting[0][0].done:
                 pending, done, batch = waiting.popleft()
                 answered += 1
-                if pending.error is None and pending.value == OK:  # inlined _answer
-                    self._published += batch or 1
+                if pending.error is None and pending.value == OK:  # core.answered, inlined
+                    core.published += batch or 1
                     if batch:
-                        self._batches += 1
+                        core.batches += 1
                     done.set_result(None)
+                elif pending.error is not None:
+                    core.errors += 1
+                    done.set_exception(pending.error)
                 else:
-                    self._answer(pending, done, batch)
+                    try:
+                        core.answered(pending.value, batch)
+                    except ProtocolError as exc:
+                        done.set_exception(exc)
             self.completed += answered
             if self._room:
                 self._room.unpark()
             self._batch_done()
-
-    def _answer(self, pending: PendingResponse, done: Completion, batch: int) -> None:
-        if pending.error is not None:
-            self._errors += 1
-            done.set_exception(pending.error)
-        elif pending.value != OK:
-            self._errors += 1
-            done.set_exception(
-                ProtocolError(f"unexpected response to a publish: {pending.value[:100]!r}")
-            )
-        else:
-            self._published += batch or 1
-            if batch:
-                self._batches += 1
-            done.set_result(None)
 
     def _batch_done(self) -> None:
         if self._end_of_batch is not None:

@@ -2,72 +2,27 @@
 
 from __future__ import annotations
 
-import logging
-import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import trio
 
 from .config import Config
-from .connection import Connection, NegotiationError, NSQConnectionError
+from .connection import Connection
 from .lifecycle import OPEN
-from .protocol import commands
-from .protocol.errors import (
-    BadBodyError,
-    BadMessageError,
-    NSQError,
-    NSQErrorResponse,
-    ProtocolError,
-)
+from .protocol.errors import NSQError
 from .protocol.frames import OK
-from .protocol.names import check_topic
-from .reasons import cannot_connect, naming
+from .publishing import ProducerStats, PublishCore, Rotation, unexpected
 
 __all__ = ["Producer", "ProducerStats"]
 
-log = logging.getLogger("trionsq.producer")
-
-
-_BYTES = {bytes}
-
-#: how many valid topic names a Producer remembers (a bound, not a tuning knob)
-_VALID_TOPICS_KEPT = 1000
-
-
-def check_body(verb: str, body: bytes) -> bytes:
-    """``body`` as the bytes a ``verb`` sends; raises what the publish raises
-    for a body that is not bytes-like or is empty (nsqd's own error)."""
-    if type(body) is bytes and body:
-        return body  # the common case: nothing to check further, nothing to copy
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise TypeError(f"message body must be bytes, not {type(body).__name__}")
-    data = bytes(body)
-    if not data:
-        raise BadMessageError(f"{verb} invalid message body size 0")
-    return data
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerStats:
-    """A snapshot of a producer's counters (see :attr:`Producer.stats`).
-
-    ``published`` counts messages nsqd acknowledged (an MPUB of n counts n),
-    ``batches`` the acknowledged MPUBs among them, ``errors`` the publishes
-    that raised after their arguments were accepted (no nsqd reachable, a
-    refusal, a lost connection).  ``in_flight`` is how many publishes hold a
-    place in the window right now, out of ``window`` (``publish_window``).
-    """
-
-    published: int = 0
-    batches: int = 0
-    errors: int = 0
-    in_flight: int = 0
-    window: int = 0
+# The verbs of Producer._publish.
+_PUB = "PUB"
+_MPUB = "MPUB"
+_DPUB = "DPUB"
 
 
 class Producer:
@@ -102,11 +57,10 @@ class Producer:
                 **options,
                 **({"nsqd_tcp_addresses": tuple(nsqd_tcp_addresses)} if nsqd_tcp_addresses else {}),
             )
-        if not config.nsqd_tcp_addresses:
-            raise ValueError("a Producer needs at least one address in nsqd_tcp_addresses")
         self.config = config
+        self._rotation = Rotation(config.nsqd_tcp_addresses)
+        self._core = PublishCore()
         self._conn: Connection | None = None
-        self._index = 0
         self._connect_lock = trio.Lock()
         # The publish window: a count of places taken and the publishes queued
         # for one (FIFO, a freed place is handed to the first of them).  Unlike
@@ -115,11 +69,6 @@ class Producer:
         self._in_flight = 0
         self._window = config.publish_window
         self._window_waiters: deque[trio.lowlevel.Task] = deque()
-        # Topic names already found valid (a few, in practice): checked once.
-        self._valid_topics: set[str] = set()
-        self._published = 0
-        self._batches = 0
-        self._errors = 0
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -154,13 +103,7 @@ class Producer:
 
     @property
     def stats(self) -> ProducerStats:
-        return ProducerStats(
-            published=self._published,
-            batches=self._batches,
-            errors=self._errors,
-            in_flight=self._in_flight,
-            window=self.config.publish_window,
-        )
+        return self._core.stats(self._in_flight, self.config.publish_window)
 
     @property
     def address(self) -> str | None:
@@ -170,12 +113,7 @@ class Producer:
 
     async def _run(self, conn: Connection) -> None:
         await conn.run()
-        reason = conn.close_reason
-        if reason is not None and not isinstance(reason, NSQErrorResponse):
-            # The nsqd itself looks unwell: start with the next one.
-            addresses = self.config.nsqd_tcp_addresses
-            if addresses[self._index % len(addresses)] == conn.address:
-                self._index = (self._index + 1) % len(addresses)
+        self._rotation.lost(conn.address, conn.close_reason)
 
     async def _connection(self) -> Connection:
         if self._nursery is None or self._closed:
@@ -187,31 +125,18 @@ class Producer:
             conn = self._conn
             if conn is not None and not conn.closed:
                 return conn
-            addresses = self.config.nsqd_tcp_addresses
-            failures: list[str] = []
-            refusals: list[NSQErrorResponse] = []
-            start = self._index  # read once: _run may move it meanwhile
-            for step in range(len(addresses)):
-                index = (start + step) % len(addresses)
+            attempt = self._rotation.attempt()
+            for address in attempt:
                 try:
-                    conn = await Connection.open(addresses[index], self.config)
-                except (NSQConnectionError, NegotiationError, ProtocolError) as exc:
-                    log.warning("%s", cannot_connect(addresses[index], exc))
-                    failures.append(naming(addresses[index], exc))
+                    conn = await Connection.open(address, self.config)
+                except Exception as exc:
+                    attempt.failed(address, exc)
                     continue
-                except NSQErrorResponse as exc:
-                    log.warning("%s refused the connection: %s", addresses[index], exc)
-                    failures.append(naming(addresses[index], exc))
-                    refusals.append(exc)
-                    continue
-                self._index = index
+                attempt.connected(address)
                 self._conn = conn
                 self._nursery.start_soon(self._run, conn)
                 return conn
-            if len(refusals) == len(addresses):
-                # Every nsqd answered, and refused (E_AUTH_FAILED...): its typed error.
-                raise refusals[0]
-            raise NSQConnectionError("no nsqd reachable (" + "; ".join(failures) + ")")
+            raise attempt.error()
 
     async def _wait_for_place(self) -> None:
         """Queue for a place in the window (FIFO); a freed place is handed to
@@ -226,14 +151,20 @@ class Producer:
 
         await trio.lowlevel.wait_task_rescheduled(abort)
 
-    def _release_place(self) -> None:
-        if self._window_waiters:
-            # The place goes to the next in line.
-            trio.lowlevel.reschedule(self._window_waiters.popleft())
+    async def _publish(self, verb: str, topic: str, payload: Any, delay: float = 0.0) -> None:
+        """Check and encode one publish, send it pipelined and wait for its
+        answer: the one body of :meth:`publish`, :meth:`multi_publish` and
+        :meth:`deferred_publish`, each of which returns this coroutine (one
+        coroutine a publish, not two: the difference shows at 256 tasks)."""
+        core = self._core
+        if verb is _PUB:
+            data = core.pub(topic, payload)
+            batch = 0
+        elif verb is _MPUB:
+            data, batch = core.mpub(topic, payload)
         else:
-            self._in_flight -= 1
-
-    async def _publish(self, data: bytes, messages: int = 1, batch: bool = False) -> None:
+            data = core.dpub(topic, payload, delay)
+            batch = 0
         if self._in_flight < self._window and not self._window_waiters:
             self._in_flight += 1
         else:
@@ -245,101 +176,38 @@ class Producer:
                 conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
-            self._errors += 1
+            core.errors += 1
             raise
         finally:
-            self._release_place()
+            if self._window_waiters:
+                # The place goes to the next in line.
+                trio.lowlevel.reschedule(self._window_waiters.popleft())
+            else:
+                self._in_flight -= 1
         if response != OK:
-            self._errors += 1
-            raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
-        self._published += messages
+            core.errors += 1
+            raise unexpected(response)
+        core.published += batch or 1
         if batch:
-            self._batches += 1
+            core.batches += 1
 
     def check_topic(self, verb: str, topic: str) -> None:
         """Raise what publishing to ``topic`` raises before sending anything
         (:func:`trionsq.protocol.names.check_topic`); valid names are
         remembered, so a topic published to again costs a set look-up."""
-        if type(topic) is str and topic in self._valid_topics:
-            return
-        check_topic(verb, topic)
-        if len(self._valid_topics) >= _VALID_TOPICS_KEPT:
-            self._valid_topics.clear()
-        self._valid_topics.add(topic)
+        self._core.check_topic(verb, topic)
 
-    async def publish(self, topic: str, body: bytes) -> None:
-        """PUB one message."""
-        if type(topic) is not str or topic not in self._valid_topics:
-            self.check_topic("PUB", topic)
-        if type(body) is not bytes or not body:
-            body = check_body("PUB", body)
-        data = commands.pub(topic, body)
-        # _publish, written out: the path every PUB takes, one coroutine less.
-        if self._in_flight < self._window and not self._window_waiters:
-            self._in_flight += 1
-        else:
-            await self._wait_for_place()
-        try:
-            conn = self._conn
-            # conn.life.state: conn.closed without a property call
-            if conn is None or conn.life.state is not OPEN or self._closed:
-                conn = await self._connection()
-            response = await conn.request(data)
-        except (NSQError, OSError):
-            self._errors += 1
-            raise
-        finally:
-            if self._window_waiters:
-                trio.lowlevel.reschedule(self._window_waiters.popleft())
-            else:
-                self._in_flight -= 1
-        if response != OK:
-            self._errors += 1
-            raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
-        self._published += 1
+    def publish(self, topic: str, body: bytes) -> Coroutine[Any, Any, None]:
+        """PUB one message (await it: it returns once nsqd acknowledged)."""
+        return self._publish(_PUB, topic, body)
 
-    async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
-        """MPUB several messages atomically."""
-        if type(topic) is not str or topic not in self._valid_topics:
-            self.check_topic("MPUB", topic)
-        data = bodies if type(bodies) is list else list(bodies)
-        if not data:
-            raise BadBodyError("MPUB invalid message count 0")
-        if set(map(type, data)) != _BYTES or not all(data):  # all bytes, none empty
-            data = [check_body("MPUB", body) for body in data]  # the rare case
-        command = commands.mpub(topic, data)
-        # _publish, written out as in publish(): one coroutine less a batch.
-        if self._in_flight < self._window and not self._window_waiters:
-            self._in_flight += 1
-        else:
-            await self._wait_for_place()
-        try:
-            conn = self._conn
-            if conn is None or conn.life.state is not OPEN or self._closed:
-                conn = await self._connection()
-            response = await conn.request(command)
-        except (NSQError, OSError):
-            self._errors += 1
-            raise
-        finally:
-            if self._window_waiters:
-                trio.lowlevel.reschedule(self._window_waiters.popleft())
-            else:
-                self._in_flight -= 1
-        if response != OK:
-            self._errors += 1
-            raise ProtocolError(f"unexpected response to a publish: {response[:100]!r}")
-        self._published += len(data)
-        self._batches += 1
+    def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> Coroutine[Any, Any, None]:
+        """MPUB several messages atomically (await it)."""
+        return self._publish(_MPUB, topic, bodies)
 
-    async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
-        """DPUB: the message becomes visible after ``delay`` seconds."""
-        self.check_topic("DPUB", topic)
-        if isinstance(delay, bool) or not isinstance(delay, int | float):
-            raise TypeError("delay must be a number of seconds")
-        if not math.isfinite(delay) or delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        await self._publish(commands.dpub(topic, round(delay * 1000), check_body("DPUB", body)))
+    def deferred_publish(self, topic: str, body: bytes, delay: float) -> Coroutine[Any, Any, None]:
+        """DPUB: the message becomes visible after ``delay`` seconds (await it)."""
+        return self._publish(_DPUB, topic, body, delay)
 
     async def connection(self) -> Connection:
         """The connection publishes go on, connected (failing over between the
