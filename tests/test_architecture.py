@@ -300,6 +300,30 @@ def test_the_protocol_core_is_sans_io() -> None:
     assert outside == []
 
 
+
+#: trionsq's client parts, bottom to top: the core client (everything of
+#: ``trionsq`` outside these packages) knows nothing of the machinery that hosts
+#: it on a thread, nor of the front ends built on that; the hosting machinery
+#: knows nothing of the front ends.
+TRIONSQ_ABOVE_THE_CORE = ("trionsq.hosting", "trionsq.blocking", "trionsq.aio", "trionsq.spark")
+
+
+def test_the_core_client_never_imports_what_hosts_it() -> None:
+    core = tuple(
+        name
+        for name in modules()
+        if within(name, "trionsq")
+        and name != "trionsq"
+        and not any(within(name, above) for above in TRIONSQ_ABOVE_THE_CORE)
+        and not within(name, "trionsq.tools")
+        and name != "trionsq.cli"
+    )
+    assert violations(core, TRIONSQ_ABOVE_THE_CORE) == []
+
+
+def test_the_hosting_machinery_never_imports_the_front_ends() -> None:
+    assert violations("trionsq.hosting", ["trionsq.blocking", "trionsq.aio", "trionsq.spark"]) == []
+
 # --- fakensq's parts, bottom to top ---------------------------------------------
 
 #: fakensq's parts, each allowed to import only the parts listed for it (and

@@ -1291,7 +1291,7 @@ class Consumer:
         if self._discovered.get(address) is scope:
             del self._discovered[address]
 
-    # --- for the front ends (trionsq.hosted_consumer) ---
+    # --- for the front ends (trionsq.hosting.consumer) ---
 
     def take_ready(self, most: int) -> list[Message]:
         """Up to ``most`` of the messages already read, handed out (as

@@ -123,7 +123,7 @@ class Message:
         if self.responded is None:
             await self._responder._touch(self)
 
-    # For the front ends (trionsq.hosted_consumer, trionsq.aio), whose loops
+    # For the front ends (trionsq.hosting.consumer, trionsq.aio), whose loops
     # settle a batch of messages and check for cancellation once a batch.
 
     def finish_now(self) -> None:

@@ -211,6 +211,6 @@ class Producer:
 
     async def connection(self) -> Connection:
         """The connection publishes go on, connected (failing over between the
-        nsqds) as a publish connects it: for the front ends (trionsq.hosted),
+        nsqds) as a publish connects it: for the front ends (trionsq.hosting.producer),
         which pipeline their publishes on it themselves."""
         return await self._connection()

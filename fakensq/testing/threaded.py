@@ -4,7 +4,7 @@ A synchronous test, an asyncio test, or a test of a client in another language
 needs an nsqd that keeps serving while the test's own code blocks.  A
 :class:`BackgroundNode` runs any fakensq async context manager (an ``NSQD``, an
 ``NSQLookupd``, a ``Cluster``) inside trionsq's thread runner
-(:class:`trionsq.trio_thread.TrioThread`: ``trio.run`` on a thread of its own),
+(:class:`trionsq.hosting.trio_thread.TrioThread`: ``trio.run`` on a thread of its own),
 and hands the started node back once it is listening.
 
     with BackgroundNode(lambda: NSQD(tcp_address="127.0.0.1:0")) as nsqd:
@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 import trio
 
-from trionsq.trio_thread import LoopStoppedError, TrioThread
+from trionsq.hosting.trio_thread import LoopStoppedError, TrioThread
 
 __all__ = ["BackgroundNode"]
 

@@ -1,4 +1,4 @@
-"""trionsq.trio_thread.TrioThread: one Trio run on a thread, called from others."""
+"""trionsq.hosting.trio_thread.TrioThread: one Trio run on a thread, called from others."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from trionsq.trio_thread import (
+from trionsq.hosting.trio_thread import (
     BlockingInTrioError,
     ForkedError,
     LoopStoppedError,

@@ -10,8 +10,8 @@ come back through ``call_soon_threadsafe``, in batches).  Named ``aio`` (as in
 ``grpc.aio``) so that it never shadows the standard library's ``asyncio``.
 """
 
-from ..hosted import ClientClosedError
-from ..trio_thread import ForkedError
+from ..hosting.producer import ClientClosedError
+from ..hosting.trio_thread import ForkedError
 from .consumer import Consumer, GiveUp, Handler, Message
 from .guest import GuestUnavailableError
 from .producer import Producer

@@ -14,14 +14,14 @@ from typing import Any, TypeVar, cast
 import outcome
 import trio
 
-from ..bridge import LoopPost
 from ..config import Config
 from ..consumer import ConsumerStats
-from ..hosted import ClientClosedError
-from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..hosting.consumer import HandedMessage, HostedConsumer
+from ..hosting.handover import LoopPost
+from ..hosting.producer import ClientClosedError
+from ..hosting.trio_thread import ForkedError, LoopStoppedError
 from ..lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncClient, Lifecycle, Moves
 from ..message import Message as CoreMessage
-from ..trio_thread import ForkedError, LoopStoppedError
 from .guest import GuestRunner
 from .lifecycle import DirectPost, LoopCalls, calls_for, enter, leave, new_runner
 

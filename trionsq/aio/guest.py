@@ -10,9 +10,9 @@ One guest run serves every client of an asyncio loop (:class:`GuestRun`):
 Trio allows one run per thread, and a run's I/O wait is shared by all its
 tasks.  The first client entered starts it, the last one left ends it, before
 its ``async with`` is left; each client is a :class:`GuestRunner`, the
-:class:`~trionsq.trio_thread.TrioThread` interface on a task of the shared run
+:class:`~trionsq.hosting.trio_thread.TrioThread` interface on a task of the shared run
 (its own nursery, stopped on its own), so the hosted clients of
-:mod:`trionsq.hosted` run unchanged on either.
+:mod:`trionsq.hosting.producer` run unchanged on either.
 
 While Trio waits for I/O it does so on a worker thread of Trio's thread cache
 (an idle worker lingers for 10 s after its last use, for reuse).  When the run
@@ -34,7 +34,7 @@ import outcome
 import trio
 import trio.lowlevel
 
-from ..trio_thread import BlockingInTrioError, LoopStoppedError, TrioThread
+from ..hosting.trio_thread import BlockingInTrioError, LoopStoppedError, TrioThread
 
 __all__ = ["GuestRun", "GuestRunner", "GuestUnavailableError", "acquire", "release"]
 
@@ -182,7 +182,7 @@ async def _wait_ended(run: GuestRun) -> None:
 
 class GuestRunner(TrioThread):
     """One client's part of its loop's :class:`GuestRun`, with the interface of
-    a :class:`~trionsq.trio_thread.TrioThread` (its nursery, its stop, calls
+    a :class:`~trionsq.hosting.trio_thread.TrioThread` (its nursery, its stop, calls
     into it), but no thread: calls from the loop's thread run at once."""
 
     def __init__(self, name: str = "trionsq") -> None:

@@ -24,8 +24,8 @@ from typing import Any, Protocol, TypeVar
 
 import outcome
 
-from ..bridge import LoopPost
-from ..trio_thread import TrioThread
+from ..hosting.handover import LoopPost
+from ..hosting.trio_thread import TrioThread
 from . import guest
 from .guest import GuestRunner
 
@@ -85,7 +85,7 @@ class LoopCalls(LoopPost[LoopCall]):
 
 
 class DirectPost(LoopPost[T]):
-    """A :class:`~trionsq.bridge.LoopPost` for a guest run: items put from the
+    """A :class:`~trionsq.hosting.handover.LoopPost` for a guest run: items put from the
     asyncio loop's thread (where the guest run's Trio code runs) are handed to
     ``on_items`` at once; from another thread, as a LoopPost does."""
 

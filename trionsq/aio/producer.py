@@ -9,8 +9,8 @@ from typing import Any
 
 from .. import producer as _core
 from ..config import Config
-from ..hosted import ClientClosedError, HostedProducer, HostedProducerState
-from ..trio_thread import ForkedError, LoopStoppedError
+from ..hosting.producer import ClientClosedError, HostedProducer, HostedProducerState
+from ..hosting.trio_thread import ForkedError, LoopStoppedError
 from .guest import GuestRunner
 from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
 
@@ -71,7 +71,7 @@ class Producer(HostedProducerState):
     Concurrent publishes (from any tasks of the asyncio loop) share the
     connection and are pipelined, at most ``publish_window`` awaiting nsqd's
     answer at once.  nsqd's refusals raise their typed errors; a call on a closed
-    producer raises :class:`~trionsq.hosted.ClientClosedError`.  Cancelling a
+    producer raises :class:`~trionsq.hosting.producer.ClientClosedError`.  Cancelling a
     task that awaits a publish stops the wait; the publish itself, handed over
     already, is not taken back.
 

@@ -5,8 +5,8 @@ in a Trio loop on a thread of its own, so every option and guarantee of the asyn
 clients holds; this package is the thread-safe, blocking way in.
 """
 
-from ..hosted import ClientClosedError
-from ..trio_thread import BlockingInTrioError, ForkedError
+from ..hosting.producer import ClientClosedError
+from ..hosting.trio_thread import BlockingInTrioError, ForkedError
 from .consumer import Consumer, GiveUp, Handler, Message
 from .producer import Producer
 

@@ -12,11 +12,12 @@ from typing import Any
 
 from sniffio import thread_local as _sniffio
 
-from ..bridge import Handout
 from ..config import Config
 from ..consumer import ConsumerStats
-from ..hosted import ClientClosedError
-from ..hosted_consumer import HandedMessage, HostedConsumer
+from ..hosting.consumer import HandedMessage, HostedConsumer
+from ..hosting.handover import Handout
+from ..hosting.producer import ClientClosedError
+from ..hosting.trio_thread import ForkedError, LoopStoppedError, check_not_in_trio
 from ..lifecycle import (
     CLOSED,
     CLOSING,
@@ -28,7 +29,6 @@ from ..lifecycle import (
     Lifecycle,
     Moves,
 )
-from ..trio_thread import ForkedError, LoopStoppedError, check_not_in_trio
 
 __all__ = ["Consumer", "Message"]
 

@@ -13,10 +13,16 @@ from typing import Any, Literal
 from sniffio import thread_local as _sniffio
 
 from .. import producer as _core
-from ..bridge import LightFuture, Waiter
 from ..config import Config
-from ..hosted import ClientClosedError, Completion, HostedProducer, HostedProducerState, Job
-from ..trio_thread import ForkedError, check_not_in_trio
+from ..hosting.handover import LightFuture, Waiter
+from ..hosting.producer import (
+    ClientClosedError,
+    Completion,
+    HostedProducer,
+    HostedProducerState,
+    Job,
+)
+from ..hosting.trio_thread import ForkedError, check_not_in_trio
 
 __all__ = ["Producer"]
 
@@ -39,7 +45,7 @@ class Producer(HostedProducerState):
     place).  nsqd's refusals raise their typed errors; a connection lost before
     the answer raises :class:`~trionsq.ConnectionClosedError` (the message may or
     may not have been published); a call on a closed producer raises
-    :class:`~trionsq.hosted.ClientClosedError`.
+    :class:`~trionsq.hosting.producer.ClientClosedError`.
 
     ``timeout`` (seconds) bounds how long a call waits for the answer; past it,
     :class:`TimeoutError` is raised (the publish is not taken back).  The

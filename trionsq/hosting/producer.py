@@ -1,13 +1,13 @@
-"""trionsq's Trio clients hosted on a :class:`~trionsq.trio_thread.TrioThread`.
+"""trionsq's Trio clients hosted on a :class:`~trionsq.hosting.trio_thread.TrioThread`.
 
 The blocking and asyncio front ends share this: each client owns one thread
 running one ``trio.run``, in which the ordinary :class:`trionsq.Producer` or
 :class:`trionsq.Consumer` does all the work (connections, RDY, backoff,
 discovery, TLS, compression, AUTH, failover, the lossless close).  What crosses
-between threads is only work to do (an :class:`~trionsq.bridge.Inbox` into the
+between threads is only work to do (an :class:`~trionsq.hosting.handover.Inbox` into the
 loop) and its outcome (a completion object each front end supplies).
 
-This module holds the producer side; :mod:`trionsq.hosted_consumer` the consumer.
+This module holds the producer side; :mod:`trionsq.hosting.consumer` the consumer.
 """
 
 from __future__ import annotations
@@ -19,18 +19,19 @@ from typing import Any, Protocol
 
 import trio
 
-from .bridge import Inbox
-from .config import Config
-from .connection import Connection, ConnectionClosedError, PendingResponse
-from .producer import Producer
-from .protocol.errors import NSQError, ProtocolError
-from .protocol.frames import OK
-from .publishing import ProducerStats, PublishCore
-from .transport import Connector
+from ..config import Config
+from ..connection import Connection, ConnectionClosedError, PendingResponse
+from ..producer import Producer
+from ..protocol.errors import NSQError, ProtocolError
+from ..protocol.frames import OK
+from ..publishing import ProducerStats, PublishCore
+from ..transport import Connector
+from .handover import Inbox
 from .trio_thread import LoopStoppedError, TrioThread
 
 __all__ = ["ClientClosedError", "Completion", "HostedProducer", "tracking_connector"]
 
+# (the logger keeps its name from before the hosting package: configurations stay valid)
 log = logging.getLogger("trionsq.hosted")
 
 

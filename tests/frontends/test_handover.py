@@ -1,4 +1,4 @@
-"""The hand-over pieces of trionsq.bridge, alone (no nsqd, no Trio run)."""
+"""The hand-over pieces of trionsq.hosting.handover, alone (no nsqd, no Trio run)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import deque
 
 import pytest
 
-from trionsq.bridge import Handout, LightFuture
+from trionsq.hosting.handover import Handout, LightFuture
 
 
 def test_a_light_future_is_a_running_concurrent_future() -> None:

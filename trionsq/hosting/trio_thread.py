@@ -52,6 +52,7 @@ __all__ = [
     "check_not_in_trio",
 ]
 
+# (the logger keeps its name from before the hosting package: configurations stay valid)
 log = logging.getLogger("trionsq.trio_thread")
 
 R = TypeVar("R")

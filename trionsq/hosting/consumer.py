@@ -6,7 +6,7 @@ message it yields, wrapped in the front end's message class (a subclass of
 the loop's thread: a put into a thread queue, or into the asyncio loop).
 Settling a message from any thread claims it (the first of finish and requeue
 wins, in one atomic step, so every thread agrees on the outcome) and puts it in an
-:class:`~trionsq.bridge.Inbox`, where a settler task applies it to the core
+:class:`~trionsq.hosting.handover.Inbox`, where a settler task applies it to the core
 message in order.
 
 Closing (:meth:`HostedConsumer.stop_delivery`, then :meth:`HostedConsumer.finish`)
@@ -26,15 +26,16 @@ from typing import Any
 
 import trio
 
-from .bridge import Inbox
-from .config import Config
-from .consumer import Consumer, ConsumerStats
-from .hosted import tracking_connector
-from .message import Message
+from ..config import Config
+from ..consumer import Consumer, ConsumerStats
+from ..message import Message
+from .handover import Inbox
+from .producer import tracking_connector
 from .trio_thread import LoopStoppedError, TrioThread
 
 __all__ = ["HandedMessage", "HostedConsumer"]
 
+# (the logger keeps its name from before the hosting package: configurations stay valid)
 log = logging.getLogger("trionsq.hosted")
 
 
