@@ -13,6 +13,7 @@ import trio
 from .config import Config
 from .connection import Connection
 from .lifecycle import OPEN
+from .protocol import commands
 from .protocol.errors import NSQError
 from .protocol.frames import OK
 from .publishing import ProducerStats, PublishCore, Rotation, unexpected
@@ -158,7 +159,17 @@ class Producer:
         coroutine a publish, not two: the difference shows at 256 tasks)."""
         core = self._core
         if verb is _PUB:
-            data = core.pub(topic, payload)
+            # core.pub's checks, written out for the common case (a topic
+            # already checked, a non-empty bytes body): the path of every PUB.
+            if (
+                type(payload) is bytes
+                and payload
+                and type(topic) is str
+                and topic in core.valid_topics
+            ):
+                data = commands.pub(topic, payload)
+            else:
+                data = core.pub(topic, payload)
             batch = 0
         elif verb is _MPUB:
             data, batch = core.mpub(topic, payload)

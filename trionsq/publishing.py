@@ -146,27 +146,28 @@ class PublishCore(Counters):
 
     def __init__(self) -> None:
         super().__init__()
-        self._valid_topics: set[str] = set()
+        #: topic names found valid (a few, in practice: each checked once)
+        self.valid_topics: set[str] = set()
 
     def check_topic(self, verb: str, topic: str) -> None:
         """Raise what publishing to ``topic`` raises before sending anything
         (:func:`trionsq.protocol.names.check_topic`)."""
-        if type(topic) is str and topic in self._valid_topics:
+        if type(topic) is str and topic in self.valid_topics:
             return
         check_topic(verb, topic)
-        if len(self._valid_topics) >= _VALID_TOPICS_KEPT:
-            self._valid_topics.clear()
-        self._valid_topics.add(topic)
+        if len(self.valid_topics) >= _VALID_TOPICS_KEPT:
+            self.valid_topics.clear()
+        self.valid_topics.add(topic)
 
     def pub(self, topic: str, body: bytes) -> bytes:
-        if type(topic) is not str or topic not in self._valid_topics:
+        if type(topic) is not str or topic not in self.valid_topics:
             self.check_topic("PUB", topic)
         if type(body) is not bytes or not body:
             body = check_body("PUB", body)
         return commands.pub(topic, body)
 
     def mpub(self, topic: str, bodies: Iterable[bytes]) -> tuple[bytes, int]:
-        if type(topic) is not str or topic not in self._valid_topics:
+        if type(topic) is not str or topic not in self.valid_topics:
             self.check_topic("MPUB", topic)
         data = bodies if type(bodies) is list else list(bodies)
         if not data:

@@ -79,7 +79,7 @@ def test_valid_topics_are_remembered_within_a_bound() -> None:
     core = PublishCore()
     for i in range(2500):
         core.pub(f"t{i}", b"x")
-    assert len(core._valid_topics) <= 1000
+    assert len(core.valid_topics) <= 1000
 
 
 def test_answered_counts_oks_and_refuses_anything_else() -> None:
