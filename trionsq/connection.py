@@ -1,4 +1,4 @@
-"""One connection to one nsqd: handshake, feature upgrades, reader, writes.
+"""One connection to one nsqd: its life, its reader, and the parts it is made of.
 
 Life of a connection::
 
@@ -26,46 +26,65 @@ One task's round trips (a producer's MPUB after MPUB) skip the reader: after
 answering a request alone, a producer's reader lends the socket, and the
 next lone request writes itself and reads its own ``OK``, handing anything
 else back to the reader (see ``_lend`` and ``_borrow``).
+
+The connection is made of three parts, one module each: the handshake and the
+stream's upgrades (:mod:`trionsq.handshake`: :class:`Handshake`, run while its
+life is OPENING), the write path (:mod:`trionsq.writing`: :class:`Writing`,
+commands and requests queued, the writer, the socket's loan), and here its
+life (:data:`CONNECTION_MOVES`), running, the reader and the end.
 """
 
 from __future__ import annotations
 
-import enum
-import errno
 import functools
-import json
 import logging
 import math
-import os
 import ssl
-import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar, overload
+from typing import Any, TypeAlias, TypeVar
 
 import trio
 
-from .config import Config, KeyPasswordMissing, load_client_certificate
+from .config import Config, KeyPasswordMissing
+from .handshake import (
+    RECEIVE_SIZE,
+    WRITE_TO_SOCKETS,
+    CodecStream,
+    Handshake,
+    NegotiationError,
+    NSQConnectionError,
+    RequestRefused,
+    close_at_once,
+    read_socket,
+)
 from .lifecycle import CLOSED, CLOSING, OPEN, OPENING, Lifecycle, Moves
-from .message import cancel_may_be_pending
 from .multiplex import Multiplexer
-from .protocol import codecs, commands, states
+from .protocol import commands, states
 from .protocol.errors import NSQError, ProtocolError
 from .protocol.frames import (
-    FRAME_TYPE_RESPONSE,
     HEARTBEAT,
     OK,
-    SIZE,
     Error,
     FrameParser,
     MessageFactory,
     OversizedMessage,
     Response,
-    encode_frame,
 )
 from .rdy import DEFAULT_MAX_RDY_COUNT
 from .reasons import cannot_connect
 from .transport import parse_address
+from .writing import (
+    LOAN_MOVES,
+    OK_FRAME,
+    OK_FRAME_SIZE,
+    WRITER_MOVES,
+    ConnectionClosedError,
+    Loan,
+    PendingResponse,
+    Writer,
+    Writing,
+)
 
 __all__ = [
     "CONNECTION_MOVES",
@@ -85,23 +104,6 @@ __all__ = [
 
 log = logging.getLogger("trionsq.connection")
 
-_RECEIVE_SIZE = 64 * 1024
-#: queued bytes above which senders wait for the writer (backpressure)
-_HIGH_WATER = 1024 * 1024
-#: whether a socket's descriptor takes os.write (not so on Windows)
-_WRITE_TO_SOCKETS = sys.platform != "win32"
-#: an ``OK`` response frame, as nsqd sends it
-_OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, OK)
-_OK_FRAME_SIZE = len(_OK_FRAME)
-#: how long a producer's reader leaves its socket to a lone requester (see
-#: Connection._lend) before it looks whether anyone still reads it
-_LEND_PERIOD = 0.05
-#: why a handshake answered in HTTP failed (go-nsq's words, and a hint)
-_HTTP_ANSWER = (
-    "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
-)
-
-
 #: A connection's life: OPENING is the handshake (magic, IDENTIFY, upgrades,
 #: AUTH, the ``then`` request), after which :meth:`Connection.open` returns it
 #: OPEN; CLOSING is :meth:`Connection.aclose` under way (the connection was
@@ -114,248 +116,6 @@ CONNECTION_MOVES = Moves(
 )
 
 
-class Loan(enum.Enum):
-    """Who reads a producer's socket (see :meth:`Connection.request`)."""
-
-    #: the reader task watches the socket (it may not be parked right now)
-    READING = "reading"
-    #: the reader is parked and lends the socket: the next lone request may
-    #: write and read its own answer
-    LENT = "lent"
-    #: the reader is parked and a requester waits on the socket for its answer
-    BORROWED = "borrowed"
-
-
-READING, LENT, BORROWED = Loan.READING, Loan.LENT, Loan.BORROWED
-
-#: The loan's moves: the reader lends the socket and takes it back (at the end
-#: of a lending period with nobody on it, or given back); a lone request
-#: borrows it and gives it back (its answer read: LENT again; anything else
-#: read, or more requests queued meanwhile: the reader reads again).
-LOAN_MOVES = Moves(
-    "Connection loan",
-    READING,
-    {READING: {LENT}, LENT: {READING, BORROWED}, BORROWED: {LENT, READING}},
-)
-
-
-class Writer(enum.Enum):
-    """Where the connection's writes are (see :meth:`Connection.send_nowait`)."""
-
-    #: parked with nothing queued: the first command queued arranges a write
-    #: (wakes the writer task, or hands the connection to the multiplexer)
-    IDLE = "idle"
-    #: a write is arranged (or the writer is about to look at the buffer):
-    #: commands queued now go with it
-    BUSY = "busy"
-    #: the writer task is sending a buffer it took (:meth:`Connection.flush`
-    #: waits for it)
-    WRITING = "writing"
-
-
-IDLE, BUSY, WRITING = Writer.IDLE, Writer.BUSY, Writer.WRITING
-
-#: The writer's moves.  It starts BUSY: commands queued before it runs are
-#: found when it comes round.
-WRITER_MOVES = Moves(
-    "Connection writer",
-    BUSY,
-    {IDLE: {BUSY}, BUSY: {IDLE, WRITING}, WRITING: {BUSY}},
-)
-
-
-class NSQConnectionError(NSQError, ConnectionError):
-    """An nsqd could not be reached, or the connection to it was lost."""
-
-
-class ConnectionClosedError(NSQConnectionError):
-    """The connection ended before the request got its response."""
-
-
-class RequestRefused(Exception):
-    """nsqd answered :meth:`Connection.open`'s ``then`` request with an error
-    frame (its typed error in :attr:`error`; nsqd closes the connection)."""
-
-    def __init__(self, error: NSQError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class NegotiationError(NSQError):
-    """nsqd does not offer a feature the configuration requires (TLS, AUTH)."""
-
-
-class CodecStream(trio.abc.Stream):
-    """A stream whose bytes go through a compression codec in both directions.
-
-    A read decompresses at most what it returns (``max_bytes``, else
-    ``_RECEIVE_SIZE``), and reads the inner stream only once the input taken
-    so far gives nothing more: a small compressed input that inflates to
-    gigabytes costs one read's worth at a time, and reading it stops with
-    the reader (see :meth:`trionsq.consumer.Consumer._on_messages`).
-    """
-
-    def __init__(
-        self,
-        inner: trio.abc.Stream,
-        encoder: codecs.Encoder,
-        decoder: codecs.Decoder,
-        initial: bytes = b"",
-    ) -> None:
-        self.inner = inner
-        self._encoder = encoder
-        self._decoder = decoder
-        self._raw = initial  # compressed bytes read before the switch
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(self._encoder.encode(bytes(data)))
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        limit = _RECEIVE_SIZE if max_bytes is None else max_bytes
-        decoder = self._decoder
-        while True:
-            if self._raw:
-                raw, self._raw = self._raw, b""
-            elif decoder.pending:
-                raw = b""
-            else:
-                raw = bytes(await self.inner.receive_some(_RECEIVE_SIZE))
-                if not raw:
-                    return b""
-            out = decoder.decode_some(raw, limit)
-            if out:
-                return out
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class PendingResponse:
-    """A request's response to come (see :meth:`Connection.request_nowait`).
-
-    No :class:`trio.Event` per request: the first task awaiting :meth:`result`
-    parks itself and the reader reschedules it directly (one pipelined publish
-    costs one wake-up, nothing more).  A waiter that is cancelled leaves the
-    pending in the connection's queue: its response is still taken off in
-    order when it comes, and dropped, so later responses meet their requests.
-    """
-
-    __slots__ = ("_event", "_task", "done", "error", "value")
-
-    def __init__(self) -> None:
-        self.value = b""
-        self.error: BaseException | None = None
-        #: whether the response (or the connection's end) has arrived
-        self.done = False
-        self._task: trio.lowlevel.Task | None = None  # the parked waiter
-        self._event: trio.Event | None = None  # for further waiters (rare)
-
-    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
-        self._task = None  # cancelled: the response, when it comes, is dropped
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def wait(self) -> None:
-        """Wait until :attr:`done` (a checkpoint, like :meth:`trio.Event.wait`)."""
-        if self.done:
-            await trio.lowlevel.checkpoint()
-        elif self._task is None:
-            self._task = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort)
-        else:
-            if self._event is None:
-                self._event = trio.Event()
-            await self._event.wait()
-
-    @property
-    def event(self) -> trio.Event:
-        """A :class:`trio.Event` set when :attr:`done` (made on first use)."""
-        if self._event is None:
-            self._event = trio.Event()
-            if self.done:
-                self._event.set()
-        return self._event
-
-    async def result(self) -> bytes:
-        """Wait for the response; an error frame raises its typed error, the
-        connection's end :class:`ConnectionClosedError`."""
-        await self.wait()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-    def set(self, value: bytes) -> None:
-        self.value = value
-        self.done = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            trio.lowlevel.reschedule(task)
-        if self._event is not None:
-            self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.set(b"")
-
-
-def _ssl_context(config: Config) -> ssl.SSLContext:
-    """The context a TLS connection uses: the caller's own, as it is (never
-    changed: it may be shared, and another client would then present what
-    was loaded into it; Config refuses a client certificate with one), or a
-    new one of trionsq's for ``tls=True``, with the client certificate if
-    any (a context per connection: a renewed certificate file is picked up
-    at the next connection)."""
-    if isinstance(config.tls, ssl.SSLContext):
-        return config.tls
-    context = ssl.create_default_context()
-    if config.tls_cert is not None:
-        load_client_certificate(context, config)
-    return context
-
-
-#: The last configuration greeted with and its greeting (see _greeting).
-_greeted: tuple[Config, bytes] | None = None
-
-
-def _greeting(config: Config) -> bytes:
-    """The magic and IDENTIFY a connection opens with.  A Config is frozen, so
-    the last one's is kept: a consumer's connections (and reconnections)
-    share theirs instead of encoding the same JSON each."""
-    global _greeted
-    if _greeted is None or _greeted[0] is not config:
-        _greeted = (config, commands.MAGIC_V2 + commands.identify(config.identify_body()))
-    return _greeted[1]
-
-
-def _read_socket(fd: int) -> bytes | None:
-    """Read a plain TCP socket that is readable: its bytes (empty at the end
-    of the stream), or None when there is nothing after all.  Errors are
-    translated as :meth:`trio.SocketStream.receive_some` translates them."""
-    try:
-        return os.read(fd, _RECEIVE_SIZE)
-    except BlockingIOError:
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.EBADF, errno.ENOTSOCK):
-            raise trio.ClosedResourceError("this socket was already closed") from None
-        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
-
-
-async def _close_at_once(stream: trio.abc.Stream) -> None:
-    """:func:`trio.aclose_forcefully`; a plain TCP stream is closed as it
-    would close it (the socket, then a checkpoint) without the cancelled
-    scope and the ``Cancelled`` it raises and catches: at every close of
-    every connection."""
-    if type(stream) is trio.SocketStream:
-        stream.socket.close()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-    else:
-        await trio.aclose_forcefully(stream)
-
-
 M = TypeVar("M")
 
 #: Called by the reader with the messages of one read, in order (a run of them
@@ -365,7 +125,7 @@ M = TypeVar("M")
 MessagesCallback: TypeAlias = Callable[[list[M]], Awaitable[None] | None]
 
 
-class Connection:
+class Connection(Handshake, Writing):
     """A handshaken connection to one nsqd (create with :meth:`open`)."""
 
     def __init__(self, stream: trio.abc.Stream, address: str, config: Config) -> None:
@@ -462,10 +222,7 @@ class Connection:
         try:
             with scope:
                 conn = cls(await config.connector(host, port), address, config)
-                await conn._handshake(host)
-                if then is not None:
-                    await conn._request_now(then)
-                conn.life.move(OPEN)
+                await conn._start(host, then)
                 opened, conn = conn, None
                 return opened
         except KeyPasswordMissing as exc:  # the key file changed since Config checked it
@@ -478,475 +235,20 @@ class Connection:
         finally:
             if conn is not None:  # the handshake failed: do not leak the stream
                 conn.life.move(CLOSED)
-                await _close_at_once(conn._stream)
+                await close_at_once(conn._stream)
         # Only the scope's own deadline ends the block without a return.
         raise NSQConnectionError(
             cannot_connect(address, f"connect timed out after {config.connect_timeout:g}s")
         )
 
-    async def _receive_exactly(self, size: int) -> bytes:
-        data = self._leftover
-        while len(data) < size:
-            stream = self._stream
-            if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS:
-                # A handshake's answer is never there yet when asked for:
-                # wait first, then read (no failed recv, no BlockingIOError
-                # a connection); errors read as receive_some's.
-                fd = stream.socket.fileno()
-                await trio.lowlevel.wait_readable(fd)
-                got = _read_socket(fd)
-                if got is None:
-                    continue  # woken without data: wait again
-                chunk = got
-            else:
-                chunk = bytes(await stream.receive_some(_RECEIVE_SIZE))
-            if not chunk:
-                raise NSQConnectionError(
-                    cannot_connect(self.address, "connection closed during handshake")
-                )
-            data += chunk
-        self._leftover = data[size:]
-        return data[:size]
-
-    async def _request_now(self, data: bytes) -> None:
-        """Send a request before :meth:`run` and read its ``OK`` here, the
-        handshake's way: no reader, writer or task of the connection's own is
-        needed for it yet (heartbeats meanwhile are answered)."""
-        if data and data[0] in self._watched:
-            self._follow(data)
-        await self._stream.send_all(data)
-        while True:
-            try:
-                response = await self._read_response(heartbeats=True)
-            except NSQError as exc:
-                if isinstance(exc, NSQConnectionError | ProtocolError):
-                    raise
-                raise RequestRefused(exc) from exc
-            if response is None:
-                await self._stream.send_all(commands.nop())
-            elif response != OK:
-                raise ProtocolError(f"expected OK, got {response[:100]!r}")
-            else:
-                return
-
-    @overload
-    async def _read_response(self) -> bytes: ...
-
-    @overload
-    async def _read_response(self, heartbeats: bool) -> bytes | None: ...
-
-    async def _read_response(self, heartbeats: bool = False) -> bytes | None:
-        """Read one handshake frame: a response's data, or raise the error
-        frame (a heartbeat: None with ``heartbeats``, else an error)."""
-        header = await self._receive_exactly(4)
-        if header == b"HTTP":
-            # An HTTP server's answer to the magic (nsqd's HTTP port says
-            # "HTTP/1.1 400 Bad Request"): said as go-nsq says it, not as a
-            # frame of 1213486160 bytes.
-            raise NSQConnectionError(cannot_connect(self.address, _HTTP_ANSWER))
-        (size,) = SIZE.unpack(header)
-        if size > self.config.max_frame_size or size < 4:
-            # Let the parser produce the typed error.
-            FrameParser(self.config.max_frame_size).feed(header)
-        payload = await self._receive_exactly(size)
-        (frame,) = FrameParser(self.config.max_frame_size).feed(header + payload)
-        if isinstance(frame, Error):
-            raise frame.error
-        if isinstance(frame, Response):
-            if not frame.is_heartbeat:
-                return frame.data
-            if heartbeats:
-                return None
-        raise ProtocolError(f"unexpected frame during handshake: {frame!r}"[:200])
-
-    async def _handshake(self, host: str) -> None:
-        config = self.config
-        await self._stream.send_all(_greeting(config))
-        data = await self._read_response()
-        if data != OK:
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                raise ProtocolError(f"IDENTIFY response is not JSON: {data[:100]!r}") from None
-            if not isinstance(parsed, dict):
-                raise ProtocolError("IDENTIFY response is not a JSON object")
-            self.identify_response = parsed
-        response = self.identify_response
-        max_rdy = response.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
-        if isinstance(max_rdy, int) and not isinstance(max_rdy, bool) and max_rdy >= 0:
-            self.max_rdy_count = max_rdy
-        timeout = response.get("msg_timeout")
-        if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-            self.msg_timeout = timeout / 1000
-
-        if config.tls is not False:
-            if not response.get("tls_v1"):
-                raise NegotiationError(f"{self.address}: TLS requested but nsqd does not offer it")
-            if self._leftover:
-                raise ProtocolError("nsqd sent data before the TLS handshake")
-            tls_stream = trio.SSLStream(self._stream, _ssl_context(config), server_hostname=host)
-            self._stream = tls_stream
-            await tls_stream.do_handshake()
-            self.tls = True
-            await self._expect_ok("TLS")
-
-        codec: tuple[codecs.Encoder, codecs.Decoder] | None = None
-        if config.snappy and response.get("snappy"):
-            codec = (codecs.SnappyEncoder(), codecs.SnappyDecoder())
-            self.compression = "snappy"
-        elif config.deflate and response.get("deflate"):
-            level = response.get("deflate_level", config.deflate_level)
-            codec = (
-                codecs.DeflateEncoder(level if isinstance(level, int) else 6),
-                codecs.DeflateDecoder(),
-            )
-            self.compression = "deflate"
-        if codec is not None:
-            self._stream = CodecStream(self._stream, *codec, initial=self._leftover)
-            self._leftover = b""
-            await self._expect_ok(self.compression or "")
-
-        if response.get("auth_required"):
-            if config.auth_secret is None:
-                raise NegotiationError(f"{self.address}: nsqd requires AUTH; set auth_secret")
-            await self._stream.send_all(commands.auth(config.auth_secret))
-            data = await self._read_response()
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                parsed = None
-            self.auth_response = parsed if isinstance(parsed, dict) else {}
-
-    async def _expect_ok(self, step: str) -> None:
-        data = await self._read_response()
-        if data != OK:
-            raise ProtocolError(f"expected OK after the {step} upgrade, got {data[:100]!r}")
-
-    # --- writing ---
-
-    def _follow(self, data: bytes) -> None:
-        """The state table, for a command about to be queued: nsqd's error for a
-        command not valid in this state (raised here; nothing is sent), else the
-        state after it.  A command's state applies from the moment it is queued:
-        nsqd reads commands in order and closes the connection when a SUB or
-        CLS fails, so every later command meets the state it leads to."""
-        name = states.command_name(data)
-        states.check(self.state, name)
-        after = states.state_after(self.state, name)
-        if after is not self.state:
-            self.state = after
-            self._watched = states.watched(after)
-
-    async def send(self, data: bytes) -> None:
-        """Queue a command that gets no response (RDY, FIN, REQ, TOUCH, NOP).
-
-        It is written by the connection's writer task (see :meth:`flush`); if the
-        connection is already closed, raises :class:`ConnectionClosedError`.
-        """
-        # Commands are appended to one buffer that the writer task sends: writes
-        # are serialized, several commands go out in one send, and a caller
-        # cancelled here never leaves half a command on the wire.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while len(self._out) >= _HIGH_WATER and not self.closed:
-            await self._drained.wait()
-        self.send_nowait(data)
-
-    def send_nowait(self, data: bytes) -> None:
-        """Queue a command that gets no response, without waiting for room.
-
-        For commands whose volume something else bounds, such as a consumer's
-        FIN, REQ and RDY (one per message nsqd handed out, or per RDY decision):
-        they skip :meth:`send`'s backpressure and its checkpoint.  Raises
-        :class:`ConnectionClosedError` if the connection is closed.
-        """
-        if self.life.state is not OPEN:
-            raise ConnectionClosedError(f"{self.address}: connection is closed")
-        if data and data[0] in self._watched:
-            self._follow(data)
-        self._out += data
-        if self.writer.state is IDLE:
-            self._start_writing()
-
-    async def request(self, data: bytes) -> bytes:
-        """Send a command and wait for its response (``OK``, ``CLOSE_WAIT``, JSON).
-
-        An error frame in reply raises its typed error; a connection that ends
-        first raises :class:`ConnectionClosedError`.
-        """
-        # send's steps, inline, with the request's place queued with its bytes.
-        if cancel_may_be_pending():
-            await trio.lowlevel.checkpoint_if_cancelled()
-        while len(self._out) >= _HIGH_WATER and not self.closed:
-            await self._drained.wait()
-        if self.life.state is not OPEN:
-            raise ConnectionClosedError(f"{self.address}: connection is closed")
-        if data and data[0] in self._watched:
-            self._follow(data)
-        pending = PendingResponse()
-        loan = self.loan
-        idle = self.writer.state is IDLE
-        if loan.state is LENT and not self._pending and not self._out and idle and self._fd >= 0:
-            # The reader lent the socket (it answered a lone request last):
-            # write, then read the response here, one task step a round trip.
-            self._pending.append(pending)
-            fd = self._fd
-            loan.move(BORROWED)
-            self._send_at_once(data)
-            return await self._borrow(fd, pending)
-        if idle and self._lone and not self._pending and not self._out and self._fd >= 0:
-            # Nothing else awaits a response, nothing is queued, and the last
-            # read answered one request alone (one task's round trips: MPUB
-            # after MPUB): send it from here, no task switch to the writer.
-            # Otherwise the writer coalesces what the woken tasks queue.
-            self._pending.append(pending)
-            self._give_back(None)  # its response is the reader's to read
-            self._send_at_once(data)
-        else:
-            # In the same step as the bytes: responses come back in this order.
-            self._pending.append(pending)
-            self._give_back(None)
-            self._out += data
-            if self.writer.state is IDLE:
-                self._start_writing()
-        # pending.result(), inline: park until the reader hands the response over.
-        pending._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(pending._abort)
-        if pending.error is not None:
-            raise pending.error
-        return pending.value
-
-    async def _borrow(self, fd: int, pending: PendingResponse) -> bytes:
-        """Wait for the response to a lone request on the socket the reader
-        lent: a read of exactly one ``OK`` is the answer; anything else (a
-        heartbeat, an error, a piece of a frame, the end) is handed back to
-        the reader, which deals with it as with its own read and answers
-        ``pending`` (or fails it) in order."""
-        handed: bytes | None = None
-        self._read_deadline = trio.current_time() + self.config.read_timeout
-        try:
-            await trio.lowlevel.wait_readable(fd)
-            if self._fd == fd:  # else closed meanwhile: the reader finds out how
-                try:
-                    handed = os.read(fd, _RECEIVE_SIZE)
-                except OSError:
-                    handed = None  # the reader's own read meets the error again
-        except trio.ClosedResourceError:
-            # The connection ended (and failed this request) under the wait.
-            self._read_deadline = math.inf
-            self._end_borrow()
-            self._give_back(None)
-            if pending.error is not None:
-                raise pending.error from None
-            raise ConnectionClosedError(f"{self.address}: connection closed") from None
-        except BaseException:
-            # Cancelled: the response, when it comes, is the reader's to
-            # drop, in order, as for any request given up.
-            self._read_deadline = math.inf
-            self._end_borrow()
-            self._give_back(None)
-            raise
-        self._read_deadline = math.inf
-        self._end_borrow()
-        pendings = self._pending
-        if handed == _OK_FRAME and pendings and pendings[0] is pending:
-            pendings.popleft()
-            if pendings:  # others queued requests meanwhile: the reader answers them
-                self._give_back(None)
-            return OK
-        self._give_back(handed)
-        if not pending.done:  # (the connection may have ended meanwhile)
-            pending._task = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(pending._abort)
-        if pending.error is not None:
-            raise pending.error
-        return pending.value
-
-    def _end_borrow(self) -> None:
-        """A borrower is done waiting on the socket: it is lent again (the
-        reader is still parked), unless the reader left meanwhile (the
-        connection ended: see :meth:`_lend`)."""
-        if self.loan.state is BORROWED:
-            self.loan.move(LENT)
-
-    def _give_back(self, data: bytes | None) -> None:
-        """End a loan of the socket: the reader reads it again, starting with
-        ``data`` (what a requester read and is not the answer it expected).
-        While a requester borrows it, the borrower gives it back when it is
-        done (it finds what was queued meanwhile): nothing to do now."""
-        if data is not None:
-            self._handed = data
-        if self.loan.state is LENT:
-            self.loan.move(READING)
-            assert self._reader is not None
-            trio.lowlevel.reschedule(self._reader)
-
-    def _abort_lend(self, raise_cancel: Any) -> trio.lowlevel.Abort:
-        # The lending period is over.  A borrower keeps the socket (the
-        # reader parks again at once: see _lend).
-        if self.loan.state is LENT:
-            self.loan.move(READING)
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _lend(self) -> bytes | None:
-        """Leave the socket to lone requesters (see :meth:`request`), each of
-        which reads its own response: no wake-up of the reader, then of the
-        requester, a round trip.  Returns what a requester handed back, or
-        None when the reader must watch the socket again: handed back without
-        data, or a period ended with nobody waiting on it (heartbeats, nsqd
-        closing the connection), which bounds how long it goes unwatched."""
-        self._reader = trio.lowlevel.current_task()
-        loan = self.loan
-        loan.move(LENT)
-        while True:
-            with trio.move_on_after(_LEND_PERIOD):
-                await trio.lowlevel.wait_task_rescheduled(self._abort_lend)
-            # Given back (READING already), or the period is over: with a
-            # borrower on the socket, park again (as one step: nobody saw the
-            # reader awake), unless the connection ended.
-            if loan.state is not BORROWED or self.life.state is not OPEN:
-                if loan.state is not READING:
-                    loan.move(READING)  # a borrower meets the end itself
-                handed, self._handed = self._handed, None
-                return handed
-
-    def _send_at_once(self, data: bytes) -> None:
-        """Write ``data`` to the socket now, from the calling task, while the
-        writer is parked with nothing queued (so the order holds).  A plain
-        non-blocking write: no yield, so no cancellation can cut a command in
-        half; what the socket does not take (all of it, on an error) goes to
-        the writer, which sends it or meets the error and ends the connection."""
-        try:
-            sent = os.write(self._fd, data)
-        except OSError:  # BlockingIOError among them
-            sent = 0
-        if sent < len(data):
-            self._out += memoryview(data)[sent:]
-            self._move_writer(BUSY)
-            self._wake_writer.set()
-
-    def request_nowait(self, data: bytes) -> PendingResponse:
-        """Queue a command that gets a response, without waiting (for room or
-        for the response): await the returned :meth:`PendingResponse.result`.
-
-        For the few commands whose volume nothing makes large, such as a
-        consumer's CLS, queued in the same step as the commands around it.
-        Raises :class:`ConnectionClosedError` if the connection is closed.
-        """
-        if self.life.state is not OPEN:
-            raise ConnectionClosedError(f"{self.address}: connection is closed")
-        if data and data[0] in self._watched:
-            self._follow(data)
-        pending = PendingResponse()
-        self._pending.append(pending)
-        self._give_back(None)  # its response is the reader's to read
-        self._out += data
-        if self.writer.state is IDLE:
-            self._start_writing()
-        return pending
-
-    @property
-    def backlogged(self) -> bool:
-        """Whether the commands queued and not written yet reach the mark
-        above which :meth:`send` waits (nsqd is not reading them): a consumer
-        then reads no more from this connection (each message read means a
-        FIN or REQ to write) until :meth:`wait_for_room`."""
-        return len(self._out) >= _HIGH_WATER
-
-    async def wait_for_room(self) -> None:
-        """Wait until the commands queued are below :attr:`backlogged`'s mark
-        (or the connection has ended)."""
-        await trio.lowlevel.checkpoint()
-        while len(self._out) >= _HIGH_WATER and not self.closed:
-            await self._drained.wait()
-
-    async def flush(self) -> None:
-        """Wait until everything queued so far has been written (or the
-        connection has ended)."""
-        while (self._out or self.writer.state is WRITING) and self.life.state is not CLOSED:
-            await self._drained.wait()
-
-    async def _write_loop(self) -> None:
-        while True:
-            if not self._out:
-                self._drained.set()
-                self._drained = trio.Event()
-                self._wake_writer = trio.Event()
-                self._move_writer(IDLE)
-                await self._wake_writer.wait()
-                # Woken by the first command queued: let the tasks already
-                # runnable queue theirs too (the FINs of a read, a RDY, other
-                # publishes), so that they go out in one send, not one each.
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                continue
-            # Swap buffers rather than copy: senders append to a fresh one.
-            data, self._out = self._out, bytearray()
-            self._move_writer(WRITING)
-            fd = self._fd
-            if fd >= 0:
-                # A plain TCP socket: write what it takes now, without
-                # send_all's wrappers and the yield after it (a read's FINs
-                # are one send: at many connections, one for few messages).
-                # The rest, or an error, is send_all's to wait for or raise.
-                try:
-                    sent = os.write(fd, data)
-                except OSError:
-                    sent = 0
-                if sent < len(data):
-                    await self._stream.send_all(memoryview(data)[sent:])
-            else:
-                await self._stream.send_all(data)
-            self._move_writer(BUSY)
-
-    def _move_writer(self, to: Writer) -> None:
-        """The writer's one move (:data:`WRITER_MOVES`); a move to where it
-        is already is none (woken by a partial write, it is BUSY still)."""
-        writer = self.writer
-        if writer.state is not to:
-            writer.move(to)
-
-    def _start_writing(self) -> None:
-        """The first command queued while the writer is idle: have it written,
-        by the shared flusher if there is one, else by the writer task (once a
-        batch of commands, not once a command)."""
-        self._move_writer(BUSY)
-        if self._mux is None:
-            self._wake_writer.set()
-        else:
-            self._mux.flush_later(self)
-
-    # The multiplexer's side (trionsq.multiplex, and nothing else, calls
-    # these two): the shared flusher writes for the connection, or leaves the
-    # writing to its own writer task again.
-
-    def mux_released(self) -> None:
-        """For :mod:`trionsq.multiplex` only: it will not write for this
-        connection (it ended); the connection's own writer task writes what
-        is queued."""
-        self._wake_writer.set()
-
-    def mux_write(self) -> None:
-        """For :mod:`trionsq.multiplex` only: the shared flusher's turn: write what
-        is queued with one non-blocking write, as the writer would.  No yield,
-        so no cancellation cuts a command in half; what the socket does not
-        take (all of it, on an error) goes to the writer task, which sends it
-        or meets the error and ends the connection."""
-        fd = self._fd
-        if fd < 0:
-            return  # closed meanwhile: nothing more is written
-        data, self._out = self._out, bytearray()
-        if data:
-            try:
-                sent = os.write(fd, data)
-            except OSError:  # BlockingIOError among them
-                sent = 0
-            if sent < len(data):
-                del data[:sent]
-                self._out = data
-                self._wake_writer.set()  # it is parked, not idle: it takes over
-                return
-        self._move_writer(IDLE)
-        self._drained.set()
-        self._drained = trio.Event()
+    async def _start(self, host: str, then: bytes | None) -> None:
+        """The handshake (OPENING), then the ``then`` request; OPEN after."""
+        await self._handshake(host)
+        if then is not None:
+            if then and then[0] in self._watched:
+                self._follow(then)
+            await self._request_now(then)
+        self.life.move(OPEN)
 
     # --- running ---
 
@@ -988,7 +290,7 @@ class Connection:
         )
         self._on_oversized = on_oversized
         stream = self._stream
-        if type(stream) is trio.SocketStream and _WRITE_TO_SOCKETS and self.life.state is OPEN:
+        if type(stream) is trio.SocketStream and WRITE_TO_SOCKETS and self.life.state is OPEN:
             # A plain TCP connection: _send_at_once may write to its socket.
             self._fd = stream.socket.fileno()
             if mux is not None and mux.running:
@@ -1006,7 +308,7 @@ class Connection:
                 await self._guard(self._read_loop, nursery.cancel_scope, parser, on_messages)
         self._finish(None)  # (the loops' _guard ended it already)
         with trio.CancelScope(shield=True):
-            await _close_at_once(self._stream)
+            await close_at_once(self._stream)
 
     @trio.lowlevel.enable_ki_protection
     async def _guard(
@@ -1100,9 +402,9 @@ class Connection:
                         continue
                 data = got
             else:
-                data = await receive(_RECEIVE_SIZE)
+                data = await receive(RECEIVE_SIZE)
             self._read_deadline = math.inf
-            drained = len(data) < _RECEIVE_SIZE
+            drained = len(data) < RECEIVE_SIZE
             if not data:
                 if self.life.state is OPEN:
                     raise NSQConnectionError(f"{self.address}: closed by nsqd")
@@ -1200,7 +502,7 @@ class Connection:
             # Closed while the reader was being woken (the number may even be
             # another socket's now): the stream's own read says how.
             return None
-        return _read_socket(fd)
+        return read_socket(fd)
 
     async def _dispatch(self, frames: list[Any], on_messages: MessagesCallback[Any] | None) -> None:
         """Frames of a read that are not all messages: each run of messages to
@@ -1252,14 +554,14 @@ class Connection:
         of ``data`` are whole ``OK`` responses, each handed to its request
         (0 when ``data`` does not start with a run of them, or when more came
         than were asked for: the parser then deals with it, error included)."""
-        count = len(data) // _OK_FRAME_SIZE
-        end = count * _OK_FRAME_SIZE
+        count = len(data) // OK_FRAME_SIZE
+        end = count * OK_FRAME_SIZE
         if (
             count
-            and data.startswith(_OK_FRAME)
+            and data.startswith(OK_FRAME)
             and count <= len(self._pending)
             # count non-overlapping matches in count * 10 bytes tile them exactly
-            and data.count(_OK_FRAME, 0, end) == count
+            and data.count(OK_FRAME, 0, end) == count
         ):
             popleft = self._pending.popleft
             for _ in range(count):
@@ -1302,4 +604,4 @@ class Connection:
         self._fd = -1
         self._finish(None)
         self._give_back(None)  # a reader that lent its socket sees the end
-        await _close_at_once(self._stream)
+        await close_at_once(self._stream)

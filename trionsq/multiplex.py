@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import select
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import outcome
 import trio
@@ -43,7 +43,18 @@ _EPOLL = hasattr(select, "epoll")
 #: awaitable its callback returned (which the connection's own task awaits)
 ReadOne: TypeAlias = Callable[[], Awaitable[None] | None]
 
-__all__ = ["Multiplexer"]
+__all__ = ["Flushed", "Multiplexer"]
+
+
+class Flushed(Protocol):
+    """What the shared flusher needs of a connection: the connection's
+    internal API for it (:class:`~trionsq.connection.Connection` has it)."""
+
+    def mux_write(self) -> None:
+        """Write what is queued now, as the connection's writer would."""
+
+    def mux_released(self) -> None:
+        """The flusher no longer writes for it: its own writer takes over."""
 
 
 class _Reading:
@@ -70,7 +81,7 @@ class Multiplexer:
 
     def __init__(self) -> None:
         # Connections with commands queued for the flusher, in queueing order.
-        self._dirty: list[Connection] = []
+        self._dirty: list[Flushed] = []
         self._flusher: trio.lowlevel.Task | None = None  # parked, waiting for work
         #: whether the flusher still takes work (False once :meth:`run` ended)
         self.running = True
@@ -80,7 +91,7 @@ class Multiplexer:
 
     # --- writing ---
 
-    def flush_later(self, conn: Connection) -> None:
+    def flush_later(self, conn: Flushed) -> None:
         """Have ``conn``'s queued commands written in the flusher's next turn
         (called once per batch: when a command is queued while its writer is
         idle; the connection then queues further commands behind it)."""

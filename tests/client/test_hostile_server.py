@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trionsq
-import trionsq.connection
+import trionsq.writing
 from trionsq.connection import Connection
 from trionsq.consumer import _Session
 from trionsq.protocol.errors import FrameTooLarge, InvalidFrame, ProtocolError
@@ -423,7 +423,7 @@ async def test_a_server_that_never_reads_cannot_pile_up_our_writes(
     writes are backlogged (before: FINs queued without end)."""
     # The mark above which writes count as backlogged, smaller: the same
     # code, a flood of fewer messages.
-    monkeypatch.setattr(trionsq.connection, "_HIGH_WATER", 64 * 1024)
+    monkeypatch.setattr(trionsq.writing, "HIGH_WATER", 64 * 1024)
     hostile = HostileNSQD(nursery, flood(), transport="lockstep", reads=False)
     pair = Pair(nursery, hostile)
     pair.release.set()  # a quick handler: a FIN for each

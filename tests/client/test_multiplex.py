@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 
 import trionsq
 from trionsq.config import Config
-from trionsq.connection import _HIGH_WATER, Connection, Writer
+from trionsq.connection import Connection, Writer
 from trionsq.multiplex import Multiplexer
 from trionsq.protocol import commands
 from trionsq.protocol.errors import InvalidError, ProtocolError
 from trionsq.protocol.frames import MessageFrame, encode_error, encode_message, encode_response
+from trionsq.writing import HIGH_WATER as _HIGH_WATER
 
 from ..support.waiting import wait_until
 from .minisrv import MiniNSQD, tcp_stream_pair

@@ -1,0 +1,322 @@
+"""A connection's stream before it runs: the handshake and its upgrades.
+
+nsqd's handshake is the magic and IDENTIFY, nsqd's answer (the features it
+grants: TLS, snappy or deflate, AUTH required, its max RDY and message
+timeout), the upgrades of the stream in that order (each answered by an
+``OK`` on the upgraded stream), then AUTH.  :class:`Handshake` holds those
+steps for :class:`~trionsq.connection.Connection` (whose life is OPENING while
+they run): no reader or writer task yet, one frame read at a time.  Also here:
+the stream helpers the running connection uses too (a plain socket's read,
+the close at once) and the failures to connect.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import ssl
+import sys
+from typing import Any, overload
+
+import trio
+
+from .config import Config, load_client_certificate
+from .protocol import codecs, commands
+from .protocol.errors import NSQError, ProtocolError
+from .protocol.frames import OK, SIZE, Error, FrameParser, Response
+from .rdy import DEFAULT_MAX_RDY_COUNT
+from .reasons import cannot_connect
+
+__all__ = [
+    "CodecStream",
+    "Handshake",
+    "NSQConnectionError",
+    "NegotiationError",
+    "RECEIVE_SIZE",
+    "RequestRefused",
+    "WRITE_TO_SOCKETS",
+    "close_at_once",
+    "read_socket",
+]
+
+#: how much one read of a connection's stream asks for
+RECEIVE_SIZE = 64 * 1024
+#: whether a socket's descriptor takes os.write (not so on Windows)
+WRITE_TO_SOCKETS = sys.platform != "win32"
+#: why a handshake answered in HTTP failed (go-nsq's words, and a hint)
+_HTTP_ANSWER = (
+    "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
+)
+
+
+class NSQConnectionError(NSQError, ConnectionError):
+    """An nsqd could not be reached, or the connection to it was lost."""
+
+
+class RequestRefused(Exception):
+    """nsqd answered :meth:`Connection.open`'s ``then`` request with an error
+    frame (its typed error in :attr:`error`; nsqd closes the connection)."""
+
+    def __init__(self, error: NSQError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class NegotiationError(NSQError):
+    """nsqd does not offer a feature the configuration requires (TLS, AUTH)."""
+
+
+class CodecStream(trio.abc.Stream):
+    """A stream whose bytes go through a compression codec in both directions.
+
+    A read decompresses at most what it returns (``max_bytes``, else
+    ``RECEIVE_SIZE``), and reads the inner stream only once the input taken
+    so far gives nothing more: a small compressed input that inflates to
+    gigabytes costs one read's worth at a time, and reading it stops with
+    the reader (see :meth:`trionsq.consumer.Consumer._on_messages`).
+    """
+
+    def __init__(
+        self,
+        inner: trio.abc.Stream,
+        encoder: codecs.Encoder,
+        decoder: codecs.Decoder,
+        initial: bytes = b"",
+    ) -> None:
+        self.inner = inner
+        self._encoder = encoder
+        self._decoder = decoder
+        self._raw = initial  # compressed bytes read before the switch
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(self._encoder.encode(bytes(data)))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        limit = RECEIVE_SIZE if max_bytes is None else max_bytes
+        decoder = self._decoder
+        while True:
+            if self._raw:
+                raw, self._raw = self._raw, b""
+            elif decoder.pending:
+                raw = b""
+            else:
+                raw = bytes(await self.inner.receive_some(RECEIVE_SIZE))
+                if not raw:
+                    return b""
+            out = decoder.decode_some(raw, limit)
+            if out:
+                return out
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _ssl_context(config: Config) -> ssl.SSLContext:
+    """The context a TLS connection uses: the caller's own, as it is (never
+    changed: it may be shared, and another client would then present what
+    was loaded into it; Config refuses a client certificate with one), or a
+    new one of trionsq's for ``tls=True``, with the client certificate if
+    any (a context per connection: a renewed certificate file is picked up
+    at the next connection)."""
+    if isinstance(config.tls, ssl.SSLContext):
+        return config.tls
+    context = ssl.create_default_context()
+    if config.tls_cert is not None:
+        load_client_certificate(context, config)
+    return context
+
+
+#: The last configuration greeted with and its greeting (see _greeting).
+_greeted: tuple[Config, bytes] | None = None
+
+
+def _greeting(config: Config) -> bytes:
+    """The magic and IDENTIFY a connection opens with.  A Config is frozen, so
+    the last one's is kept: a consumer's connections (and reconnections)
+    share theirs instead of encoding the same JSON each."""
+    global _greeted
+    if _greeted is None or _greeted[0] is not config:
+        _greeted = (config, commands.MAGIC_V2 + commands.identify(config.identify_body()))
+    return _greeted[1]
+
+
+def read_socket(fd: int) -> bytes | None:
+    """Read a plain TCP socket that is readable: its bytes (empty at the end
+    of the stream), or None when there is nothing after all.  Errors are
+    translated as :meth:`trio.SocketStream.receive_some` translates them."""
+    try:
+        return os.read(fd, RECEIVE_SIZE)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+            raise trio.ClosedResourceError("this socket was already closed") from None
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
+async def close_at_once(stream: trio.abc.Stream) -> None:
+    """:func:`trio.aclose_forcefully`; a plain TCP stream is closed as it
+    would close it (the socket, then a checkpoint) without the cancelled
+    scope and the ``Cancelled`` it raises and catches: at every close of
+    every connection."""
+    if type(stream) is trio.SocketStream:
+        stream.socket.close()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    else:
+        await trio.aclose_forcefully(stream)
+
+
+class Handshake:
+    """The handshake's steps, for :class:`~trionsq.connection.Connection`
+    (which inherits them, and sets these attributes up)."""
+
+    address: str
+    config: Config
+    _stream: trio.abc.Stream
+    _leftover: bytes
+    identify_response: dict[str, Any]
+    auth_response: dict[str, Any] | None
+    max_rdy_count: int
+    msg_timeout: float | None
+    tls: bool
+    compression: str | None
+
+    async def _receive_exactly(self, size: int) -> bytes:
+        data = self._leftover
+        while len(data) < size:
+            stream = self._stream
+            if type(stream) is trio.SocketStream and WRITE_TO_SOCKETS:
+                # A handshake's answer is never there yet when asked for:
+                # wait first, then read (no failed recv, no BlockingIOError
+                # a connection); errors read as receive_some's.
+                fd = stream.socket.fileno()
+                await trio.lowlevel.wait_readable(fd)
+                got = read_socket(fd)
+                if got is None:
+                    continue  # woken without data: wait again
+                chunk = got
+            else:
+                chunk = bytes(await stream.receive_some(RECEIVE_SIZE))
+            if not chunk:
+                raise NSQConnectionError(
+                    cannot_connect(self.address, "connection closed during handshake")
+                )
+            data += chunk
+        self._leftover = data[size:]
+        return data[:size]
+
+    async def _request_now(self, data: bytes) -> None:
+        """Send a request before :meth:`run` and read its ``OK`` here, the
+        handshake's way: no reader, writer or task of the connection's own is
+        needed for it yet (heartbeats meanwhile are answered)."""
+        await self._stream.send_all(data)
+        while True:
+            try:
+                response = await self._read_response(heartbeats=True)
+            except NSQError as exc:
+                if isinstance(exc, NSQConnectionError | ProtocolError):
+                    raise
+                raise RequestRefused(exc) from exc
+            if response is None:
+                await self._stream.send_all(commands.nop())
+            elif response != OK:
+                raise ProtocolError(f"expected OK, got {response[:100]!r}")
+            else:
+                return
+
+    @overload
+    async def _read_response(self) -> bytes: ...
+
+    @overload
+    async def _read_response(self, heartbeats: bool) -> bytes | None: ...
+
+    async def _read_response(self, heartbeats: bool = False) -> bytes | None:
+        """Read one handshake frame: a response's data, or raise the error
+        frame (a heartbeat: None with ``heartbeats``, else an error)."""
+        header = await self._receive_exactly(4)
+        if header == b"HTTP":
+            # An HTTP server's answer to the magic (nsqd's HTTP port says
+            # "HTTP/1.1 400 Bad Request"): said as go-nsq says it, not as a
+            # frame of 1213486160 bytes.
+            raise NSQConnectionError(cannot_connect(self.address, _HTTP_ANSWER))
+        (size,) = SIZE.unpack(header)
+        if size > self.config.max_frame_size or size < 4:
+            # Let the parser produce the typed error.
+            FrameParser(self.config.max_frame_size).feed(header)
+        payload = await self._receive_exactly(size)
+        (frame,) = FrameParser(self.config.max_frame_size).feed(header + payload)
+        if isinstance(frame, Error):
+            raise frame.error
+        if isinstance(frame, Response):
+            if not frame.is_heartbeat:
+                return frame.data
+            if heartbeats:
+                return None
+        raise ProtocolError(f"unexpected frame during handshake: {frame!r}"[:200])
+
+    async def _handshake(self, host: str) -> None:
+        config = self.config
+        await self._stream.send_all(_greeting(config))
+        data = await self._read_response()
+        if data != OK:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                raise ProtocolError(f"IDENTIFY response is not JSON: {data[:100]!r}") from None
+            if not isinstance(parsed, dict):
+                raise ProtocolError("IDENTIFY response is not a JSON object")
+            self.identify_response = parsed
+        response = self.identify_response
+        max_rdy = response.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
+        if isinstance(max_rdy, int) and not isinstance(max_rdy, bool) and max_rdy >= 0:
+            self.max_rdy_count = max_rdy
+        timeout = response.get("msg_timeout")
+        if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+            self.msg_timeout = timeout / 1000
+
+        if config.tls is not False:
+            if not response.get("tls_v1"):
+                raise NegotiationError(f"{self.address}: TLS requested but nsqd does not offer it")
+            if self._leftover:
+                raise ProtocolError("nsqd sent data before the TLS handshake")
+            tls_stream = trio.SSLStream(self._stream, _ssl_context(config), server_hostname=host)
+            self._stream = tls_stream
+            await tls_stream.do_handshake()
+            self.tls = True
+            await self._expect_ok("TLS")
+
+        codec: tuple[codecs.Encoder, codecs.Decoder] | None = None
+        if config.snappy and response.get("snappy"):
+            codec = (codecs.SnappyEncoder(), codecs.SnappyDecoder())
+            self.compression = "snappy"
+        elif config.deflate and response.get("deflate"):
+            level = response.get("deflate_level", config.deflate_level)
+            codec = (
+                codecs.DeflateEncoder(level if isinstance(level, int) else 6),
+                codecs.DeflateDecoder(),
+            )
+            self.compression = "deflate"
+        if codec is not None:
+            self._stream = CodecStream(self._stream, *codec, initial=self._leftover)
+            self._leftover = b""
+            await self._expect_ok(self.compression or "")
+
+        if response.get("auth_required"):
+            if config.auth_secret is None:
+                raise NegotiationError(f"{self.address}: nsqd requires AUTH; set auth_secret")
+            await self._stream.send_all(commands.auth(config.auth_secret))
+            data = await self._read_response()
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                parsed = None
+            self.auth_response = parsed if isinstance(parsed, dict) else {}
+
+    async def _expect_ok(self, step: str) -> None:
+        data = await self._read_response()
+        if data != OK:
+            raise ProtocolError(f"expected OK after the {step} upgrade, got {data[:100]!r}")
