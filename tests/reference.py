@@ -23,7 +23,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import httpx
 import trio
+
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,14 +110,6 @@ def require(name: str = "nsqd") -> Path:
     if path is None:
         pytest.skip(skip_reason() or f"the reference folder has no {name}")
     return path
-
-
-def free_port() -> int:
-    """A loopback port free right now (bound, then released: a tiny race, fine here)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RealDaemon:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from hypothesis import strategies as st
 from fakensq import Cluster
 from fakensq.admin import Admin
 from tests import reference
+from tests.support.ports import free_port, refused_address
 
 from ..support.waiting import poll_until
 from .conftest import AsyncRawConsumer
@@ -55,15 +55,6 @@ def answer(response: httpx.Response) -> tuple[Any, ...]:
         ", ".join(sorted(response.headers.get("allow", "").split(", "))),
         body,
     )
-
-
-@contextmanager
-def dead_address() -> Iterator[str]:
-    """A loopback address that refuses connections for as long as it is held
-    (bound, never listening: no other test can start listening there)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 @dataclass
@@ -420,7 +411,7 @@ async def test_a_dead_lookupd_is_a_warning_as_in_nsqadmin() -> None:
     """One of two nsqlookupd down: answers carry nsqadmin's WARNING; all down: 502."""
     reference.require("nsqadmin")
     async with AsyncExitStack() as stack:
-        dead = stack.enter_context(dead_address())
+        dead = stack.enter_context(refused_address())
         http, layout = await _built_real_cluster(stack)
         flags = (f"--lookupd-http-address={dead}",)
         real = await stack.enter_async_context(
@@ -453,7 +444,7 @@ async def test_nsqd_addresses_instead_of_lookupd() -> None:
     """--nsqd-http-address (one of them down): the same answers as nsqadmin's."""
     reference.require("nsqadmin")
     async with AsyncExitStack() as stack:
-        dead = stack.enter_context(dead_address())
+        dead = stack.enter_context(refused_address())
         http, layout = await _built_real_cluster(stack)
         flags = [f"--nsqd-http-address={a}" for a in [*layout.nsqd_http, dead]]
         real = await stack.enter_async_context(reference.open_nsqadmin(*flags))
@@ -635,7 +626,7 @@ def admin_processes() -> Iterator[Processes]:
         with reference.running(
             "nsqadmin", [f"--lookupd-http-address={lookupd.http_address}"]
         ) as real:
-            port = reference.free_port()
+            port = free_port()
             proc = subprocess.Popen(
                 [
                     sys.executable,

@@ -22,6 +22,7 @@ from fakensq.admin.options import AdminOptions
 from fakensq.cli.nsqadmin import admin_flagset, admin_main, admin_options_from_flags
 from tests import reference
 from tests.gousage import parse_usage
+from tests.support.ports import free_port
 
 _STAMP = re.compile(r"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d(\.\d+)? ")
 
@@ -215,7 +216,7 @@ async def test_config_file_and_flags_resolve_as_in_nsqadmin(tmp_path: Path) -> N
     """A --config file, overridden by flags, gives the same /config answers."""
     answers = []
     for real in (True, False):
-        port = reference.free_port()
+        port = free_port()
         config = tmp_path / f"nsqadmin-{real}.cfg"
         config.write_text(
             f'http_address = "127.0.0.1:{port}"\n'

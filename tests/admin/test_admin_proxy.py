@@ -14,7 +14,6 @@ consumer reconnects and every message arrives.
 from __future__ import annotations
 
 import re
-import socket
 
 import httpx
 import pytest
@@ -25,6 +24,7 @@ from fakensq.admin import Admin
 from fakensq.cli.nsqadmin import admin_flagset, admin_options_from_flags
 from fakensq.testing.proxy import WIRE_KINDS, FaultProxy
 from tests import reference
+from tests.support.ports import free_address
 
 from ..support.waiting import wait_until
 
@@ -175,16 +175,10 @@ async def test_the_admins_form_sends_any_wire_fault_and_refusals_come_back() -> 
         assert answer == {"ok": True, "message": f"proxy {proxy.http_address}: healed 1 fault(s)"}
 
 
-def _closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 async def test_a_proxy_that_does_not_answer_is_shown_down_and_its_buttons_fail() -> None:
     from fakensq import NSQD
 
-    gone = _closed_port()
+    gone = free_address()  # nothing listens there
     async with (
         NSQD(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as nsqd,
         Admin(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
 import pytest
 import trio
@@ -21,19 +20,13 @@ from trionsq.config import Config
 from trionsq.connection import Connection
 from trionsq.reasons import cannot_connect, naming, reason
 
+from ..support.ports import free_address
 from ..tools.helpers import run_tool
 from .daemons import Daemons
 
 HTTP_ANSWER = (
     "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
 )
-
-
-def _dead_address() -> str:
-    """A loopback address nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_the_wording_is_said_once_however_often_it_is_passed_on() -> None:
@@ -48,7 +41,7 @@ def test_the_wording_is_said_once_however_often_it_is_passed_on() -> None:
 
 
 async def test_the_producer_says_why_each_nsqd_failed(caplog: pytest.LogCaptureFixture) -> None:
-    dead = [_dead_address(), _dead_address()]
+    dead = [free_address(), free_address()]
     caplog.set_level(logging.WARNING, logger="trionsq")
     with trio.fail_after(30):
         async with trionsq.Producer(dead) as producer:
@@ -64,7 +57,7 @@ async def test_the_producer_says_why_each_nsqd_failed(caplog: pytest.LogCaptureF
 async def test_the_consumer_logs_why_it_cannot_connect(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    dead = _dead_address()
+    dead = free_address()
     caplog.set_level(logging.WARNING, logger="trionsq.consumer")
     expected = f"cannot connect to nsqd {dead}: connection refused"
     async with trionsq.Consumer("topic", "chan", nsqd_tcp_addresses=[dead]):
@@ -74,7 +67,7 @@ async def test_the_consumer_logs_why_it_cannot_connect(
 
 
 def test_the_blocking_and_asyncio_front_ends_raise_the_clients_error() -> None:
-    dead = _dead_address()
+    dead = free_address()
     expected = f"no nsqd reachable ({dead}: connection refused)"
     with BlockingProducer([dead]) as producer:
         with pytest.raises(trionsq.NSQConnectionError) as caught:
@@ -91,7 +84,7 @@ def test_the_blocking_and_asyncio_front_ends_raise_the_clients_error() -> None:
 
 
 def test_a_tool_says_it_in_the_same_words() -> None:
-    dead = _dead_address()
+    dead = free_address()
     ours = run_tool("tail", "--topic=t", f"--nsqd-tcp-address={dead}")
     assert ours.returncode == 1
     assert ours.stderr.decode().splitlines()[-1] == (

@@ -6,7 +6,6 @@ checked on the client's side and through nsqd's ``/stats``.
 
 from __future__ import annotations
 
-import socket
 import ssl
 from typing import Any
 
@@ -18,6 +17,7 @@ import fakensq
 import trionsq
 
 from ..support.authserver import running_auth_server
+from ..support.ports import free_port
 from ..support.waiting import wait_until
 from .daemons import Daemons, Nsqd, consumer, nothing_in_flight, publish, wait_channel
 
@@ -28,13 +28,6 @@ async def collect(nsqds: list[Nsqd], count: int, **options: Any) -> list[trionsq
     async with consumer(nsqds, handler=got.append, **options):
         await wait_until(lambda: len(got) >= count)
     return got
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --- publishing and consuming ---

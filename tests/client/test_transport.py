@@ -14,19 +14,14 @@ from trionsq.config import Config
 from trionsq.connection import Connection
 from trionsq.transport import tcp_connector
 
+from ..support.ports import free_port
+
 
 async def _listener(family: socket.AddressFamily, host: str) -> trio.SocketListener:
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     await sock.bind((host, 0))
     sock.listen()
     return trio.SocketListener(sock)
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:  # bound, never listening: connecting is refused
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @pytest.mark.parametrize(
@@ -61,7 +56,7 @@ async def test_an_ip_address_is_connected_to_directly(
 
 
 async def test_a_refused_ip_address_fails_as_open_tcp_stream_does() -> None:
-    port = _closed_port()
+    port = free_port()  # bound, then released: connecting is refused
     with trio.fail_after(10):
         with pytest.raises(OSError) as ours:
             await tcp_connector("127.0.0.1", port)

@@ -15,6 +15,7 @@ import trio
 from trionsq.protocol import commands as cmds
 
 from ..support.authserver import AuthServer
+from ..support.ports import free_address
 from .conftest import Conformance, Target
 from .session import READ_TIMEOUT, SYNC_TOPIC
 from .tcp import body, settled_stats
@@ -270,9 +271,8 @@ async def test_auth_disabled(conformance: Conformance) -> None:
 
 
 async def test_auth_server_unreachable(conformance: Conformance) -> None:
-    from .. import reference
 
-    dead = f"127.0.0.1:{reference.free_port()}"
+    dead = free_address()
 
     async def scenario(t: Target) -> None:
         c = await t.connect()
@@ -355,9 +355,8 @@ async def test_auth_over_tls(
 
 async def test_auth_on_a_second_auth_server(conformance: Conformance, grants: AuthServer) -> None:
     # The first auth server is down: nsqd asks the next one.
-    from .. import reference
 
-    dead = f"127.0.0.1:{reference.free_port()}"
+    dead = free_address()
 
     async def scenario(t: Target) -> Any:
         start = len(grants.queries)

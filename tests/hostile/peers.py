@@ -108,6 +108,18 @@ async def ask(address: str, request: bytes) -> Answer:
         await trio.aclose_forcefully(stream)
 
 
+async def flood(stream: trio.abc.Stream, total: int, chunk: bytes) -> int:
+    """Send ``chunk`` until ``total`` bytes or the server closes; bytes sent."""
+    sent = 0
+    try:
+        while sent < total:
+            await stream.send_all(chunk)
+            sent += len(chunk)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    return sent
+
+
 async def closed_by_peer(stream: trio.abc.Stream) -> bool:
     """Read until EOF (or a reset); True then.  Callers bound it with fail_after."""
     try:

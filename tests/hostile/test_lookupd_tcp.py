@@ -25,7 +25,7 @@ from fakensq.lookupd.options import LookupdOptions
 from ..conformance.conftest import Conformance, Target
 from ..conformance.lookupd import PEER, identify_body, lookupd_state, v1_connect
 from ..fakensq.test_fuzz import _Fail
-from .peers import TIMEOUT, MiB, closed_by_peer, connect, traced_peak
+from .peers import TIMEOUT, MiB, closed_by_peer, connect, flood, traced_peak
 
 GiB = 1024 * MiB
 
@@ -106,17 +106,6 @@ async def test_peer_that_never_reads(conformance: Conformance) -> None:
 # --- fakensq's bounds (nsqlookupd has none) --------------------------------------------
 
 
-async def _flood(stream: trio.SocketStream, total: int, chunk: bytes) -> int:
-    sent = 0
-    try:
-        while sent < total:
-            await stream.send_all(chunk)
-            sent += len(chunk)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    return sent
-
-
 @pytest.mark.parametrize(
     ("head", "chunk"),
     [
@@ -141,7 +130,7 @@ async def test_floods(conformance: Conformance, head: bytes, chunk: bytes) -> No
                 with trio.fail_after(TIMEOUT):
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(closed_by_peer, stream)
-                        sent = await _flood(stream, GiB, chunk * (256 * 1024))
+                        sent = await flood(stream, GiB, chunk * (256 * 1024))
                         nursery.cancel_scope.cancel()
             finally:
                 await trio.aclose_forcefully(stream)

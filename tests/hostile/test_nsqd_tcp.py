@@ -29,7 +29,7 @@ from ..fakensq.helpers import memory_client
 from ..fakensq.test_fuzz import _check_frames, _Fail, _run_session
 from ..support.authserver import AuthServer
 from ..support.waiting import poll_until
-from .peers import TIMEOUT, MiB, drain, traced_peak
+from .peers import TIMEOUT, MiB, drain, flood, traced_peak
 
 
 def size(n: int) -> bytes:
@@ -126,18 +126,6 @@ async def test_slowloris(conformance: Conformance, head: bytes, byte: bytes) -> 
 GiB = 1024 * MiB
 
 
-async def _flood(c: Any, total: int, chunk: bytes) -> int:
-    """Send ``chunk`` until ``total`` bytes or the server closes; bytes sent."""
-    sent = 0
-    try:
-        while sent < total:
-            await c.stream.send_all(chunk)
-            sent += len(chunk)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    return sent
-
-
 async def test_line_without_newline(conformance: Conformance) -> None:
     """1 GiB with no newline: nsqd reads lines into a 16 KiB buffer and closes
     without a word once it is full; fakensq too, its memory bounded, another
@@ -149,7 +137,7 @@ async def test_line_without_newline(conformance: Conformance) -> None:
             with trio.fail_after(TIMEOUT):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(c.read_until_closed)
-                    sent = await _flood(c, GiB, b"A" * (64 * 1024))
+                    sent = await flood(c.stream, GiB, b"A" * (64 * 1024))
             p = await t.connect("p")
             await p.call(cmds.pub("t", b"served"))
         assert sent < GiB  # (the close came long before)
@@ -192,7 +180,7 @@ async def test_huge_length_then_a_flood(conformance: Conformance, head: bytes) -
             with trio.fail_after(TIMEOUT):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(c.read_until_closed)
-                    await _flood(c, 64 * MiB, b"\0" * (64 * 1024))
+                    await flood(c.stream, 64 * MiB, b"\0" * (64 * 1024))
         if t.fake is not None:
             print(f"PEAK nsqd tcp {head[:12]!r}...: {peak.mib:.2f} MiB")
             assert peak.bytes < 4 * MiB
@@ -361,7 +349,7 @@ async def test_compressed_line_without_newline(conformance: Conformance, codec: 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(c.read_until_closed)
                     # (sent raw, in one piece: the server reads 64 KiB of it at once)
-                    await _flood(c, 64 * MiB, _compressed_line(codec))
+                    await flood(c.stream, 64 * MiB, _compressed_line(codec))
             p = await t.connect("p")
             await p.call(cmds.pub("t", b"served"))
         if t.fake is not None:

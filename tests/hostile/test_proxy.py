@@ -25,7 +25,7 @@ from trionsq.protocol import commands as cmds
 from trionsq.protocol.frames import Error, FrameParser, Response
 
 from .. import reference
-from .peers import TIMEOUT, MiB, ask, closed_by_peer, connect, exchange, get, traced_peak
+from .peers import TIMEOUT, MiB, ask, closed_by_peer, connect, exchange, flood, get, traced_peak
 from .test_nsqd_http import MAX_HEAD, _head_of, _post
 
 GiB = 1024 * MiB
@@ -54,17 +54,6 @@ async def _answers(stream: trio.SocketStream, n: int) -> list[Any]:
     return got
 
 
-async def _flood(stream: trio.SocketStream, total: int, chunk: bytes) -> int:
-    sent = 0
-    try:
-        while sent < total:
-            await stream.send_all(chunk)
-            sent += len(chunk)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    return sent
-
-
 async def _publish_through(proxy: FaultProxy, topic: str) -> list[Any]:
     stream = await connect(proxy.tcp_address)
     try:
@@ -84,7 +73,7 @@ async def test_line_without_newline() -> None:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(closed_by_peer, stream)
                     await stream.send_all(cmds.MAGIC_V2)
-                    sent = await _flood(stream, GiB, b"A" * (64 * 1024))
+                    sent = await flood(stream, GiB, b"A" * (64 * 1024))
             await stream.aclose()
             assert await _publish_through(proxy, "t") == ["OK"]
         print(f"PEAK proxy 1 GiB line: {peak.mib:.2f} MiB (sent {sent / MiB:.1f} MiB)")
@@ -107,7 +96,7 @@ async def test_large_body(command: bytes) -> None:
                 await stream.send_all(struct.pack(">ll", body + 8, 1))
             await stream.send_all(struct.pack(">l", body))
             with trio.fail_after(TIMEOUT):
-                await _flood(stream, body, b"B" * MiB)
+                await flood(stream, body, b"B" * MiB)
             answers = await _answers(stream, 1)
             await stream.aclose()
         print(f"PEAK proxy 60 MiB {command.split()[0].decode()} body: {peak.mib:.2f} MiB")

@@ -438,7 +438,7 @@ def test_nsqds_are_found_through_lookupd(nsq_cluster: Cluster, executor: Executo
 def test_an_unreachable_nsqd_fails_the_read_with_one_line_after_the_connect_timeout(
     executor: Executor,
 ) -> None:
-    from tests.reference import free_port
+    from tests.support.ports import free_port
 
     address = f"127.0.0.1:{free_port()}"
     reader = reader_for(address, connect_timeout="0.5")
@@ -588,7 +588,7 @@ def test_big_messages_lower_what_a_partition_holds(nsqd: NSQD, executor: Executo
 
 
 def test_an_unreachable_lookupd_fails_the_read_with_one_line(executor: Executor) -> None:
-    from tests.reference import free_port
+    from tests.support.ports import free_port
 
     lookupd = f"127.0.0.1:{free_port()}"
     options = {

@@ -138,7 +138,7 @@ def test_a_killed_query_restarts_from_its_checkpoint_losing_nothing(
 def test_an_unreachable_nsqd_fails_the_query_with_the_reason(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    from tests.reference import free_port
+    from tests.support.ports import free_port
 
     address = f"127.0.0.1:{free_port()}"
     query = (

@@ -6,7 +6,6 @@ import contextlib
 import io
 import json
 import signal
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -64,14 +63,6 @@ def stop_tool(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> tu
     process.send_signal(sig)
     out, err = process.communicate(timeout=TIMEOUT)
     return process.returncode, out.decode(), err.decode()
-
-
-def dead_address() -> str:
-    """A loopback address nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"127.0.0.1:{port}"
 
 
 def publish(http_address: str, topic: str, bodies: list[bytes]) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from fakensq import NSQD
 
-from .helpers import dead_address, run_here, run_tool
+from ..support.ports import free_address
+from .helpers import run_here, run_tool
 
 #: Every flag each NSQ v1.3.0 tool lists in its --help (to_nsq has no -version;
 #: ours does).
@@ -263,7 +264,7 @@ def test_bad_values_exit_1_with_go_s_message(args: list[str], message: str) -> N
     ],
 )
 def test_unreachable_nodes_exit_1(args: list[str], nsqd: NSQD, tmp_path: object) -> None:
-    dead = dead_address()
+    dead = free_address()
     filled = [a.format(dead=dead, nsqd=nsqd.tcp_address, tmp=tmp_path) for a in args]
     result = run_tool(*filled, input=b"x\n")
     assert result.returncode == 1, result

@@ -27,12 +27,12 @@ import pytest
 from tests import reference
 from tests.gousage import parse_usage
 
+from ..support.ports import free_address
 from ..support.waiting import wait_until_blocking
 from .helpers import (
     channel_stats,
     command,
     create_channel,
-    dead_address,
     drained,
     publish,
     run_here,
@@ -242,7 +242,7 @@ UNREACHABLE = [
 def test_unreachable_nodes_exit_1_as_the_go_tool(
     tool: str, args: list[str], stdin: bytes | None
 ) -> None:
-    dead = dead_address()
+    dead = free_address()
     filled = [a.format(dead=dead) for a in args]
     go, ours = run_go(tool, *filled, input=stdin), run_tool(tool, *filled, input=stdin)
     assert (ours.returncode, go.returncode) == (1, 1), (ours, go)
@@ -251,7 +251,7 @@ def test_unreachable_nodes_exit_1_as_the_go_tool(
 
 
 def test_pub_with_nothing_to_publish_never_connects_as_to_nsq() -> None:
-    args = ["--topic=t", f"--nsqd-tcp-address={dead_address()}"]
+    args = ["--topic=t", f"--nsqd-tcp-address={free_address()}"]
     go, ours = run_go("pub", *args, input=b""), run_tool("pub", *args, input=b"")
     assert (ours.returncode, go.returncode) == (0, 0), (ours, go)
 
@@ -259,7 +259,7 @@ def test_pub_with_nothing_to_publish_never_connects_as_to_nsq() -> None:
 def test_to_file_exits_on_an_unreachable_nsqd_where_nsq_to_file_idles(tmp_path: Path) -> None:
     # A documented difference: nsq_to_file logs the error and stays up,
     # archiving nothing; to-file says why and exits 1.
-    args = ["--topic=t", f"--nsqd-tcp-address={dead_address()}", f"--output-dir={tmp_path}"]
+    args = ["--topic=t", f"--nsqd-tcp-address={free_address()}", f"--output-dir={tmp_path}"]
     go = start(go_argv("to-file", *args))
     try:
         ours = run_tool("to-file", *args)
