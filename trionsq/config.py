@@ -156,6 +156,12 @@ class Config:
         ``tls_key_password`` (a client certificate, with ``tls=True``: loaded
         into a context of trionsq's own), ``snappy``, ``deflate``,
         ``deflate_level``, ``auth_secret`` (sent when nsqd requires AUTH).
+    Observability (see :mod:`trionsq.telemetry`)
+        ``telemetry`` (False: no spans or metrics whatever the providers),
+        ``tracer_provider`` / ``meter_provider`` (OpenTelemetry providers;
+        ``None``: the global ones), ``trace_context`` (a producer wraps each
+        body in a W3C trace context envelope, a consumer unwraps it:
+        :mod:`trionsq.tracecontext`).
     Limits
         ``read_timeout`` (silence after which a connection is considered dead;
         must exceed ``heartbeat_interval``), ``max_frame_size``,
@@ -210,6 +216,14 @@ class Config:
     reconnect_backoff: BackoffPolicy = BackoffPolicy(base=1.0, max=60.0, multiplier=2.0)
     #: an httpx transport for lookupd queries (tests and simulations swap it)
     http_transport: httpx.AsyncBaseTransport | None = None
+    #: ``False``: no OpenTelemetry spans or metrics, whatever is configured
+    telemetry: bool = True
+    #: an OpenTelemetry TracerProvider (``None``: the global one)
+    tracer_provider: Any = None
+    #: an OpenTelemetry MeterProvider (``None``: the global one)
+    meter_provider: Any = None
+    #: wrap (producer) and unwrap (consumer) bodies in the trace context envelope
+    trace_context: bool = False
 
     def __post_init__(self) -> None:
         for name in ("nsqd_tcp_addresses", "lookupd_http_addresses"):
@@ -228,7 +242,7 @@ class Config:
         _check_int("max_in_flight", self.max_in_flight, minimum=0)
         _check_int("max_attempts", self.max_attempts, minimum=0, maximum=65535)
         self._check_tls()
-        for flag in ("snappy", "deflate"):
+        for flag in ("snappy", "deflate", "telemetry", "trace_context"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be a bool")
         if self.snappy and self.deflate:

@@ -73,6 +73,7 @@ from .protocol.frames import (
 )
 from .rdy import DEFAULT_MAX_RDY_COUNT
 from .reasons import cannot_connect
+from .telemetry import counters
 from .transport import parse_address
 from .writing import (
     LOAN_MOVES,
@@ -544,6 +545,7 @@ class Connection(Handshake, Writing):
             error = frame.error
             if not error.fatal:
                 log.warning("%s: %s", self.address, error)
+                counters.count_error(self.address, error.code)
                 return
             if self._pending:
                 self._pending.popleft().fail(error)

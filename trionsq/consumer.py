@@ -17,7 +17,7 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import telemetry
 from .backoff import Backoff, BackoffState
 from .config import Config
 from .connection import Connection, NegotiationError, PendingResponse, RequestRefused
@@ -69,6 +70,8 @@ _RDY_BARRIER_TIMEOUT = 5.0
 #: scheduler: fewer passes through the run loop (the writer then sends the FINs
 #: of a whole batch at once), while other tasks still get their turn.
 _YIELD_EVERY = 256
+#: nsqd's default --msg-timeout, for a connection whose nsqd did not say its own
+_NSQD_MSG_TIMEOUT = 60.0
 
 _new = object.__new__
 _NORMAL = BackoffState.NORMAL
@@ -246,6 +249,8 @@ class _Session:
         if delay is None:
             config = self.consumer.config
             delay = min(config.default_requeue_delay * message.attempts, config.max_requeue_delay)
+        if self.consumer._telemetry is not None:
+            self.consumer._telemetry.requeued(message, delay)
         data = commands.req(message.id, round(delay * 1000))
         self.consumer._settle(self, message, data, False, False if backoff else None)
 
@@ -523,6 +528,8 @@ class Consumer:
         self._mux_scope = trio.CancelScope(shield=True)
         self._handlers: trio.Nursery | None = None
         self._connected = trio.Event()
+        # Spans, metrics, the trace context envelope (None: nothing to do)
+        self._telemetry: telemetry.ConsumerTelemetry | None = None
 
     # --- public ---
 
@@ -573,10 +580,11 @@ class Consumer:
         self._pool_limit = max(1, max_in_flight)
         self._update_rdy()
 
-    def __aiter__(self) -> Consumer:
+    def __aiter__(self) -> AsyncIterator[Message]:
         if self._handler is not None:
             raise RuntimeError("a Consumer with a handler cannot be iterated")
-        return self
+        # Instrumented, each iteration is a span (trionsq.telemetry)
+        return self if self._telemetry is None else self._telemetry.iterate(self)
 
     async def __anext__(self) -> Message:
         # Always a cancellation point; a scheduling point only every
@@ -626,6 +634,15 @@ class Consumer:
         self._nursery = await stack.enter_async_context(trio.open_nursery())
         self._handlers = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
+        self._telemetry = telemetry.for_consumer(
+            self.config,
+            self.topic,
+            self.channel,
+            msg_timeout=self._msg_timeout,
+            stats=lambda: self.stats,
+        )
+        if self._telemetry is not None and self._handler is not None:
+            self._handler = self._telemetry.wrap_handler(self._handler)
         nursery = self._nursery
         nursery.start_soon(self._run_mux)
         for address in dict.fromkeys(self.config.nsqd_tcp_addresses):
@@ -655,6 +672,8 @@ class Consumer:
             # Our own cancellation, for a handler's KeyboardInterrupt: raised below.
         finally:
             await self._exit()
+            if self._telemetry is not None:
+                self._telemetry.close()
         if self._interrupted is not None:
             raise self._interrupted
         return False  # the block's own exception propagates unchanged
@@ -816,6 +835,12 @@ class Consumer:
             log.debug("%s: leaving: requeueing %r (REQ 0)", session.address, message)
             self._settle(session, message, commands.req(message.id, 0), False, None)
 
+    def _msg_timeout(self, message: Message) -> float:
+        """How long nsqd gives ``message`` before redelivering it."""
+        session = message._responder
+        timeout = session.conn.msg_timeout if isinstance(session, _Session) else None
+        return timeout if timeout is not None else _NSQD_MSG_TIMEOUT
+
     def _interrupt(self, exc: BaseException) -> None:
         """A handler raised KeyboardInterrupt or SystemExit: leave at once (the
         block is cancelled), then raise it from ``__aexit__``."""
@@ -850,6 +875,7 @@ class Consumer:
             delay = retry.duration(min(failures, retry.max_level))
             log.info("reconnecting to %s in %.1fs", address, delay)
             await trio.sleep(delay)
+            telemetry.counters.count_reconnect(address)
 
     async def _connect_and_serve(self, address: str) -> None:
         try:
@@ -1088,7 +1114,10 @@ class Consumer:
     async def _give_up(self, message: Message) -> None:
         self._given_up += 1
         try:
-            await self._call_give_up(message)
+            if self._telemetry is None:
+                await self._call_give_up(message)
+            else:
+                await self._telemetry.given_up(message, self._call_give_up)
         except (KeyboardInterrupt, SystemExit) as exc:
             self._interrupt(exc)
             return

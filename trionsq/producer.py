@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from . import telemetry
 from .config import Config
 from .connection import Connection
 from .lifecycle import OPEN
@@ -80,6 +81,9 @@ class Producer:
         stack = AsyncExitStack()
         self._nursery = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
+        traced = telemetry.for_producer(self.config, lambda: self.address)
+        if traced is not None:
+            traced.instrument(self)  # its publish methods, on this instance
         return self
 
     async def __aexit__(

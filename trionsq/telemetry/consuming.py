@@ -1,0 +1,327 @@
+"""A consumer's telemetry: a process span around each handler call and each
+``async for`` iteration, the process duration, the consumer's observable
+counts, and the trace context envelope taken off each body.
+
+A :class:`ConsumerTelemetry` exists only for a consumer that records
+something (spans, metrics) or unwraps envelopes (``trace_context=True``);
+otherwise the consumer runs exactly its uninstrumented path.  Nothing here
+imports OpenTelemetry: it comes in through :mod:`trionsq.telemetry.otel`'s
+objects when they exist.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .. import tracecontext
+from . import semconv as sc
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from ..consumer import ConsumerStats
+    from ..message import Message
+    from .otel import Instruments
+
+__all__ = ["ConsumerTelemetry"]
+
+log = logging.getLogger("trionsq.telemetry")
+
+_perf_counter = time.perf_counter
+
+
+class _Open:
+    """A process span under way (or, with no tracer, its start time only)."""
+
+    __slots__ = ("error", "span", "started", "token")
+
+    def __init__(self, span: Span | None, token: object, started: float) -> None:
+        self.span = span
+        self.token = token
+        self.started = started
+        self.error: str | None = None
+
+
+class ConsumerTelemetry:
+    """Instrumentation of one consumer of ``topic``/``channel``.
+
+    ``msg_timeout(message)`` is how long nsqd gives the message (its
+    connection's negotiated timeout): a span that ends later than that after
+    the message was handed out has the outcome ``timed_out`` (nsqd has
+    redelivered it; its FIN or REQ fails with ``E_FIN_FAILED``).
+    """
+
+    def __init__(
+        self,
+        instruments: Instruments | None,
+        topic: str,
+        channel: str,
+        *,
+        trace_context: bool,
+        msg_timeout: Callable[[Message], float],
+        stats: Callable[[], ConsumerStats],
+    ) -> None:
+        self.tracer = instruments.tracer if instruments is not None else None
+        self.meters = instruments.meters if instruments is not None else None
+        self.topic = topic
+        self.channel = channel
+        self.trace_context = trace_context
+        self._msg_timeout = msg_timeout
+        self._stats = stats
+        self._name = f"{sc.PROCESS} {topic}"
+        self._attributes: dict[str, Any] = {
+            sc.MESSAGING_SYSTEM: sc.SYSTEM,
+            sc.OPERATION_TYPE: sc.PROCESS,
+            sc.OPERATION_NAME: sc.PROCESS,
+            sc.DESTINATION_NAME: topic,
+            sc.SUBSCRIPTION_NAME: channel,
+            sc.CONSUMER_GROUP_NAME: channel,
+        }
+        self._metric_attributes = {
+            sc.MESSAGING_SYSTEM: sc.SYSTEM,
+            sc.OPERATION_NAME: sc.PROCESS,
+            sc.DESTINATION_NAME: topic,
+            sc.CONSUMER_GROUP_NAME: channel,
+        }
+        self._servers: dict[str, dict[str, str | int]] = {}
+        #: spans under way, by message (a requeue's delay goes on its span)
+        self._open: dict[Message, _Open] = {}
+        #: the span of the current ``async for`` iteration's message
+        self._iterated: Message | None = None
+        self._warned_plain = False
+        if self.meters is not None:
+            self._observe()
+
+    # --- the consumer's hooks ---
+
+    def wrap_handler(
+        self, handler: Callable[[Message], Awaitable[object] | object]
+    ) -> Callable[[Message], Awaitable[None]]:
+        """``handler`` in a process span (and its message unwrapped).  The
+        message is answered here as the consumer's worker would (finished
+        when the handler returns, requeued when it raises: the exception is
+        recorded, then re-raised for the worker to log), so that the span
+        sees the answer."""
+
+        async def traced(message: Message) -> None:
+            opened = self.begin(message, attach=True)
+            try:
+                result = handler(message)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                self._failed(opened, exc)
+                await message.requeue()
+                raise
+            else:
+                # what the worker does after a handler returns, done here
+                # for the span to see it
+                message.finish_now()
+            finally:
+                self.end(message)
+
+        return traced
+
+    async def given_up(
+        self, message: Message, give_up: Callable[[Message], Awaitable[None]]
+    ) -> None:
+        """``give_up(message)`` in a process span whose outcome is ``given_up``."""
+        self.begin(message, attach=True)
+        try:
+            await give_up(message)
+        finally:
+            self.end(message, sc.GIVEN_UP)
+
+    def iterate(self, messages: AsyncIterator[Message]) -> AsyncIterator[Message]:
+        """``async for`` over ``messages``, each iteration a process span,
+        current in the loop's body; it ends when the loop asks for the next
+        message (or the consumer is left)."""
+        return _Iteration(self, messages)
+
+    def requeued(self, message: Message, delay: float) -> None:
+        """The consumer sends REQ for ``message`` with ``delay`` seconds."""
+        opened = self._open.get(message)
+        if opened is not None and opened.span is not None:
+            opened.span.set_attribute(sc.REQUEUE_DELAY, delay)
+
+    def close(self) -> None:
+        """The consumer is leaving: end every span under way and stop
+        reporting its counts."""
+        for message in list(self._open):
+            self.end(message)
+        if self.meters is not None:
+            self.meters.forget(self)
+
+    # --- spans ---
+
+    def unwrap(self, message: Message) -> tracecontext.Unwrapped:
+        """Take the envelope off ``message.body`` (left whole, and the
+        problem logged, when it has none or an unusable one)."""
+        found = tracecontext.unwrap(message.body)
+        problem = found.problem
+        if problem is None:
+            message.body = found.body
+        elif problem is tracecontext.Problem.NOT_ENVELOPED:
+            if not self._warned_plain:
+                self._warned_plain = True
+                log.warning(
+                    "%s/%s: a message without a trace context envelope (delivered as it "
+                    "is; said once per consumer): %r",
+                    self.topic,
+                    self.channel,
+                    message,
+                )
+        else:
+            log.warning(
+                "%s/%s: a message's trace context envelope is unusable (%s): delivered "
+                "whole, as received: %r",
+                self.topic,
+                self.channel,
+                problem.value,
+                message,
+            )
+        return found
+
+    def begin(self, message: Message, *, attach: bool) -> _Open:
+        """Start ``message``'s process span (current in this task when
+        ``attach``), after unwrapping its body."""
+        found = self.unwrap(message) if self.trace_context else None
+        tracer = self.tracer
+        if tracer is None:
+            opened = _Open(None, None, _perf_counter())
+            self._open[message] = opened
+            return opened
+        from opentelemetry import context, trace
+
+        attributes = dict(self._attributes)
+        attributes[sc.MESSAGE_ID] = message.id.decode("ascii", "replace")
+        attributes[sc.MESSAGE_BODY_SIZE] = len(message.body)
+        attributes[sc.ATTEMPTS] = message.attempts
+        server = self._servers.get(message.address)
+        if server is None:
+            server = self._servers[message.address] = sc.server_attributes(message.address)
+        attributes.update(server)
+        links = None
+        if found is not None:
+            if found.problem is not None:
+                attributes[sc.ENVELOPE_PROBLEM] = found.problem.value
+            elif found.traceparent:
+                links = _links(found.traceparent, found.tracestate)
+        span = tracer.start_span(
+            self._name, kind=trace.SpanKind.CONSUMER, attributes=attributes, links=links
+        )
+        token = context.attach(trace.set_span_in_context(span)) if attach else None
+        opened = _Open(span, token, _perf_counter())
+        self._open[message] = opened
+        return opened
+
+    def _failed(self, opened: _Open, exc: BaseException) -> None:
+        opened.error = type(exc).__qualname__
+        span = opened.span
+        if span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{opened.error}: {exc}"))
+
+    def end(self, message: Message, outcome: str | None = None) -> None:
+        """End ``message``'s span: its outcome, the process duration."""
+        opened = self._open.pop(message, None)
+        if opened is None:
+            return
+        elapsed = _perf_counter() - opened.started
+        if outcome is None:
+            outcome = {"finished": sc.FINISHED, "requeued": sc.REQUEUED}.get(
+                message.responded or "", sc.UNANSWERED
+            )
+            if elapsed >= self._msg_timeout(message):
+                outcome = sc.TIMED_OUT
+        span = opened.span
+        if span is not None:
+            from opentelemetry import context
+
+            if opened.token is not None:
+                context.detach(opened.token)  # type: ignore[arg-type]
+            span.set_attribute(sc.OUTCOME, outcome)
+            if opened.error is not None:
+                span.set_attribute(sc.ERROR_TYPE, opened.error)
+            span.end()
+        if self.meters is not None:
+            attributes = self._metric_attributes
+            if opened.error is not None:
+                attributes = {**attributes, sc.ERROR_TYPE: opened.error}
+            self.meters.process_duration.record(elapsed, attributes)
+
+    # --- metrics ---
+
+    def _observe(self) -> None:
+        assert self.meters is not None
+        base = self._metric_attributes
+
+        def consumed() -> Iterable[tuple[int, dict[str, Any]]]:
+            yield self._stats().received, base
+
+        def settled() -> Iterable[tuple[int, dict[str, Any]]]:
+            stats = self._stats()
+            yield stats.finished, {**base, sc.OUTCOME: sc.FINISHED}
+            yield stats.requeued, {**base, sc.OUTCOME: sc.REQUEUED}
+            yield stats.given_up, {**base, sc.OUTCOME: sc.GIVEN_UP}
+
+        def per_connection(field: str) -> Callable[[], Iterable[tuple[int, dict[str, Any]]]]:
+            def observed() -> Iterable[tuple[int, dict[str, Any]]]:
+                for address, connection in self._stats().connections.items():
+                    value: int = getattr(connection, field)
+                    yield value, {**base, **sc.server_attributes(address)}
+
+            return observed
+
+        def backoff() -> Iterable[tuple[int, dict[str, Any]]]:
+            yield self._stats().backoff_level, base
+
+        self.meters.observe(self, sc.CONSUMED_MESSAGES, consumed)
+        self.meters.observe(self, sc.SETTLED_MESSAGES, settled)
+        self.meters.observe(self, sc.RDY, per_connection("rdy"))
+        self.meters.observe(self, sc.IN_FLIGHT, per_connection("in_flight"))
+        self.meters.observe(self, sc.BACKOFF_LEVEL, backoff)
+
+
+def _links(traceparent: str, tracestate: str) -> list[Any]:
+    """The link to the producer's span (the creation context)."""
+    from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
+
+    _version, trace_id, span_id, flags = traceparent.split("-")[:4]
+    state = TraceState.from_header([tracestate]) if tracestate else None
+    context = SpanContext(
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(flags, 16)),
+        trace_state=state,
+    )
+    return [Link(context)]
+
+
+class _Iteration:
+    """``async for`` over a consumer, each iteration in a process span."""
+
+    def __init__(self, telemetry: ConsumerTelemetry, messages: AsyncIterator[Message]) -> None:
+        self._telemetry = telemetry
+        self._messages = messages
+
+    def __aiter__(self) -> _Iteration:
+        return self
+
+    async def __anext__(self) -> Message:
+        telemetry = self._telemetry
+        previous = telemetry._iterated
+        if previous is not None:
+            telemetry._iterated = None
+            telemetry.end(previous)
+        message = await self._messages.__anext__()
+        telemetry.begin(message, attach=True)
+        telemetry._iterated = message
+        return message

@@ -1,0 +1,198 @@
+"""A producer's telemetry: a PRODUCER span per publish, multi-publish and
+deferred publish, the sent-messages counter and the operation duration, and
+the trace context envelope put around each body (``trace_context=True``).
+
+A producer that records nothing and wraps nothing gets no
+:class:`ProducerTelemetry` and keeps its own methods.  One that does has its
+``publish``, ``multi_publish`` and ``deferred_publish`` replaced, on the
+instance, by these wrappers around them (:meth:`ProducerTelemetry.instrument`):
+one place for every producer, whatever its I/O.  Nothing here imports
+OpenTelemetry unless a tracer or meters exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .. import tracecontext
+from ..protocol.errors import NSQErrorResponse
+from . import semconv as sc
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from .otel import Instruments
+
+__all__ = ["ProducerTelemetry"]
+
+_perf_counter = time.perf_counter
+
+#: the API's method names, the operation names the spans carry
+PUBLISH = "publish"
+MULTI_PUBLISH = "multi_publish"
+DEFERRED_PUBLISH = "deferred_publish"
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type``: nsqd's error code for its refusals, else the class."""
+    if isinstance(exc, NSQErrorResponse):
+        return exc.code
+    return type(exc).__qualname__
+
+
+def _is_body(body: object) -> bool:
+    """A body the producer would send (else the original call raises its
+    own error: an empty or non-bytes body is never wrapped into a valid one)."""
+    return isinstance(body, bytes | bytearray | memoryview) and len(body) > 0
+
+
+class _Publish:
+    """One publish under way: its span (if any), start time, envelope context."""
+
+    __slots__ = ("attributes", "count", "span", "started", "traceparent", "tracestate")
+
+    def __init__(self) -> None:
+        self.span: Span | None = None
+        self.traceparent = ""
+        self.tracestate = ""
+        self.count = 1
+        self.started = 0.0
+        self.attributes: dict[str, Any] = {}
+
+
+class ProducerTelemetry:
+    """Instrumentation of one producer.  ``address()`` is the nsqd it is
+    connected to (``host:port``), if any."""
+
+    def __init__(
+        self,
+        instruments: Instruments | None,
+        *,
+        trace_context: bool,
+        address: Callable[[], str | None],
+    ) -> None:
+        self.tracer = instruments.tracer if instruments is not None else None
+        self.meters = instruments.meters if instruments is not None else None
+        self.trace_context = trace_context
+        self._address = address
+        # OpenTelemetry is importable (and set up) only with instruments
+        self._otel = instruments is not None
+
+    # --- around a publish ---
+
+    def start(self, operation: str, topic: object, count: int) -> _Publish:
+        publish = _Publish()
+        publish.count = count
+        attributes = publish.attributes
+        attributes[sc.MESSAGING_SYSTEM] = sc.SYSTEM
+        attributes[sc.OPERATION_NAME] = operation
+        attributes[sc.DESTINATION_NAME] = str(topic)
+        address = self._address()
+        if address is not None:
+            attributes.update(sc.server_attributes(address))
+        tracer = self.tracer
+        if tracer is not None:
+            from opentelemetry import trace
+
+            span_attributes = {**attributes, sc.OPERATION_TYPE: sc.SEND}
+            if operation == MULTI_PUBLISH:
+                span_attributes[sc.BATCH_MESSAGE_COUNT] = count
+            publish.span = span = tracer.start_span(
+                f"{operation} {topic}", kind=trace.SpanKind.PRODUCER, attributes=span_attributes
+            )
+            context = span.get_span_context()
+        elif self.trace_context and self._otel:
+            from opentelemetry import trace
+
+            # no span of ours: the caller's own, if it has one
+            context = trace.get_current_span().get_span_context()
+        else:
+            context = None
+        if self.trace_context and context is not None and context.is_valid:
+            publish.traceparent = (
+                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+            )
+            publish.tracestate = context.trace_state.to_header()
+        publish.started = _perf_counter()
+        return publish
+
+    def wrap(self, publish: _Publish, body: Any) -> Any:
+        if not self.trace_context or not _is_body(body):
+            return body
+        return tracecontext.wrap(bytes(body), publish.traceparent, publish.tracestate)
+
+    def end(self, publish: _Publish, exc: BaseException | None) -> None:
+        elapsed = _perf_counter() - publish.started
+        attributes = publish.attributes
+        if sc.SERVER_ADDRESS not in attributes:
+            address = self._address()  # connected by this publish
+            if address is not None:
+                attributes.update(sc.server_attributes(address))
+        if exc is not None:
+            attributes[sc.ERROR_TYPE] = error_type(exc)
+        span = publish.span
+        if span is not None:
+            span.set_attributes(attributes)
+            if exc is not None:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{attributes[sc.ERROR_TYPE]}: {exc}"))
+            span.end()
+        meters = self.meters
+        if meters is not None:
+            meters.sent.add(publish.count, attributes)
+            meters.operation_duration.record(elapsed, attributes)
+
+    # --- the wrappers ---
+
+    def instrument(self, producer: Any) -> None:
+        """Replace ``producer``'s publish methods (async) on the instance."""
+        publish = producer.publish
+        multi_publish = producer.multi_publish
+        deferred_publish = producer.deferred_publish
+
+        async def traced_publish(topic: str, body: bytes) -> None:
+            await self._around(PUBLISH, topic, 1, lambda p: publish(topic, self.wrap(p, body)))
+
+        async def traced_multi_publish(topic: str, bodies: Iterable[bytes]) -> None:
+            data = bodies if type(bodies) is list else list(bodies)
+            await self._around(
+                MULTI_PUBLISH,
+                topic,
+                len(data),
+                lambda p: multi_publish(topic, [self.wrap(p, body) for body in data]),
+            )
+
+        async def traced_deferred_publish(topic: str, body: bytes, delay: float) -> None:
+            await self._around(
+                DEFERRED_PUBLISH,
+                topic,
+                1,
+                lambda p: deferred_publish(topic, self.wrap(p, body), delay),
+                {sc.DEFER_DELAY: delay} if isinstance(delay, int | float) else None,
+            )
+
+        producer.publish = traced_publish
+        producer.multi_publish = traced_multi_publish
+        producer.deferred_publish = traced_deferred_publish
+
+    async def _around(
+        self,
+        operation: str,
+        topic: str,
+        count: int,
+        call: Callable[[_Publish], Awaitable[None]],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        publish = self.start(operation, topic, count)
+        if extra and publish.span is not None:
+            publish.span.set_attributes(extra)
+        try:
+            await call(publish)
+        except BaseException as exc:
+            self.end(publish, exc)
+            raise
+        self.end(publish, None)
