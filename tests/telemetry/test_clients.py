@@ -18,7 +18,9 @@ import trionsq
 from trionsq import telemetry
 from trionsq.tracecontext import MAGIC
 
-from ..client.daemons import Daemons, Nsqd, nothing_in_flight, wait_until
+from ..client.daemons import nothing_in_flight
+from ..support.nodes import Daemons, Nsqd
+from ..support.waiting import wait_until
 from .conftest import Otel
 
 TOPIC = "topic"
