@@ -212,7 +212,8 @@ class Config:
     #: how long leaving a Consumer waits for in-flight handlers
     close_timeout: float = 30.0
     connector: Connector = tcp_connector
-    #: delays between reconnects to a configured nsqd (jittered, growing, capped)
+    #: delays between reconnects to a configured nsqd (jittered, growing, capped;
+    #: from ``base`` again after a connection that worked)
     reconnect_backoff: BackoffPolicy = BackoffPolicy(base=1.0, max=60.0, multiplier=2.0)
     #: an httpx transport for lookupd queries (tests and simulations swap it)
     http_transport: httpx.AsyncBaseTransport | None = None

@@ -33,7 +33,7 @@ from .lookupd import lookup, merge
 from .message import Message, cancel_may_be_pending
 from .multiplex import Multiplexer
 from .protocol import commands
-from .protocol.errors import NSQError
+from .protocol.errors import NSQError, NSQErrorResponse, ProtocolError
 from .protocol.frames import OversizedMessage
 from .protocol.names import is_valid_channel_name, is_valid_topic_name
 from .rdy import ConnRdy, RdyController, starved
@@ -866,18 +866,28 @@ class Consumer:
         retry = Backoff(self.config.reconnect_backoff, self._rng)
         while not self._closing:
             started = trio.current_time()
-            await self._connect_and_serve(address)
+            worked = await self._connect_and_serve(address)
             if self._closing:
                 return
-            # A connection that lived a while resets the delay.
+            # A connection that worked (an nsqd restarted, the network cut
+            # it) or lived a while starts the delays again: back within
+            # `base` after a restart.  Failures to connect, and connections
+            # ended by what the nsqd sent, make them grow.
             lived = trio.current_time() - started
-            failures = 1 if lived > self.config.reconnect_backoff.max else failures + 1
+            if worked or lived > self.config.reconnect_backoff.max:
+                failures = 1
+            else:
+                failures += 1
             delay = retry.duration(min(failures, retry.max_level))
             log.info("reconnecting to %s in %.1fs", address, delay)
             await trio.sleep(delay)
             telemetry.counters.count_reconnect(address)
 
-    async def _connect_and_serve(self, address: str) -> None:
+    async def _connect_and_serve(self, address: str) -> bool:
+        """Connect, subscribe and serve until the connection ends; whether it
+        worked: subscribed, then lost as a working nsqd's connection is
+        (closed, reset, silent), not ended by something the nsqd sent (a
+        protocol error, a fatal error frame)."""
         try:
             # SUB answered as part of connecting (see Connection.open's then):
             # the connection needs no task of its own until it runs.
@@ -886,11 +896,12 @@ class Consumer:
             )
         except RequestRefused as exc:
             log.warning("%s: SUB failed: %s", address, exc.error)
-            return
+            return False
         except (NSQError, NegotiationError) as exc:
             log.warning("%s", cannot_connect(address, exc))
-            return
+            return False
         await self._serve(conn)
+        return not isinstance(conn.close_reason, ProtocolError | NSQErrorResponse)
 
     async def _serve(self, conn: Connection) -> None:
         session = _Session(self, conn)
