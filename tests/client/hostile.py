@@ -27,6 +27,7 @@ from trionsq.protocol import codecs, commands
 from trionsq.protocol.commands import CommandParser
 from trionsq.protocol.frames import encode_message, encode_response
 
+from ..support.waiting import wait_until
 from .minisrv import tcp_stream_pair
 
 Script = Callable[["HostileConn"], Awaitable[None]]
@@ -116,8 +117,7 @@ class HostileConn:
 
     async def wait_rdy(self) -> None:
         """Until the client has sent a RDY above 0."""
-        while not any(self.rdys):  # noqa: ASYNC110 - the reader appends, no event to wait on
-            await trio.sleep(0.001)
+        await wait_until(lambda: any(self.rdys))
 
 
 class HostileNSQD:

@@ -20,7 +20,8 @@ from trionsq.config import Config
 from trionsq.connection import Connection
 from trionsq.reasons import cannot_connect, naming, reason
 
-from ..support.ports import free_address
+from ..support.ports import refused_address
+from ..support.waiting import wait_until
 from ..tools.helpers import run_tool
 from .daemons import Daemons
 
@@ -41,51 +42,49 @@ def test_the_wording_is_said_once_however_often_it_is_passed_on() -> None:
 
 
 async def test_the_producer_says_why_each_nsqd_failed(caplog: pytest.LogCaptureFixture) -> None:
-    dead = [free_address(), free_address()]
     caplog.set_level(logging.WARNING, logger="trionsq")
-    with trio.fail_after(30):
-        async with trionsq.Producer(dead) as producer:
+    with refused_address() as one, refused_address() as two, trio.fail_after(30):
+        async with trionsq.Producer([one, two]) as producer:
             with pytest.raises(trionsq.NSQConnectionError) as caught:
                 await producer.publish("topic", b"x")
     assert str(caught.value) == (
-        f"no nsqd reachable ({dead[0]}: connection refused; {dead[1]}: connection refused)"
+        f"no nsqd reachable ({one}: connection refused; {two}: connection refused)"
     )
     lines = [r.getMessage() for r in caplog.records if r.name == "trionsq.producer"]
-    assert lines == [f"cannot connect to nsqd {a}: connection refused" for a in dead]
+    assert lines == [f"cannot connect to nsqd {a}: connection refused" for a in (one, two)]
 
 
 async def test_the_consumer_logs_why_it_cannot_connect(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    dead = free_address()
     caplog.set_level(logging.WARNING, logger="trionsq.consumer")
-    expected = f"cannot connect to nsqd {dead}: connection refused"
-    async with trionsq.Consumer("topic", "chan", nsqd_tcp_addresses=[dead]):
-        with trio.fail_after(30):
-            while not any(r.getMessage() == expected for r in caplog.records):  # noqa: ASYNC110
-                await trio.sleep(0.01)  # the consumer's first attempt, on a real socket
+    with refused_address() as dead:
+        expected = f"cannot connect to nsqd {dead}: connection refused"
+        async with trionsq.Consumer("topic", "chan", nsqd_tcp_addresses=[dead]):
+            # the consumer's first attempt, on a real socket
+            await wait_until(lambda: any(r.getMessage() == expected for r in caplog.records))
 
 
 def test_the_blocking_and_asyncio_front_ends_raise_the_clients_error() -> None:
-    dead = free_address()
-    expected = f"no nsqd reachable ({dead}: connection refused)"
-    with BlockingProducer([dead]) as producer:
+    with refused_address() as dead:
+        expected = f"no nsqd reachable ({dead}: connection refused)"
+        with BlockingProducer([dead]) as producer:
+            with pytest.raises(trionsq.NSQConnectionError) as caught:
+                producer.publish("topic", b"x")
+        assert str(caught.value) == expected
+
+        async def publish() -> None:
+            async with aio.Producer([dead]) as producer:
+                await producer.publish("topic", b"x")
+
         with pytest.raises(trionsq.NSQConnectionError) as caught:
-            producer.publish("topic", b"x")
-    assert str(caught.value) == expected
-
-    async def publish() -> None:
-        async with aio.Producer([dead]) as producer:
-            await producer.publish("topic", b"x")
-
-    with pytest.raises(trionsq.NSQConnectionError) as caught:
-        asyncio.run(publish())
-    assert str(caught.value) == expected
+            asyncio.run(publish())
+        assert str(caught.value) == expected
 
 
 def test_a_tool_says_it_in_the_same_words() -> None:
-    dead = free_address()
-    ours = run_tool("tail", "--topic=t", f"--nsqd-tcp-address={dead}")
+    with refused_address() as dead:
+        ours = run_tool("tail", "--topic=t", f"--nsqd-tcp-address={dead}")
     assert ours.returncode == 1
     assert ours.stderr.decode().splitlines()[-1] == (
         f"trionsq tail: error: cannot connect to nsqd {dead}: connection refused"
@@ -115,8 +114,7 @@ async def test_nsqds_http_port_given_as_its_tcp_address_says_so(
         async with trionsq.Consumer(
             "topic", "chan", nsqd_tcp_addresses=[address], connect_timeout=600.0
         ) as c:
-            while not any(r.getMessage() == expected for r in caplog.records):  # noqa: ASYNC110
-                await trio.sleep(0.01)  # the consumer's first attempt, on a real socket
+            await wait_until(lambda: any(r.getMessage() == expected for r in caplog.records))
             assert c.connections == []
 
         # (a thread: fakensq answers in this test's Trio loop)

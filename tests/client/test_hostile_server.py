@@ -705,8 +705,7 @@ async def test_a_message_sent_again_is_taken_whatever_the_clock_says(
     async def twice(conn: HostileConn) -> None:
         await conn.wait_rdy()
         await conn.send_messages(message(1, b"one"), 1)
-        while len(conn.rdys) < 2:  # noqa: ASYNC110 - the reader appends
-            await trio.sleep(0.01)
+        await wait_until(lambda: len(conn.rdys) >= 2, step=0.01)
         await conn.send_messages(message(2, b"two"), 1)
         await trio.sleep(5)  # both unanswered: nsqd "times them out" now
         await conn.send_messages(message(1, b"one") + message(2, b"two"), 2)

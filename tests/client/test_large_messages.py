@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-import trio
 
 import trionsq
 
+from ..support.waiting import wait_until
 from .daemons import Daemons, consumer, publish, wait_channel
 
 MAX_MSG_SIZE = 4 * 1024 * 1024
@@ -29,9 +29,7 @@ async def test_a_message_as_large_as_nsqd_allows_is_received_with_the_defaults(
     await publish(nsqd, "topic", [body, b"small"])
     got: list[bytes] = []
     async with consumer([nsqd], handler=lambda m: got.append(m.body)):
-        with trio.fail_after(30):
-            while len(got) < 2:  # noqa: ASYNC110 - the handler appends
-                await trio.sleep(0.01)
+        await wait_until(lambda: len(got) >= 2, step=0.01)
     assert got == [body, b"small"]
     channel = await wait_channel(nsqd, "topic", "chan", lambda c: c["in_flight_count"] == 0)
     assert channel["requeue_count"] == 0 and channel["timeout_count"] == 0
@@ -62,9 +60,7 @@ async def test_above_max_frame_size_a_message_is_requeued_then_given_up_on_one_c
         assert c.stats.given_up == 1
         # The connection goes on: a message that fits comes through it.
         await publish(nsqd, "topic", [b"fits"])
-        with trio.fail_after(30):
-            while not handled:  # noqa: ASYNC110 - the handler appends
-                await trio.sleep(0.01)
+        await wait_until(lambda: handled, step=0.01)
     assert handled == [b"fits"]
     assert channel["timeout_count"] == 0
     lines = [r.getMessage() for r in caplog.records]
