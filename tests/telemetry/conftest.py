@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ..client.daemons import daemons
+from ..frontends.conftest import daemon, nodes
 
-__all__ = ["Otel", "daemons", "otel"]
+__all__ = ["Otel", "daemon", "daemons", "nodes", "otel"]
 
 
 @dataclass

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import producer as _core
+from .. import telemetry
 from ..config import Config
 from ..hosting.producer import ClientClosedError, HostedProducer, HostedProducerState
 from ..hosting.trio_thread import ForkedError, LoopStoppedError
@@ -124,6 +125,9 @@ class Producer(HostedProducerState):
             raise
         self._loop, self._calls, self._hosted = loop, calls, hosted
         self._state = "open"
+        traced = telemetry.for_producer(self.config, lambda: self.address)
+        if traced is not None:
+            traced.instrument(self)  # its publish methods, on this instance
         return self
 
     async def __aexit__(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from sniffio import thread_local as _sniffio
 
 from .. import producer as _core
+from .. import telemetry
 from ..config import Config
 from ..hosting.handover import LightFuture, Waiter
 from ..hosting.producer import (
@@ -93,6 +94,7 @@ class Producer(HostedProducerState):
         self._wake_at = max(1, self.config.publish_window // 2)
         self._flushers: deque[threading.Lock] = deque()
         self._start_lock = threading.Lock()
+        self._instrumented = False  # trionsq.telemetry's wrappers put on
 
     def __repr__(self) -> str:
         return f"<blocking.Producer {self._state} {list(self.config.nsqd_tcp_addresses)}>"
@@ -113,6 +115,11 @@ class Producer(HostedProducerState):
             )
             hosted.start()
             hosted.runner.on_fork(self._after_fork_in_child)
+            if not self._instrumented:  # once (a start after a fork: done)
+                self._instrumented = True
+                traced = telemetry.for_producer(self.config, lambda: self.address)
+                if traced is not None:
+                    traced.instrument_blocking(self)  # its publish methods
             self._pid = os.getpid()
             with self._lock:
                 self._hosted = hosted

@@ -29,6 +29,7 @@ import trio
 from ..config import Config
 from ..consumer import Consumer, ConsumerStats
 from ..message import Message
+from ..telemetry import ConsumerTelemetry
 from .handover import Inbox
 from .producer import tracking_connector
 from .trio_thread import LoopStoppedError, TrioThread
@@ -210,12 +211,20 @@ class HostedConsumer:
         self.runner = TrioThread(name) if runner is None else runner
         self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
         self._give_up = give_up
+        # Spans of its own would be the pump's, not the front end's: none
+        # (trionsq.telemetry does not instrument the front ends' consumers
+        # yet); the envelope is taken off here, in _pump.
         self.consumer = Consumer(
             topic,
             channel,
-            config=self.config,
+            config=self.config.replace(telemetry=False, trace_context=False),
             give_up=self._give_up_core if give_up is not None else None,
             rng=rng,
+        )
+        self._unwrap = (
+            ConsumerTelemetry(None, topic, channel, trace_context=True).unwrap
+            if config.trace_context
+            else None
         )
         self._wrap = wrap
         self._deliver = deliver
@@ -353,7 +362,11 @@ class HostedConsumer:
                     # each; the next step yields (and checks for cancellation)
                     # as usual.  (deliver only appends: nothing in between
                     # can close the consumer.)
-                    hand_out((first, *take_ready(_DRAIN)), self, deliver)
+                    messages = (first, *take_ready(_DRAIN))
+                    if self._unwrap is not None:
+                        for message in messages:
+                            self._unwrap(message)
+                    hand_out(messages, self, deliver)
                     if batched and not self._in_batch:
                         self._in_batch = True
                         self._batch_ended.set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -62,16 +63,15 @@ class ConsumerTelemetry:
         channel: str,
         *,
         trace_context: bool,
-        msg_timeout: Callable[[Message], float],
-        stats: Callable[[], ConsumerStats],
+        msg_timeout: Callable[[Message], float] | None = None,
+        stats: Callable[[], ConsumerStats] | None = None,
     ) -> None:
         self.tracer = instruments.tracer if instruments is not None else None
         self.meters = instruments.meters if instruments is not None else None
         self.topic = topic
         self.channel = channel
         self.trace_context = trace_context
-        self._msg_timeout = msg_timeout
-        self._stats = stats
+        self._msg_timeout = msg_timeout or (lambda message: math.inf)
         self._name = f"{sc.PROCESS} {topic}"
         self._attributes: dict[str, Any] = {
             sc.MESSAGING_SYSTEM: sc.SYSTEM,
@@ -93,8 +93,8 @@ class ConsumerTelemetry:
         #: the span of the current ``async for`` iteration's message
         self._iterated: Message | None = None
         self._warned_plain = False
-        if self.meters is not None:
-            self._observe()
+        if self.meters is not None and stats is not None:
+            self._observe(stats)
 
     # --- the consumer's hooks ---
 
@@ -258,29 +258,29 @@ class ConsumerTelemetry:
 
     # --- metrics ---
 
-    def _observe(self) -> None:
+    def _observe(self, stats: Callable[[], ConsumerStats]) -> None:
         assert self.meters is not None
         base = self._metric_attributes
 
         def consumed() -> Iterable[tuple[int, dict[str, Any]]]:
-            yield self._stats().received, base
+            yield stats().received, base
 
         def settled() -> Iterable[tuple[int, dict[str, Any]]]:
-            stats = self._stats()
-            yield stats.finished, {**base, sc.OUTCOME: sc.FINISHED}
-            yield stats.requeued, {**base, sc.OUTCOME: sc.REQUEUED}
-            yield stats.given_up, {**base, sc.OUTCOME: sc.GIVEN_UP}
+            now = stats()
+            yield now.finished, {**base, sc.OUTCOME: sc.FINISHED}
+            yield now.requeued, {**base, sc.OUTCOME: sc.REQUEUED}
+            yield now.given_up, {**base, sc.OUTCOME: sc.GIVEN_UP}
 
         def per_connection(field: str) -> Callable[[], Iterable[tuple[int, dict[str, Any]]]]:
             def observed() -> Iterable[tuple[int, dict[str, Any]]]:
-                for address, connection in self._stats().connections.items():
+                for address, connection in stats().connections.items():
                     value: int = getattr(connection, field)
                     yield value, {**base, **sc.server_attributes(address)}
 
             return observed
 
         def backoff() -> Iterable[tuple[int, dict[str, Any]]]:
-            yield self._stats().backoff_level, base
+            yield stats().backoff_level, base
 
         self.meters.observe(self, sc.CONSUMED_MESSAGES, consumed)
         self.meters.observe(self, sc.SETTLED_MESSAGES, settled)

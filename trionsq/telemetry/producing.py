@@ -13,7 +13,8 @@ OpenTelemetry unless a tracer or meters exist.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
 from .. import tracecontext
@@ -82,7 +83,8 @@ class ProducerTelemetry:
 
     # --- around a publish ---
 
-    def start(self, operation: str, topic: object, count: int) -> _Publish:
+    def start(self, operation: str, topic: object, count: int, delay: object = None) -> _Publish:
+        """Start a publish's span (if spans are on) and find its context."""
         publish = _Publish()
         publish.count = count
         attributes = publish.attributes
@@ -99,6 +101,8 @@ class ProducerTelemetry:
             span_attributes = {**attributes, sc.OPERATION_TYPE: sc.SEND}
             if operation == MULTI_PUBLISH:
                 span_attributes[sc.BATCH_MESSAGE_COUNT] = count
+            elif isinstance(delay, int | float):
+                span_attributes[sc.DEFER_DELAY] = delay
             publish.span = span = tracer.start_span(
                 f"{operation} {topic}", kind=trace.SpanKind.PRODUCER, attributes=span_attributes
             )
@@ -149,50 +153,92 @@ class ProducerTelemetry:
     # --- the wrappers ---
 
     def instrument(self, producer: Any) -> None:
-        """Replace ``producer``'s publish methods (async) on the instance."""
+        """Replace ``producer``'s publish methods (async: trionsq.Producer,
+        trionsq.aio.Producer) on the instance."""
         publish = producer.publish
         multi_publish = producer.multi_publish
         deferred_publish = producer.deferred_publish
 
         async def traced_publish(topic: str, body: bytes) -> None:
-            await self._around(PUBLISH, topic, 1, lambda p: publish(topic, self.wrap(p, body)))
+            traced = self.start(PUBLISH, topic, 1)
+            try:
+                await publish(topic, self.wrap(traced, body))
+            except BaseException as exc:
+                self.end(traced, exc)
+                raise
+            self.end(traced, None)
 
         async def traced_multi_publish(topic: str, bodies: Iterable[bytes]) -> None:
             data = bodies if type(bodies) is list else list(bodies)
-            await self._around(
-                MULTI_PUBLISH,
-                topic,
-                len(data),
-                lambda p: multi_publish(topic, [self.wrap(p, body) for body in data]),
-            )
+            traced = self.start(MULTI_PUBLISH, topic, len(data))
+            try:
+                await multi_publish(topic, [self.wrap(traced, body) for body in data])
+            except BaseException as exc:
+                self.end(traced, exc)
+                raise
+            self.end(traced, None)
 
         async def traced_deferred_publish(topic: str, body: bytes, delay: float) -> None:
-            await self._around(
-                DEFERRED_PUBLISH,
-                topic,
-                1,
-                lambda p: deferred_publish(topic, self.wrap(p, body), delay),
-                {sc.DEFER_DELAY: delay} if isinstance(delay, int | float) else None,
-            )
+            traced = self.start(DEFERRED_PUBLISH, topic, 1, delay)
+            try:
+                await deferred_publish(topic, self.wrap(traced, body), delay)
+            except BaseException as exc:
+                self.end(traced, exc)
+                raise
+            self.end(traced, None)
 
         producer.publish = traced_publish
         producer.multi_publish = traced_multi_publish
         producer.deferred_publish = traced_deferred_publish
 
-    async def _around(
-        self,
-        operation: str,
-        topic: str,
-        count: int,
-        call: Callable[[_Publish], Awaitable[None]],
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        publish = self.start(operation, topic, count)
-        if extra and publish.span is not None:
-            publish.span.set_attributes(extra)
-        try:
-            await call(publish)
-        except BaseException as exc:
-            self.end(publish, exc)
-            raise
-        self.end(publish, None)
+    def instrument_blocking(self, producer: Any) -> None:
+        """Replace a :class:`trionsq.blocking.Producer`'s publish methods
+        (the blocking ones and the ``*_async`` ones, whose span ends when
+        their future completes) on the instance."""
+        for name in ("publish", "multi_publish", "deferred_publish"):
+            setattr(producer, name, self._blocking(name, getattr(producer, name)))
+            method = getattr(producer, f"{name}_async")
+            setattr(producer, f"{name}_async", self._future(name, method))
+
+    def _prepare(self, operation: str, args: tuple[Any, ...]) -> tuple[_Publish, tuple[Any, ...]]:
+        """Start the span of ``operation(*args)``; the arguments with the
+        body (or bodies) wrapped."""
+        topic, payload, *rest = args
+        if operation == MULTI_PUBLISH:
+            data = list(payload)
+            traced = self.start(operation, topic, len(data))
+            return traced, (topic, [self.wrap(traced, body) for body in data], *rest)
+        traced = self.start(operation, topic, 1, *rest)
+        return traced, (topic, self.wrap(traced, payload), *rest)
+
+    def _blocking(self, operation: str, method: Callable[..., None]) -> Callable[..., None]:
+        def traced_call(*args: Any, **options: Any) -> None:
+            traced, args = self._prepare(operation, args)
+            try:
+                method(*args, **options)
+            except BaseException as exc:
+                self.end(traced, exc)
+                raise
+            self.end(traced, None)
+
+        return traced_call
+
+    def _future(
+        self, operation: str, method: Callable[..., Future[None]]
+    ) -> Callable[..., Future[None]]:
+        def traced_call(*args: Any) -> Future[None]:
+            traced, args = self._prepare(operation, args)
+            try:
+                future = method(*args)
+            except BaseException as exc:
+                self.end(traced, exc)
+                raise
+
+            def done(future: Future[None]) -> None:
+                error = CancelledError() if future.cancelled() else future.exception()
+                self.end(traced, error)
+
+            future.add_done_callback(done)
+            return future
+
+        return traced_call
