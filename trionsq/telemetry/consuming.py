@@ -90,8 +90,6 @@ class ConsumerTelemetry:
         self._servers: dict[str, dict[str, str | int]] = {}
         #: spans under way, by message (a requeue's delay goes on its span)
         self._open: dict[Message, _Open] = {}
-        #: the span of the current ``async for`` iteration's message
-        self._iterated: Message | None = None
         self._warned_plain = False
         if self.meters is not None and stats is not None:
             self._observe(stats)
@@ -311,17 +309,20 @@ class _Iteration:
     def __init__(self, telemetry: ConsumerTelemetry, messages: AsyncIterator[Message]) -> None:
         self._telemetry = telemetry
         self._messages = messages
+        #: the message of the iteration under way (each iterating task has
+        #: an iterator of its own: aiter(consumer))
+        self._current: Message | None = None
 
     def __aiter__(self) -> _Iteration:
         return self
 
     async def __anext__(self) -> Message:
         telemetry = self._telemetry
-        previous = telemetry._iterated
+        previous = self._current
         if previous is not None:
-            telemetry._iterated = None
+            self._current = None
             telemetry.end(previous)
         message = await self._messages.__anext__()
         telemetry.begin(message, attach=True)
-        telemetry._iterated = message
+        self._current = message
         return message

@@ -208,6 +208,8 @@ _IGNORED = {
     "tls_min_version",
 }
 _CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+#: Config options whose values are objects, not text
+_OBJECT_FIELDS = {"connector", "http_transport", "tracer_provider", "meter_provider"}
 
 
 def _trionsq_value(name: str, text: str | None) -> Any:
@@ -249,7 +251,7 @@ def parse_opts(pairs: Sequence[tuple[str, str | None]], flag: str) -> dict[str, 
             elif name in _GO_OPTIONS:
                 field, convert = _GO_OPTIONS[name]
                 options[field] = convert(value)
-            elif name in _CONFIG_FIELDS and name not in ("connector", "http_transport"):
+            elif name in _CONFIG_FIELDS and name not in _OBJECT_FIELDS:
                 options[name] = _trionsq_value(name, text)
             else:
                 raise ToolError(f"invalid option {name}")

@@ -267,9 +267,11 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
 
     async def take(me: _Worker, consumer: Consumer, conns: dict[int, HTTPConnection]) -> None:
         """Take and deliver messages until stopped (or the consumer ends)."""
+        # an iterator of this worker's own (each iteration a span, when traced)
+        messages = aiter(consumer)
         while not stop.is_set():
             try:
-                message = await consumer.__anext__()
+                message = await anext(messages)
             except StopAsyncIteration:
                 return
             me.busy = True
