@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
 
-__all__ = ["Message"]
+__all__ = ["Message", "deliveries"]
 
 _current_task = trio.lowlevel.current_task
 
@@ -33,12 +34,19 @@ class _Responder(Protocol):
     #: the messages handed out (to a handler or through iteration) and not
     #: answered yet, as an ordered set; the consumer adds, answering removes
     out: dict[Message, None]
+    #: the nsqd (``host:port``) whose messages it answers
+    address: str
+    #: the number of the connection's read under way (see :func:`deliveries`)
+    read_stamp: int
 
-    def _finish(self, message: Message) -> None: ...
+    def fin(self, message: Message) -> None:
+        """Queue FIN for ``message`` (answered: :meth:`Message.finish`)."""
 
-    def _requeue(self, message: Message, delay: float | None, backoff: bool) -> None: ...
+    def req(self, message: Message, delay: float | None, backoff: bool) -> None:
+        """Queue REQ for ``message`` (answered: :meth:`Message.requeue`)."""
 
-    async def _touch(self, message: Message) -> None: ...
+    async def touch(self, message: Message) -> None:
+        """Send TOUCH for ``message`` (:meth:`Message.touch`)."""
 
 
 class Message:
@@ -50,13 +58,13 @@ class Message:
     """
 
     __slots__ = (
-        "_read",
-        "_responder",
         "address",
         "attempts",
         "body",
         "id",
+        "read_stamp",
         "responded",
+        "responder",
         "timestamp",
     )
 
@@ -80,9 +88,12 @@ class Message:
         self.address = address
         #: ``"finished"``, ``"requeued"`` or ``None`` while unanswered
         self.responded: str | None = None
-        self._responder = responder
-        # The number of the read it came in (see the consumer's _Session).
-        self._read = 0
+        #: internal: the consumer's side of the connection that answers it
+        #: (go-nsq's ``Message.Delegate``)
+        self.responder = responder
+        #: internal: the number of the connection's read it came in (see
+        #: :class:`trionsq.session.Session`)
+        self.read_stamp = 0
 
     def __repr__(self) -> str:
         return (
@@ -102,7 +113,7 @@ class Message:
             await trio.lowlevel.checkpoint_if_cancelled()
         if self.responded is None:
             self.responded = "finished"
-            self._responder._finish(self)
+            self.responder.fin(self)
 
     async def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: nsqd redelivers the message after ``delay`` seconds.
@@ -116,12 +127,12 @@ class Message:
         await trio.lowlevel.checkpoint_if_cancelled()
         if self.responded is None:
             self.responded = "requeued"
-            self._responder._requeue(self, delay, backoff)
+            self.responder.req(self, delay, backoff)
 
     async def touch(self) -> None:
         """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
         if self.responded is None:
-            await self._responder._touch(self)
+            await self.responder.touch(self)
 
     # For the front ends (trionsq.hosting.consumer, trionsq.aio), whose loops
     # settle a batch of messages and check for cancellation once a batch.
@@ -130,11 +141,38 @@ class Message:
         """:meth:`finish` without its cancellation point, in Trio's thread."""
         if self.responded is None:
             self.responded = "finished"
-            self._responder._finish(self)
+            self.responder.fin(self)
 
     def requeue_now(self, delay: float | None, backoff: bool) -> None:
         """:meth:`requeue` without its checks (done by the caller) and its
         cancellation point, in Trio's thread."""
         if self.responded is None:
             self.responded = "requeued"
-            self._responder._requeue(self, delay, backoff)
+            self.responder.req(self, delay, backoff)
+
+
+def deliveries(responder: _Responder) -> Callable[[int, int, bytes, bytes], Message]:
+    """The constructor of the messages a connection reads, for its parser
+    (``factory(timestamp, attempts, id, body)``): each answered by
+    ``responder``, stamped with its current ``read_stamp``.
+
+    The internal fast path past :meth:`Message.__init__` (one call less and
+    no keyword handling, on every message a consumer receives): the one
+    place a Message is made without it, with the same attributes set.
+    """
+    new = object.__new__
+    address = responder.address
+
+    def make(timestamp: int, attempts: int, id: bytes, body: bytes) -> Message:
+        message = new(Message)
+        message.id = id
+        message.body = body
+        message.attempts = attempts
+        message.timestamp = timestamp
+        message.address = address
+        message.responded = None
+        message.responder = responder
+        message.read_stamp = responder.read_stamp
+        return message
+
+    return make

@@ -95,9 +95,9 @@ class RdyController(Generic[K]):
         self.low_rdy_idle_timeout = low_rdy_idle_timeout
         self.mode = BackoffState.NORMAL
         self.conns: dict[K, ConnRdy] = {}
-        # Whether a rebalance could decide anything (set by events, recomputed
-        # by rebalance).
-        self._due = True
+        #: whether a rebalance could decide anything (set by events, recomputed
+        #: by rebalance; read on every message's answer, so an attribute)
+        self.due = True
 
     # --- events ---
 
@@ -105,11 +105,11 @@ class RdyController(Generic[K]):
         self.conns[key] = ConnRdy(
             max_rdy_count=max(0, max_rdy_count), waiting_since=now, last_message_at=now
         )
-        self._due = True
+        self.due = True
 
     def remove(self, key: K) -> None:
         if self.conns.pop(key, None) is not None:
-            self._due = True
+            self.due = True
 
     def on_message(self, key: K, now: float) -> bool:
         """A message arrived on ``key``; returns whether a rebalance is due."""
@@ -120,13 +120,13 @@ class RdyController(Generic[K]):
         whether a rebalance is due."""
         conn = self.conns.get(key)
         if conn is None:
-            return self._due
+            return self.due
         conn.in_flight += count
         conn.last_message_at = now
         if conn.bootstrapping:
             conn.bootstrapping = False  # its target grows from 1 to its share
-            self._due = True
-        return self._due
+            self.due = True
+        return self.due
 
     def on_settled(self, key: K) -> bool:
         """A message from ``key`` was finished or requeued (or given up); returns
@@ -135,21 +135,16 @@ class RdyController(Generic[K]):
         if conn is not None and conn.in_flight > 0:
             conn.in_flight -= 1
         # Fewer in flight only frees budget, which matters only to a connection
-        # still below its target: then _due is already set.
-        return self._due
+        # still below its target: then due is already set.
+        return self.due
 
     def set_mode(self, mode: BackoffState) -> None:
         self.mode = mode
-        self._due = True
+        self.due = True
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         self.max_in_flight = max_in_flight
-        self._due = True
-
-    @property
-    def due(self) -> bool:
-        """Whether a rebalance could decide something."""
-        return self._due
+        self.due = True
 
     # --- queries ---
 
@@ -225,7 +220,7 @@ class RdyController(Generic[K]):
         """Decide RDY for every connection; returns the keys to (re)send, lowered
         ones first."""
         if not self.conns:
-            self._due = False
+            self.due = False
             return []
         conns = self.conns
         changed: list[K] = []
@@ -251,7 +246,7 @@ class RdyController(Generic[K]):
         # event that moves the targets can change anything.  Rotation and
         # backoff depend on the clock or on which connection holds RDY: always
         # due there.
-        self._due = (
+        self.due = (
             short or self.mode is not BackoffState.NORMAL or self.max_in_flight < len(self.conns)
         )
         return changed

@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 import trionsq
 import trionsq.writing
 from trionsq.connection import Connection
-from trionsq.consumer import _Session
 from trionsq.protocol.errors import FrameTooLarge, InvalidFrame, ProtocolError
 from trionsq.protocol.frames import (
     FRAME_TYPE_ERROR,
@@ -42,6 +41,7 @@ from trionsq.protocol.frames import (
     encode_frame,
     encode_response,
 )
+from trionsq.session import Session as _Session
 
 from ..support.waiting import wait_until
 from .hostile import HostileConn, HostileNSQD, deflate_block, message, snappy_bomb_chunk
