@@ -16,6 +16,10 @@ header or the payload is read, so a peer that lies about a length costs nothing;
 reads go in bounded chunks, so a payload costs memory only as it arrives; and
 what nobody has proven to be a peer (a first frame) may carry no payload at all,
 so authentication always comes before any payload is read.
+
+An internal module of :mod:`trionsq.spark` (hence the underscore): the
+package's own wire, which its modules (the agent, the coordinator, the link,
+the tasks' client) import by name; no public API.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ never gets to send a frame.
 
 The certificate is made with the ``cryptography`` package, on the driver only
 (executors load it with ``ssl``).
+
+An internal module of :mod:`trionsq.spark` (hence the underscore): the agent
+and the coordinator import its names; no public API.
 """
 
 from __future__ import annotations
