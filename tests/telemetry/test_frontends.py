@@ -1,12 +1,15 @@
 """The blocking and asyncio front ends: their producers' spans (parented by
-the caller's own span, in the caller's thread or task) and their consumers'
-trace context envelope, on fakensq and the real nsqd v1.3.0.  (The front
-ends' consumers have no process spans yet: see docs/observability.md.)"""
+the caller's own span, in the caller's thread or task), their consumers'
+process spans (current where the application's code runs, linked to the
+publish through the envelope), on fakensq and the real nsqd v1.3.0."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
+import pytest
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from trionsq import aio, blocking
@@ -25,7 +28,28 @@ def producer_spans(otel: Otel) -> list[tuple[str, int | None, object]]:
     )
 
 
-def test_the_blocking_producer_and_consumer(daemon: BlockingNode, otel: Otel) -> None:
+def check_processed(otel: Otel, group: str, count: int, current: list[trace.Span]) -> None:
+    """``count`` process spans, each linked to a producer span, each the
+    current span where the application's code ran."""
+    produced = {
+        s.context.span_id for s in otel.spans() if s.kind is SpanKind.PRODUCER and s.context
+    }
+    processed = otel.spans(f"process {TOPIC}")
+    assert len(processed) == count
+    for span in processed:
+        attributes = dict(span.attributes or {})
+        assert span.kind is SpanKind.CONSUMER
+        assert attributes["messaging.consumer.group.name"] == group
+        assert attributes["messaging.nsq.message.outcome"] == "finished"
+        (link,) = span.links
+        assert link.context.span_id in produced
+    assert {s.get_span_context().span_id for s in current} == {
+        s.context.span_id for s in processed if s.context
+    }
+
+
+@pytest.mark.parametrize("mode", ["iterate", "handler"])
+def test_the_blocking_producer_and_consumer(daemon: BlockingNode, otel: Otel, mode: str) -> None:
     app = otel.tracer_provider.get_tracer("app")
     port = int(daemon.tcp_address.rsplit(":", 1)[1])
     options = {"trace_context": True, **otel.options}
@@ -46,16 +70,33 @@ def test_the_blocking_producer_and_consumer(daemon: BlockingNode, otel: Otel) ->
             (f"publish {TOPIC}", parent, port),
         ]
     )
-    got = []
-    with blocking.Consumer(
-        TOPIC, "billing", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=10, **options
-    ) as consumer:
-        for message in consumer:
-            got.append(message.body)  # unwrapped
-            message.finish()
-            if len(got) == 5:
-                break
+    got: list[bytes] = []
+    current: list[trace.Span] = []
+    five = threading.Event()
+
+    def handle(message: blocking.Message) -> None:
+        got.append(message.body)  # unwrapped
+        current.append(trace.get_current_span())
+        if len(got) == 5:
+            five.set()
+
+    address = [daemon.tcp_address]
+    if mode == "iterate":
+        with blocking.Consumer(
+            TOPIC, "billing", nsqd_tcp_addresses=address, max_in_flight=10, **options
+        ) as consumer:
+            for message in consumer:
+                handle(message)
+                message.finish()
+                if len(got) == 5:
+                    break
+    else:
+        with blocking.Consumer(
+            TOPIC, "billing", nsqd_tcp_addresses=address, handler=handle, concurrency=2, **options
+        ):
+            assert five.wait(20)
     assert sorted(got) == [b"five", b"four", b"one", b"three", b"two"]
+    check_processed(otel, "billing", 5, current)
 
 
 def test_a_failed_blocking_publish_is_an_error_span(daemon: BlockingNode, otel: Otel) -> None:
@@ -67,7 +108,8 @@ def test_a_failed_blocking_publish_is_an_error_span(daemon: BlockingNode, otel: 
     assert dict(span.attributes or {})["error.type"] == "E_BAD_TOPIC"
 
 
-def test_the_asyncio_producer_and_consumer(daemon: BlockingNode, otel: Otel) -> None:
+@pytest.mark.parametrize("mode", ["iterate", "handler"])
+def test_the_asyncio_producer_and_consumer(daemon: BlockingNode, otel: Otel, mode: str) -> None:
     app = otel.tracer_provider.get_tracer("app")
     options = {"trace_context": True, **otel.options}
 
@@ -76,18 +118,35 @@ def test_the_asyncio_producer_and_consumer(daemon: BlockingNode, otel: Otel) -> 
             async with aio.Producer([daemon.tcp_address], **options) as producer:
                 await producer.publish(TOPIC, b"first")
                 await asyncio.gather(*(producer.publish(TOPIC, b"n%d" % i) for i in range(5)))
-        got = []
-        async with aio.Consumer(
-            TOPIC, "feed", nsqd_tcp_addresses=[daemon.tcp_address], max_in_flight=10, **options
-        ) as consumer:
-            async for message in consumer:
-                got.append(message.body)
-                await message.finish()
-                if len(got) == 6:
-                    break
+        got: list[bytes] = []
+        six = asyncio.Event()
+
+        async def handle(message: aio.Message) -> None:
+            got.append(message.body)
+            current.append(trace.get_current_span())
+            if len(got) == 6:
+                six.set()
+
+        address = [daemon.tcp_address]
+        if mode == "iterate":
+            async with aio.Consumer(
+                TOPIC, "feed", nsqd_tcp_addresses=address, max_in_flight=10, **options
+            ) as consumer:
+                async for message in consumer:
+                    await handle(message)
+                    await message.finish()
+                    if len(got) == 6:
+                        break
+        else:
+            async with aio.Consumer(
+                TOPIC, "feed", nsqd_tcp_addresses=address, handler=handle, **options
+            ):
+                await asyncio.wait_for(six.wait(), 20)
         return got
 
+    current: list[trace.Span] = []
     got = asyncio.run(main())
     assert sorted(got) == sorted([b"first", *(b"n%d" % i for i in range(5))])
     spans = producer_spans(otel)
     assert len(spans) == 6 and len({parent for _, parent, _ in spans}) == 1
+    check_processed(otel, "feed", 6, current)

@@ -8,7 +8,7 @@ import logging
 import random
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any, TypeVar, cast
 
 import outcome
@@ -118,6 +118,11 @@ class Message(HandedMessage):
         """TOUCH: reset nsqd's timeout for this message (while unanswered)."""
         self._touch()
         return _DONE
+
+
+def _requeue_for_backoff(message: Message) -> None:
+    """What a handler's exception does to its message (see Consumer._worker)."""
+    message._requeue(None, True)
 
 
 #: ``handler(message)``: sync or async; returning finishes, raising requeues.
@@ -231,6 +236,12 @@ class Consumer(AsyncClient):
         post = DirectPost if isinstance(self._calls, DirectPost) else LoopPost
         self._arrivals = post(loop, self._arrive, self._ready)
         self._exited = await enter(self._hosted, self._calls)
+        traced = self._hosted.telemetry
+        if traced is not None and self._handler is not None:
+            # a span a call; answered as _worker answers
+            self._handler = traced.wrap_handler(
+                self._handler, finish=Message._finish, requeue=_requeue_for_backoff
+            )
 
     async def _close(self, interrupted: bool) -> None:
         """Close as described in the class doc (what leaving the block does);
@@ -255,6 +266,8 @@ class Consumer(AsyncClient):
             raise
         finally:
             await self._cancel_tasks()
+            if hosted.telemetry is not None:
+                hosted.telemetry.close()
 
     async def _end_workers(self, grace: float) -> None:
         """Let handler tasks finish their messages (up to ``grace`` s), then cancel them."""
@@ -355,10 +368,11 @@ class Consumer(AsyncClient):
             raise StopAsyncIteration
         return ready.popleft()
 
-    def __aiter__(self) -> Consumer:
+    def __aiter__(self) -> AsyncIterator[Message]:
         if self._handler is not None:
             raise RuntimeError("a Consumer with a handler cannot be iterated")
-        return self
+        traced = self._hosted.telemetry  # instrumented: a span an iteration
+        return self if traced is None else traced.iterate(self)
 
     async def __anext__(self) -> Message:
         self._since_yield += 1

@@ -7,7 +7,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sniffio import thread_local as _sniffio
@@ -213,6 +213,9 @@ class Consumer(BlockingClient):
                 raise
             self._hosted.runner.on_fork(self._after_fork_in_child)
             self._life.move(OPEN)
+            traced = self._hosted.telemetry
+            if traced is not None and self._handler is not None:
+                self._handler = traced.wrap_sync_handler(self._handler)  # a span a call
             for index in range(self._concurrency):
                 thread = threading.Thread(
                     target=self._handler_loop, name=f"trionsq-handler-{index}", daemon=True
@@ -279,6 +282,8 @@ class Consumer(BlockingClient):
                 hosted.runner.close(timeout)
                 life.move(CLOSED)
                 self._end_threads(started)
+                if hosted.telemetry is not None:
+                    hosted.telemetry.close()  # here: the iterating thread's spans
 
     def _drain_queue(self) -> list[Message]:
         return [item for item in self._queue.take_all() if isinstance(item, Message)]
@@ -335,10 +340,11 @@ class Consumer(BlockingClient):
 
     # --- iteration ---
 
-    def __iter__(self) -> Consumer:
+    def __iter__(self) -> Iterator[Message]:
         if self._handler is not None:
             raise RuntimeError("a Consumer with a handler cannot be iterated")
-        return self
+        traced = self._hosted.telemetry  # instrumented: a span an iteration
+        return self if traced is None else traced.iterate_sync(self)
 
     def __next__(self) -> Message:
         if self._life.state is not OPEN or self._stopping or _sniffio.name == "trio":

@@ -26,10 +26,10 @@ from typing import Any
 
 import trio
 
+from .. import telemetry
 from ..config import Config
 from ..consumer import Consumer, ConsumerStats
 from ..message import Message
-from ..telemetry import ConsumerTelemetry
 from .handover import Inbox
 from .producer import tracking_connector
 from .trio_thread import LoopStoppedError, TrioThread
@@ -211,9 +211,9 @@ class HostedConsumer:
         self.runner = TrioThread(name) if runner is None else runner
         self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
         self._give_up = give_up
-        # Spans of its own would be the pump's, not the front end's: none
-        # (trionsq.telemetry does not instrument the front ends' consumers
-        # yet); the envelope is taken off here, in _pump.
+        # Spans of its own would be the pump's, not the application's: none.
+        # The front end's telemetry takes the envelope off here (in _pump),
+        # the front end makes the spans where the application's code runs.
         self.consumer = Consumer(
             topic,
             channel,
@@ -221,9 +221,12 @@ class HostedConsumer:
             give_up=self._give_up_core if give_up is not None else None,
             rng=rng,
         )
+        self.telemetry = telemetry.for_consumer(
+            config, topic, channel, stats=lambda: self.consumer.stats, ahead=True
+        )
         self._unwrap = (
-            ConsumerTelemetry(None, topic, channel, trace_context=True).unwrap
-            if config.trace_context
+            self.telemetry.unwrap_ahead
+            if self.telemetry is not None and config.trace_context
             else None
         )
         self._wrap = wrap

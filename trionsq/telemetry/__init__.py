@@ -55,10 +55,12 @@ def for_consumer(
     topic: str,
     channel: str,
     *,
-    msg_timeout: Callable[[Message], float],
-    stats: Callable[[], ConsumerStats],
+    msg_timeout: Callable[[Message], float] | None = None,
+    stats: Callable[[], ConsumerStats] | None = None,
+    ahead: bool = False,
 ) -> ConsumerTelemetry | None:
-    """A starting consumer's telemetry; None when it has nothing to do."""
+    """A starting consumer's telemetry; None when it has nothing to do.
+    ``ahead``: a front end's (see :meth:`ConsumerTelemetry.unwrap_ahead`)."""
     found = instruments(config)
     if found is None and not config.trace_context:
         return None
@@ -69,6 +71,7 @@ def for_consumer(
         trace_context=config.trace_context,
         msg_timeout=msg_timeout,
         stats=stats,
+        ahead=ahead,
     )
 
 

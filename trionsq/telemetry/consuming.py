@@ -15,8 +15,8 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import tracecontext
 from . import semconv as sc
@@ -29,6 +29,18 @@ if TYPE_CHECKING:
     from .otel import Instruments
 
 __all__ = ["ConsumerTelemetry"]
+
+#: a message of trionsq's, or of a front end's
+M = TypeVar("M")
+
+
+def _finish_now(message: Message) -> None:
+    message.finish_now()
+
+
+def _requeue(message: Message) -> Awaitable[None]:
+    return message.requeue()
+
 
 log = logging.getLogger("trionsq.telemetry")
 
@@ -65,6 +77,7 @@ class ConsumerTelemetry:
         trace_context: bool,
         msg_timeout: Callable[[Message], float] | None = None,
         stats: Callable[[], ConsumerStats] | None = None,
+        ahead: bool = False,
     ) -> None:
         self.tracer = instruments.tracer if instruments is not None else None
         self.meters = instruments.meters if instruments is not None else None
@@ -91,21 +104,29 @@ class ConsumerTelemetry:
         #: spans under way, by message (a requeue's delay goes on its span)
         self._open: dict[Message, _Open] = {}
         self._warned_plain = False
+        # ahead (the front ends): bodies are unwrapped in the client's loop
+        # (unwrap_ahead), spans begun in the application's thread or task;
+        # what the envelope said waits here, by (nsqd, message id)
+        self._ahead: dict[tuple[str, bytes], tracecontext.Unwrapped] | None = {} if ahead else None
         if self.meters is not None and stats is not None:
             self._observe(stats)
 
     # --- the consumer's hooks ---
 
     def wrap_handler(
-        self, handler: Callable[[Message], Awaitable[object] | object]
-    ) -> Callable[[Message], Awaitable[None]]:
+        self,
+        handler: Callable[[Any], Awaitable[object] | object],
+        *,
+        finish: Callable[[Any], None] = _finish_now,
+        requeue: Callable[[Any], Awaitable[None] | None] = _requeue,
+    ) -> Callable[[Any], Awaitable[None]]:
         """``handler`` in a process span (and its message unwrapped).  The
         message is answered here as the consumer's worker would (finished
         when the handler returns, requeued when it raises: the exception is
         recorded, then re-raised for the worker to log), so that the span
         sees the answer."""
 
-        async def traced(message: Message) -> None:
+        async def traced(message: Any) -> None:
             opened = self.begin(message, attach=True)
             try:
                 result = handler(message)
@@ -113,12 +134,33 @@ class ConsumerTelemetry:
                     await result
             except Exception as exc:
                 self._failed(opened, exc)
-                await message.requeue()
+                answered = requeue(message)
+                if answered is not None:
+                    await answered
                 raise
             else:
                 # what the worker does after a handler returns, done here
                 # for the span to see it
-                message.finish_now()
+                finish(message)
+            finally:
+                self.end(message)
+
+        return traced
+
+    def wrap_sync_handler(self, handler: Callable[[Any], object]) -> Callable[[Any], None]:
+        """:meth:`wrap_handler` for a blocking handler (trionsq.blocking's
+        messages: ``finish()`` and ``requeue()`` do not wait)."""
+
+        def traced(message: Any) -> None:
+            opened = self.begin(message, attach=True)
+            try:
+                handler(message)
+            except Exception as exc:
+                self._failed(opened, exc)
+                message.requeue()
+                raise
+            else:
+                message.finish()
             finally:
                 self.end(message)
 
@@ -134,7 +176,19 @@ class ConsumerTelemetry:
         finally:
             self.end(message, sc.GIVEN_UP)
 
-    def iterate(self, messages: AsyncIterator[Message]) -> AsyncIterator[Message]:
+    def iterate_sync(self, messages: Iterator[M]) -> Iterator[M]:
+        """:meth:`iterate` for a blocking ``for`` loop."""
+        return _SyncIteration(self, messages)
+
+    def unwrap_ahead(self, message: Message) -> None:
+        """(the front ends, in the client's loop) Take the envelope off
+        ``message``; its context is kept for the span :meth:`begin` makes
+        later, in the application's thread or task."""
+        found = self.unwrap(message)
+        if self._ahead is not None and (found.problem is not None or found.traceparent):
+            self._ahead[message.address, message.id] = found
+
+    def iterate(self, messages: AsyncIterator[M]) -> AsyncIterator[M]:
         """``async for`` over ``messages``, each iteration a process span,
         current in the loop's body; it ends when the loop asks for the next
         message (or the consumer is left)."""
@@ -153,6 +207,8 @@ class ConsumerTelemetry:
             self.end(message)
         if self.meters is not None:
             self.meters.forget(self)
+        if self._ahead is not None:
+            self._ahead.clear()
 
     # --- spans ---
 
@@ -184,10 +240,15 @@ class ConsumerTelemetry:
             )
         return found
 
-    def begin(self, message: Message, *, attach: bool) -> _Open:
+    def begin(self, message: Any, *, attach: bool) -> _Open:
         """Start ``message``'s process span (current in this task when
         ``attach``), after unwrapping its body."""
-        found = self.unwrap(message) if self.trace_context else None
+        if not self.trace_context:
+            found = None
+        elif self._ahead is not None:
+            found = self._ahead.pop((message.address, message.id), None)
+        else:
+            found = self.unwrap(message)
         tracer = self.tracer
         if tracer is None:
             opened = _Open(None, None, _perf_counter())
@@ -226,7 +287,7 @@ class ConsumerTelemetry:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{opened.error}: {exc}"))
 
-    def end(self, message: Message, outcome: str | None = None) -> None:
+    def end(self, message: Any, outcome: str | None = None) -> None:
         """End ``message``'s span: its outcome, the process duration."""
         opened = self._open.pop(message, None)
         if opened is None:
@@ -303,26 +364,49 @@ def _links(traceparent: str, tracestate: str) -> list[Any]:
     return [Link(context)]
 
 
-class _Iteration:
+class _Iteration(Generic[M]):
     """``async for`` over a consumer, each iteration in a process span."""
 
-    def __init__(self, telemetry: ConsumerTelemetry, messages: AsyncIterator[Message]) -> None:
+    def __init__(self, telemetry: ConsumerTelemetry, messages: AsyncIterator[M]) -> None:
         self._telemetry = telemetry
         self._messages = messages
         #: the message of the iteration under way (each iterating task has
         #: an iterator of its own: aiter(consumer))
-        self._current: Message | None = None
+        self._current: M | None = None
 
-    def __aiter__(self) -> _Iteration:
+    def __aiter__(self) -> _Iteration[M]:
         return self
 
-    async def __anext__(self) -> Message:
+    async def __anext__(self) -> M:
         telemetry = self._telemetry
         previous = self._current
         if previous is not None:
             self._current = None
             telemetry.end(previous)
         message = await self._messages.__anext__()
+        telemetry.begin(message, attach=True)
+        self._current = message
+        return message
+
+
+class _SyncIteration(Generic[M]):
+    """A blocking ``for`` over a consumer, each iteration in a process span."""
+
+    def __init__(self, telemetry: ConsumerTelemetry, messages: Iterator[M]) -> None:
+        self._telemetry = telemetry
+        self._messages = messages
+        self._current: M | None = None
+
+    def __iter__(self) -> _SyncIteration[M]:
+        return self
+
+    def __next__(self) -> M:
+        telemetry = self._telemetry
+        previous = self._current
+        if previous is not None:
+            self._current = None
+            telemetry.end(previous)
+        message = next(self._messages)
         telemetry.begin(message, attach=True)
         self._current = message
         return message
