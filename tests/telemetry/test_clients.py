@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
@@ -324,22 +324,49 @@ class Raising(SpanExporter):
         raise RuntimeError("the exporter broke")
 
 
-async def test_an_exporter_that_raises_loses_nothing(daemons: Daemons) -> None:
+class RaisingProcessor(SpanProcessor):
+    """A span processor that raises at every span's start and end (the SDK
+    passes those on to the caller: span.end() raises)."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("the processor broke at the start")
+
+    def on_end(self, span: Any) -> None:
+        raise RuntimeError("the processor broke at the end")
+
+
+@pytest.mark.parametrize(
+    ("broken", "mode"),
+    [("exporter", "handler"), ("processor", "handler"), ("processor", "iterate")],
+)
+async def test_an_sdk_that_raises_loses_nothing(daemons: Daemons, broken: str, mode: str) -> None:
     nsqd = await daemons.nsqd()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(Raising()))
+    provider.add_span_processor(
+        SimpleSpanProcessor(Raising()) if broken == "exporter" else RaisingProcessor()
+    )
     options = {"tracer_provider": provider, "trace_context": True}
     async with trionsq.Producer([nsqd.tcp_address], **options) as producer:
-        await producer.multi_publish(TOPIC, [b"a", b"b", b"c"])
+        await producer.multi_publish(TOPIC, [b"a", b"b"])
+        await producer.publish(TOPIC, b"c")
     got: list[bytes] = []
-    async with trionsq.Consumer(
-        TOPIC,
-        "chan",
-        nsqd_tcp_addresses=[nsqd.tcp_address],
-        handler=lambda m: got.append(m.body),
-        **options,
-    ):
-        await wait_until(lambda: len(got) == 3)
-    assert sorted(got) == [b"a", b"b", b"c"]
+    address = [nsqd.tcp_address]
+    if mode == "handler":
+        async with trionsq.Consumer(
+            TOPIC,
+            "chan",
+            nsqd_tcp_addresses=address,
+            handler=lambda m: got.append(m.body),
+            **options,
+        ):
+            await wait_until(lambda: len(got) == 3)
+    else:
+        async with trionsq.Consumer(TOPIC, "chan", nsqd_tcp_addresses=address, **options) as c:
+            async for message in c:
+                got.append(message.body)
+                await message.finish()
+                if len(got) == 3:
+                    break
+    assert sorted(got) == [b"a", b"b", b"c"]  # unwrapped, every one
     channel = await nothing_in_flight(nsqd, TOPIC, "chan")
     assert channel["requeue_count"] == 0

@@ -104,6 +104,7 @@ class ConsumerTelemetry:
         #: spans under way, by message (a requeue's delay goes on its span)
         self._open: dict[Message, _Open] = {}
         self._warned_plain = False
+        self._sdk_errors = 0
         # ahead (the front ends): bodies are unwrapped in the client's loop
         # (unwrap_ahead), spans begun in the application's thread or task;
         # what the envelope said waits here, by (nsqd, message id)
@@ -242,7 +243,33 @@ class ConsumerTelemetry:
 
     def begin(self, message: Any, *, attach: bool) -> _Open:
         """Start ``message``'s process span (current in this task when
-        ``attach``), after unwrapping its body."""
+        ``attach``), after unwrapping its body.  Never raises: an SDK that
+        fails costs the span, not the message (logged)."""
+        try:
+            return self._begin(message, attach)
+        except Exception:
+            self._sdk_failed()
+            opened = self._open[message] = _Open(None, None, _perf_counter())
+            return opened
+
+    def end(self, message: Any, outcome: str | None = None) -> None:
+        """End ``message``'s span: its outcome, the process duration.
+        Never raises (see :meth:`begin`)."""
+        try:
+            self._end(message, outcome)
+        except Exception:
+            self._sdk_failed()
+
+    def _sdk_failed(self) -> None:
+        # The traceback once per consumer, then a line at debug level.
+        if self._sdk_errors == 0:
+            log.exception("%s/%s: OpenTelemetry failed (the message is not affected)",
+                          self.topic, self.channel)  # fmt: skip
+        else:
+            log.debug("%s/%s: OpenTelemetry failed again", self.topic, self.channel)
+        self._sdk_errors += 1
+
+    def _begin(self, message: Any, attach: bool) -> _Open:
         if not self.trace_context:
             found = None
         elif self._ahead is not None:
@@ -287,8 +314,7 @@ class ConsumerTelemetry:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, f"{opened.error}: {exc}"))
 
-    def end(self, message: Any, outcome: str | None = None) -> None:
-        """End ``message``'s span: its outcome, the process duration."""
+    def _end(self, message: Any, outcome: str | None) -> None:
         opened = self._open.pop(message, None)
         if opened is None:
             return

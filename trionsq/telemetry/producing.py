@@ -12,6 +12,7 @@ OpenTelemetry unless a tracer or meters exist.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError, Future
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from .otel import Instruments
 
 __all__ = ["ProducerTelemetry"]
+
+log = logging.getLogger("trionsq.telemetry")
 
 _perf_counter = time.perf_counter
 
@@ -80,11 +83,38 @@ class ProducerTelemetry:
         self._address = address
         # OpenTelemetry is importable (and set up) only with instruments
         self._otel = instruments is not None
+        self._sdk_errors = 0
 
     # --- around a publish ---
 
     def start(self, operation: str, topic: object, count: int, delay: object = None) -> _Publish:
-        """Start a publish's span (if spans are on) and find its context."""
+        """Start a publish's span (if spans are on) and find its context.
+        Never raises: an SDK that fails costs the span, not the publish."""
+        try:
+            return self._start(operation, topic, count, delay)
+        except Exception:
+            self._sdk_failed()
+            publish = _Publish()
+            publish.count = count
+            publish.started = _perf_counter()
+            return publish
+
+    def end(self, publish: _Publish, exc: BaseException | None) -> None:
+        """End a publish's span; count it.  Never raises (see :meth:`start`)."""
+        try:
+            self._end(publish, exc)
+        except Exception:
+            self._sdk_failed()
+
+    def _sdk_failed(self) -> None:
+        # The traceback once per producer, then a line at debug level.
+        if self._sdk_errors == 0:
+            log.exception("OpenTelemetry failed (the publish is not affected)")
+        else:
+            log.debug("OpenTelemetry failed again")
+        self._sdk_errors += 1
+
+    def _start(self, operation: str, topic: object, count: int, delay: object) -> _Publish:
         publish = _Publish()
         publish.count = count
         attributes = publish.attributes
@@ -127,7 +157,7 @@ class ProducerTelemetry:
             return body
         return tracecontext.wrap(bytes(body), publish.traceparent, publish.tracestate)
 
-    def end(self, publish: _Publish, exc: BaseException | None) -> None:
+    def _end(self, publish: _Publish, exc: BaseException | None) -> None:
         elapsed = _perf_counter() - publish.started
         attributes = publish.attributes
         if sc.SERVER_ADDRESS not in attributes:
