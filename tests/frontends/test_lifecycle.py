@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from trionsq import aio, blocking
 from trionsq.aio import consumer as aio_consumer
+from trionsq.aio import producer as aio_producer
 from trionsq.blocking import consumer as blocking_consumer
+from trionsq.hosting.producer import ClientClosedError
 from trionsq.lifecycle import CLOSED, NEW, OPEN, OPENING, Life, Lifecycle, LifecycleError, Moves
 
 from ..support.nodes import BlockingNode
@@ -20,6 +22,7 @@ from ..support.nodes import BlockingNode
 TABLES = {
     "blocking.Consumer": blocking_consumer.MOVES,
     "aio.Consumer": aio_consumer.MOVES,
+    "aio.Producer": aio_producer.MOVES,
 }
 
 
@@ -112,6 +115,29 @@ def test_an_aio_consumer_closed_while_it_is_entered_ends_what_it_started(
     asyncio.run(main())
     left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
     assert not left, f"threads left behind: {left}"
+
+
+def test_an_aio_producer_closes_once_and_refuses_publishes_while_closing(
+    daemon: BlockingNode,
+) -> None:
+    async def main() -> None:
+        producer = aio.Producer([daemon.tcp_address], guest=False)
+        assert "new" in repr(producer) and not producer.closed
+        async with producer:
+            assert "open" in repr(producer)
+            await producer.publish("topic", b"body")
+            with pytest.raises(LifecycleError, match="only once"):
+                await producer.__aenter__()
+            closing = asyncio.create_task(producer.aclose())
+            await asyncio.sleep(0)
+            assert producer.closed  # closing counts as closed: publishing is over
+            with pytest.raises(ClientClosedError):
+                await producer.publish("topic", b"late")
+            await closing
+        assert "closed" in repr(producer)
+        await producer.aclose()  # again: nothing to do
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))

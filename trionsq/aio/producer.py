@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from types import TracebackType
 from typing import Any
 
 from .. import producer as _core
@@ -12,6 +11,7 @@ from .. import telemetry
 from ..config import Config
 from ..hosting.producer import ClientClosedError, HostedProducer, HostedProducerState
 from ..hosting.trio_thread import ForkedError, LoopStoppedError
+from ..lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncClient, Lifecycle, Moves
 from .guest import GuestRunner
 from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
 
@@ -56,7 +56,21 @@ class _DirectReply:
             future.set_exception(error)
 
 
-class Producer(HostedProducerState):
+#: An asyncio Producer's life: entered once, closed once.
+MOVES = Moves(
+    "aio.Producer",
+    NEW,
+    {
+        NEW: {OPENING, CLOSED},
+        OPENING: {OPEN, CLOSED},
+        OPEN: {CLOSING},
+        CLOSING: {CLOSED},
+    },
+    refusals={OPENING: "a Producer can be entered only once"},
+)
+
+
+class Producer(HostedProducerState, AsyncClient):
     """Publishes to nsqd from asyncio code; each call returns once nsqd acknowledged.
 
     ::
@@ -95,15 +109,15 @@ class Producer(HostedProducerState):
         self._calls: LoopCalls | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exited: asyncio.Future[None] | None = None
-        self._state = "new"  # new, open, closed
+        self._life = Lifecycle(MOVES)
 
     def __repr__(self) -> str:
-        return f"<aio.Producer {self._state} {list(self.config.nsqd_tcp_addresses)}>"
+        state = self._life.state.value
+        return f"<aio.Producer {state} {list(self.config.nsqd_tcp_addresses)}>"
 
-    async def __aenter__(self) -> Producer:
-        if self._state != "new":
-            raise RuntimeError("a Producer can be entered only once")
-        self._state = "opening"
+    # --- life (AsyncClient: __aenter__, __aexit__ and aclose move it) ---
+
+    async def _open(self) -> None:
         loop = asyncio.get_running_loop()
         name = "trionsq-asyncio-producer"
         runner = new_runner(name, self._guest)
@@ -118,33 +132,18 @@ class Producer(HostedProducerState):
             else calls.schedule,
             runner=runner,
         )
-        try:
-            self._exited = await enter(hosted, calls)
-        except BaseException:
-            self._state = "closed"
-            raise
+        self._exited = await enter(hosted, calls)
         self._loop, self._calls, self._hosted = loop, calls, hosted
-        self._state = "open"
         traced = telemetry.for_producer(self.config, lambda: self.address)
         if traced is not None:
             traced.instrument(self)  # its publish methods, on this instance
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close (what leaving the ``async with`` does); idempotent."""
+    async def _close(self, interrupted: bool) -> None:
+        """Let the publishes in flight get their answers (up to
+        ``close_timeout``), then close (see the class doc)."""
         hosted, exited = self._hosted, self._exited
-        if self._state == "closed" or hosted is None or exited is None:
-            self._state = "closed"
-            return
-        self._state = "closed"
+        if hosted is None or exited is None:
+            return  # closed while it was being entered, before it started
         try:
             await leave(hosted.runner, exited, hosted.request_close)
         finally:
@@ -152,12 +151,15 @@ class Producer(HostedProducerState):
 
     @property
     def closed(self) -> bool:
-        return self._state == "closed"
+        """Whether the producer is closed or being closed (publishing is over)."""
+        state = self._life.state
+        return state is CLOSED or state is CLOSING
 
     def _job(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[None]:
         hosted, calls, loop = self._hosted, self._calls, self._loop
-        if self._state != "open" or hosted is None or calls is None or loop is None:
-            if self._state == "closed":
+        state = self._life.state
+        if state is not OPEN or hosted is None or calls is None or loop is None:
+            if state is CLOSED or state is CLOSING:
                 raise ClientClosedError("the Producer is closed")
             raise RuntimeError("use the Producer inside 'async with'")
         if hosted.runner.forked:
