@@ -11,8 +11,9 @@ import math
 import os
 import socket
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .protocol.frames import DEFAULT_MAX_FRAME_SIZE
 from .protocol.identify import IdentifyBody
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = ["BackoffPolicy", "Config"]
+
+#: a span or metric attribute's value (OpenTelemetry's primitive types)
+AttributeValue: TypeAlias = str | bool | int | float
 
 _VERSION = "0.1.0"
 
@@ -159,7 +163,8 @@ class Config:
     Observability (see :mod:`trionsq.telemetry`)
         ``telemetry`` (False: no spans or metrics whatever the providers),
         ``tracer_provider`` / ``meter_provider`` (OpenTelemetry providers;
-        ``None``: the global ones), ``trace_context`` (a producer wraps each
+        ``None``: the global ones), ``telemetry_attributes`` (added to every
+        span and metric point), ``trace_context`` (a producer wraps each
         body in a W3C trace context envelope, a consumer unwraps it:
         :mod:`trionsq.tracecontext`).
     Limits
@@ -225,6 +230,9 @@ class Config:
     meter_provider: Any = None
     #: wrap (producer) and unwrap (consumer) bodies in the trace context envelope
     trace_context: bool = False
+    #: attributes added to every span and metric point of the client (a
+    #: mapping; kept as sorted pairs), e.g. the Spark executor's id
+    telemetry_attributes: Mapping[str, AttributeValue] | tuple[tuple[str, AttributeValue], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("nsqd_tcp_addresses", "lookupd_http_addresses"):
@@ -243,6 +251,7 @@ class Config:
         _check_int("max_in_flight", self.max_in_flight, minimum=0)
         _check_int("max_attempts", self.max_attempts, minimum=0, maximum=65535)
         self._check_tls()
+        self._check_telemetry_attributes()
         for flag in ("snappy", "deflate", "telemetry", "trace_context"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be a bool")
@@ -288,6 +297,18 @@ class Config:
             raise TypeError("http_transport must be an httpx.AsyncBaseTransport")
         if not callable(self.connector):
             raise TypeError("connector must be an async callable (host, port) -> Stream")
+
+    def _check_telemetry_attributes(self) -> None:
+        given = self.telemetry_attributes
+        pairs = tuple(given.items()) if isinstance(given, Mapping) else tuple(given)
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise TypeError("telemetry_attributes must map names (str) to values")
+            if not isinstance(pair[1], str | bool | int | float):
+                raise TypeError(
+                    f"telemetry_attributes[{pair[0]!r}] must be a str, bool, int or float"
+                )
+        object.__setattr__(self, "telemetry_attributes", tuple(sorted(pairs)))
 
     def _check_tls(self) -> None:
         if not isinstance(self.tls, bool | ssl.SSLContext):

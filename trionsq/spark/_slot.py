@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack
 import trio
 
 from ..consumer import Consumer
+from ..telemetry.semconv import SPARK_EXECUTOR_ID
 from ._held import Held
 from ._options import SourceOptions
 
@@ -52,10 +53,13 @@ class Slot:
         options: SourceOptions,
         user_agent: str,
         on_arrival: Callable[[], None],
+        executor_id: str = "driver",
     ) -> None:
         self.index = index
         self.options = options
         self._user_agent = user_agent
+        #: Spark's executor id, on the consumers' spans and metric points
+        self._executor_id = executor_id
         self._on_arrival = on_arrival
         self.consumers: list[Consumer] = []
         #: received, eligible for the next take, in arrival order
@@ -134,7 +138,11 @@ class Slot:
         """Connect, prefetch until :meth:`close`, then requeue what is not in a set."""
         options = self.options
         limit = self._initial_limit()
-        config = options.consumer_config().replace(max_in_flight=limit, user_agent=self._user_agent)
+        config = options.consumer_config().replace(
+            max_in_flight=limit,
+            user_agent=self._user_agent,
+            telemetry_attributes={SPARK_EXECUTOR_ID: self._executor_id},
+        )
         try:
             async with AsyncExitStack() as stack:
                 for _ in range(options.connections_per_nsqd):

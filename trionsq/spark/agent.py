@@ -403,7 +403,7 @@ class QueryRun:
             f"trionsq/{__version__} spark-agent executor={identity.executor_id} "
             f"pid={os.getpid()} slot={index}"
         )
-        slot = Slot(index, self.options, user_agent, self.status_changed)
+        slot = Slot(index, self.options, user_agent, self.status_changed, identity.executor_id)
         slot.set_cutoff(self.cutoff_ns)
         await self._nursery.start(slot.run)
         self.slots.append(slot)

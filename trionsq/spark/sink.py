@@ -33,6 +33,8 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from ..connection import ConnectionClosedError, NSQConnectionError
 from ..lookupd import parse_lookup_response
 from ..producer import Producer
+from ..telemetry.semconv import SPARK_EXECUTOR_ID
+from ._executor import identify
 from ._loop import LoopThread
 from ._options import ConnectionOptions, NSQOptionError, SinkOptions
 
@@ -132,7 +134,12 @@ class _Publisher:
         *,
         task_status: trio.TaskStatus[tuple[Producer, trio.CancelScope]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        config = self.connection.config(nsqd_tcp_addresses=addresses, lookupd_http_addresses=())
+        config = self.connection.config(
+            nsqd_tcp_addresses=addresses,
+            lookupd_http_addresses=(),
+            # the executor this worker belongs to, on every span and metric point
+            telemetry_attributes={SPARK_EXECUTOR_ID: identify().executor_id},
+        )
         async with Producer(config=config) as producer:
             with trio.CancelScope() as scope:
                 task_status.started((producer, scope))

@@ -69,6 +69,7 @@ def for_consumer(
         topic,
         channel,
         trace_context=config.trace_context,
+        attributes=dict(config.telemetry_attributes),
         msg_timeout=msg_timeout,
         stats=stats,
         ahead=ahead,
@@ -80,4 +81,9 @@ def for_producer(config: Config, address: Callable[[], str | None]) -> ProducerT
     found = instruments(config)
     if found is None and not config.trace_context:
         return None
-    return ProducerTelemetry(found, trace_context=config.trace_context, address=address)
+    return ProducerTelemetry(
+        found,
+        trace_context=config.trace_context,
+        address=address,
+        attributes=dict(config.telemetry_attributes),
+    )

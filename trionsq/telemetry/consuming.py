@@ -15,7 +15,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import tracecontext
@@ -75,6 +75,7 @@ class ConsumerTelemetry:
         channel: str,
         *,
         trace_context: bool,
+        attributes: Mapping[str, Any] | None = None,
         msg_timeout: Callable[[Message], float] | None = None,
         stats: Callable[[], ConsumerStats] | None = None,
         ahead: bool = False,
@@ -93,12 +94,14 @@ class ConsumerTelemetry:
             sc.DESTINATION_NAME: topic,
             sc.SUBSCRIPTION_NAME: channel,
             sc.CONSUMER_GROUP_NAME: channel,
+            **(attributes or {}),
         }
         self._metric_attributes = {
             sc.MESSAGING_SYSTEM: sc.SYSTEM,
             sc.OPERATION_NAME: sc.PROCESS,
             sc.DESTINATION_NAME: topic,
             sc.CONSUMER_GROUP_NAME: channel,
+            **(attributes or {}),
         }
         self._servers: dict[str, dict[str, str | int]] = {}
         #: spans under way, by message (a requeue's delay goes on its span)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,7 @@ class ProducerTelemetry:
         *,
         trace_context: bool,
         address: Callable[[], str | None],
+        attributes: Mapping[str, Any] | None = None,
     ) -> None:
         self.tracer = instruments.tracer if instruments is not None else None
         self.meters = instruments.meters if instruments is not None else None
@@ -84,6 +85,7 @@ class ProducerTelemetry:
         # OpenTelemetry is importable (and set up) only with instruments
         self._otel = instruments is not None
         self._sdk_errors = 0
+        self._extra = dict(attributes or {})
 
     # --- around a publish ---
 
@@ -121,6 +123,7 @@ class ProducerTelemetry:
         attributes[sc.MESSAGING_SYSTEM] = sc.SYSTEM
         attributes[sc.OPERATION_NAME] = operation
         attributes[sc.DESTINATION_NAME] = str(topic)
+        attributes.update(self._extra)
         address = self._address()
         if address is not None:
             attributes.update(sc.server_attributes(address))
