@@ -154,7 +154,7 @@ class Connection(Handshake, Writing):
         #: it to a lone requester, which then reads its own response: see
         #: _lend and _borrow)
         self.loan = Lifecycle(LOAN_MOVES)
-        self._reader: trio.lowlevel.Task | None = None  # the reader, when it lends
+        self._reader: trio.lowlevel.Task | None = None  # the reader, while parked lending
         self._handed: bytes | None = None  # what a requester read and handed back
         # When the read under way has waited too long (inf: none under way).
         self._read_deadline = math.inf

@@ -351,12 +351,18 @@ class Writing:
             self._handed = data
         if self.loan.state is LENT:
             self.loan.move(READING)
-            assert self._reader is not None
-            trio.lowlevel.reschedule(self._reader)
+            # Woken once: a reader whose lending period ended in the same
+            # scheduler pass is runnable already (not parked) and finds
+            # READING when it runs.
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                trio.lowlevel.reschedule(reader)
 
     def _abort_lend(self, raise_cancel: Any) -> trio.lowlevel.Abort:
         # The lending period is over.  A borrower keeps the socket (the
-        # reader parks again at once: see _lend).
+        # reader parks again at once: see _lend).  Trio reschedules the
+        # reader: it is no longer parked, nobody else may wake it.
+        self._reader = None
         if self.loan.state is LENT:
             self.loan.move(READING)
         return trio.lowlevel.Abort.SUCCEEDED
@@ -368,10 +374,11 @@ class Writing:
         None when the reader must watch the socket again: handed back without
         data, or a period ended with nobody waiting on it (heartbeats, nsqd
         closing the connection), which bounds how long it goes unwatched."""
-        self._reader = trio.lowlevel.current_task()
+        reader = trio.lowlevel.current_task()
         loan = self.loan
         loan.move(LENT)
         while True:
+            self._reader = reader  # parked: the one to wake (see _give_back)
             with trio.move_on_after(_LEND_PERIOD):
                 await trio.lowlevel.wait_task_rescheduled(self._abort_lend)
             # Given back (READING already), or the period is over: with a

@@ -573,3 +573,40 @@ async def test_a_borrower_woken_as_its_connection_ends_fails_its_request(
     await wire.server.send_all(OK_FRAME)
     with pytest.raises(trionsq.ConnectionClosedError):
         await result()
+
+
+@pytest.mark.parametrize("attempt", range(16))
+async def test_a_lending_period_ending_as_the_borrower_is_answered(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock, attempt: int
+) -> None:
+    # The reader's lending period ends (its wait is cancelled: it is runnable
+    # but has not run) in the same scheduler batch that wakes the borrower
+    # with its answer. Trio runs a batch in either order, at random: when the
+    # borrower goes first it gives the socket back to a reader that is no
+    # longer parked, which must not be rescheduled a second time. Repeated so
+    # that both orders are met (each attempt misses one with probability 1/2).
+    from trionsq import writing
+
+    wire = await lent_wire(nursery)
+    result = nursery_result(nursery, wire.conn.request(pub(1)))
+    await wire.receive_exactly(len(pub(1)))
+    await trio.testing.wait_all_tasks_blocked()
+    assert wire.conn.loan.state is Loan.BORROWED
+    # Another request is queued meanwhile: the borrower, answered, gives the
+    # socket back to the reader to read its answer.
+    second = wire.conn.request_nowait(pub(2))
+    await wire.receive_exactly(len(pub(2)))
+    # Both wake-ups are due at the scheduler's next pass: the deadline now,
+    # the answer as send_all writes it (before its own checkpoint).
+    mock_clock.jump(writing._LEND_PERIOD)
+    await wire.server.send_all(OK_FRAME)
+    assert await result() == b"OK"
+    await wire.server.send_all(encode_response(b"second"))
+    with trio.fail_after(10):
+        assert await second.result() == b"second"
+    # The connection goes on: the next lone request is answered too.
+    again = nursery_result(nursery, wire.conn.request(pub(3)))
+    await wire.receive_exactly(len(pub(3)))
+    await wire.server.send_all(OK_FRAME)
+    assert await again() == b"OK"
+    assert wire.conn.life.state is trionsq.lifecycle.OPEN
