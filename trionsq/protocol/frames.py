@@ -345,11 +345,19 @@ class FrameParser(Generic[M]):
                 break
             if left - 4 < size:
                 break
-            frame = self._frame_at(buf, pos, size)
-            append(frame)
-            if type(frame) is Response or type(frame) is Error:
+            # Responses and errors inline (a call each cost 15% more a frame);
+            # the rest (a message too short, an unknown type) raises there.
+            frame_type = FRAME_HEADER.unpack_from(buf, pos)[1]
+            end_of_frame = pos + 4 + size
+            if frame_type == FRAME_TYPE_RESPONSE:
+                append(Response(bytes(buf[pos + 8 : end_of_frame])))
                 others += 1
-            pos += 4 + size
+            elif frame_type == FRAME_TYPE_ERROR:
+                append(Error(bytes(buf[pos + 8 : end_of_frame])))
+                others += 1
+            else:
+                append(self._frame_at(buf, pos, size))
+            pos = end_of_frame
         self.others = others
         if pos < end:
             self._rest = bytearray(memoryview(buf)[pos:])
