@@ -18,6 +18,7 @@ from typing import Final, Literal
 
 __all__ = [
     "KINDS",
+    "Anchoring",
     "LEVELS",
     "REDELIVERING",
     "SCHEDULE_KINDS",
@@ -56,6 +57,10 @@ Needs = Literal["wire", "nsqd", "nodes"]
 #: is gone, as after ``kill -9``).
 InFlight = Literal["kept", "redelivered", "lost"]
 
+#: Where a fault placed by the message flow strikes: at a consumer's event (a
+#: message sent to it, its FIN) or at a publish.
+Anchoring = Literal["consumer", "publish"]
+
 #: The parameters a schedule's event may carry (see
 #: :class:`fakensq.testing.schedule.FaultEvent`).
 Param = Literal["duration", "seconds", "direction", "rounds", "interval"]
@@ -86,6 +91,16 @@ class FaultKind:
     target: Literal["nsqd", "lookupd"] = "nsqd"
     #: its relative weight when a schedule draws kinds
     weight: float = 1.0
+    #: placed by the message flow (:mod:`fakensq.testing.flow`): whether it may
+    #: strike at a consumer's event (a message sent to it, its FIN) ...
+    consumer_anchor: bool = True
+    #: ... and from which level on at a publish (None: never); a kind that
+    #: leaves the publish unharmed (a delay, a stall of its answer) is "safe"
+    publish_anchor: Level | None = None
+    #: the run's own timeout its duration is a multiple of, on the TCP fixtures
+    clock: Literal["msg_timeout", "heartbeat"] = "msg_timeout"
+    #: its weight in a flow schedule's draw, where it differs from ``weight``
+    flow_weight: float | None = None
 
     @property
     def redelivers(self) -> bool:
@@ -95,6 +110,16 @@ class FaultKind:
     def allowed_at(self, level: Level) -> bool:
         """Whether a schedule of ``level`` may hold it."""
         return self.level is not None and LEVELS.index(self.level) <= LEVELS.index(level)
+
+    def anchors_at(self, level: Level) -> tuple[Anchoring, ...]:
+        """Where a flow schedule of ``level`` may place it: ``"consumer"`` (a
+        message sent, a FIN), ``"publish"``."""
+        at: list[Anchoring] = ["consumer"] if self.consumer_anchor else []
+        if self.publish_anchor is not None and LEVELS.index(self.publish_anchor) <= LEVELS.index(
+            level
+        ):
+            at.append("publish")
+        return tuple(at)
 
     def hits_producers_at(self, level: Level) -> bool:
         """Whether a schedule of ``level`` may aim it at producers' connections."""
@@ -111,22 +136,23 @@ _ALL: Final[tuple[FaultKind, ...]] = (
     FaultKind(
         "drop", "safe", "wire", "redelivered", "Drop connections",
         "connections aborted: the peer sees EOF; what they held comes back at its timeout",
-        hits_producers=True, weight=3.0,
+        hits_producers=True, weight=3.0, publish_anchor="harsh",
     ),
     FaultKind(
         "delay", "safe", "wire", "kept", "Delay",
         "every write held for some seconds", lasting=True,
-        params=("duration", "seconds", "direction"), weight=2.0,
+        params=("duration", "seconds", "direction"), weight=2.0, publish_anchor="safe",
     ),
     FaultKind(
         "stall", "safe", "wire", "kept", "Stall",
         "the bytes stop (the connections stay open)", lasting=True,
         params=("duration", "direction"), hits_producers=True, weight=2.0,
+        publish_anchor="safe",
     ),
     FaultKind(
         "swallow_heartbeats", "safe", "wire", "kept", "Swallow heartbeats",
         "nsqd's heartbeats never reach the client", lasting=True, frame=True,
-        params=("duration",), hits_producers=True,
+        params=("duration",), hits_producers=True, publish_anchor="harsh", clock="heartbeat",
     ),
     FaultKind(
         "time_out", "safe", "nsqd", "redelivered", "Time out in-flight messages",
@@ -140,7 +166,7 @@ _ALL: Final[tuple[FaultKind, ...]] = (
     FaultKind(
         "restart", "safe", "nodes", "redelivered", "Kill / restart nsqd",
         "nsqd stops cleanly (its messages kept on disk) and starts again",
-        hits_producers=True,
+        hits_producers=True, publish_anchor="harsh",
     ),
     FaultKind(
         "lookupd_outage", "safe", "nodes", "kept", "nsqlookupd outage",
@@ -151,24 +177,27 @@ _ALL: Final[tuple[FaultKind, ...]] = (
     FaultKind(
         "corrupt", "harsh", "wire", "redelivered", "Corrupt next frame",
         "the next frame from nsqd gets an invalid frame type", frame=True,
+        publish_anchor="harsh",
     ),
     FaultKind(
         "truncate", "harsh", "wire", "redelivered", "Truncate next frame",
         "the next frame from nsqd is cut in half, then the connection drops", frame=True,
+        publish_anchor="harsh",
     ),
     FaultKind(
         "partition", "harsh", "wire", "redelivered", "Partition",
         "no bytes between the two ends, and no new connection", lasting=True,
-        params=("duration",),
+        params=("duration",), publish_anchor="harsh",
     ),
     FaultKind(
         "fail_publishes", "harsh", "nsqd", "kept", "Fail publishes",
         "publishes fail with E_PUB_FAILED", lasting=True, params=("duration",),
+        consumer_anchor=False, publish_anchor="harsh", flow_weight=2.0,
     ),
     # -- lossy: what nsqd held in memory is lost
     FaultKind(
         "kill", "lossy", "nodes", "lost", "Kill nsqd",
-        "nsqd killed (no clean stop) and started again",
+        "nsqd killed (no clean stop) and started again", publish_anchor="lossy",
     ),
     # -- by hand only (the Faults API): inside fakensq's nsqd, until healed
     *(

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 
-from .testing import pytest_faults
+from .testing import pytest_faults, pytest_replay
+from .testing.real import RealBinaries, RealCluster, RealNSQD, faulty_real_cluster, find_binaries
 from .testing.threaded import BackgroundNode
 
 if TYPE_CHECKING:
@@ -69,12 +70,38 @@ _MARKERS = {
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     pytest_faults.add_options(parser)
+    parser.getgroup("fakensq").addoption(
+        "--nsq-real",
+        metavar="PATH",
+        nargs="?",
+        const="",
+        default=None,
+        help="run the nsqd, nsqd_factory, nsqlookupd and nsq_cluster fixtures on the real "
+        "daemons: PATH is the folder of nsqd and nsqlookupd, or the nsqd binary (none: "
+        "$NSQ_BIN, then PATH); with --nsq-faults, a fault proxy stands in front of each nsqd",
+    )
+
+
+_REAL: Final = pytest.StashKey["RealBinaries | None"]()
+
+
+def real_binaries(config: pytest.Config) -> RealBinaries | None:
+    """The real daemons the fixtures run (``--nsq-real``), or None."""
+    return config.stash.get(_REAL, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for text in _MARKERS.values():
         config.addinivalue_line("markers", text)
     pytest_faults.configure(config)
+    real = config.getoption("--nsq-real")
+    try:
+        config.stash[_REAL] = None if real is None else find_binaries(real)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if pytest_faults.settings_of(config) is not None:
+        # The session's end: replays, shrinking, the --nsq-faults-only check.
+        config.pluginmanager.register(pytest_replay.ReplayLog.of(config), "fakensq-replays")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -87,9 +114,13 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed:
+        pytest_faults.note_call(item, report, call)
         section = pytest_faults.report_section(item)
         if section is not None:
             report.sections.append(("fakensq faults", section))
+    if report.when == "teardown":
+        # The fixtures have stopped: what the test met is final.
+        pytest_faults.record_outcome(item, report)
     return report
 
 
@@ -106,8 +137,9 @@ def nsqd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
     """Start fakensq nsqds on free loopback ports; all are stopped after the test."""
     from .nsqd.node import NSQD
 
-    started: list[BackgroundNode[NSQD]] = []
+    started: list[BackgroundNode[Any] | RealCluster] = []
     faults = pytest_faults.faults_of(request)
+    real = real_binaries(request.config)
 
     def start(**options: Any) -> NSQD:
         tls = options.pop("tls", False)
@@ -115,30 +147,34 @@ def nsqd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
         client_context = None
         if tls:
             ca_file, client_context = _tls_files(tmp_path / f"tls-{len(started)}", options)
-        options.setdefault("tcp_address", "127.0.0.1:0")
-        options.setdefault("http_address", "127.0.0.1:0")
-        if "data_path" not in options:
-            data_path = tmp_path / f"nsqd-{len(started)}"
-            data_path.mkdir()
-            options["data_path"] = str(data_path)
-        node: BackgroundNode[NSQD]
-        if faults is None:
-            node = BackgroundNode(lambda: NSQD(**options), name="fakensq-nsqd")
+        if faults is not None:
+            faults.tune_nsqd_options(options, real=real is not None)
+        label = f"nsqd-{len(started)}"
+        nsqd: Any
+        if real is not None:
+            nsqd = _start_real_nsqd(real, tmp_path / label, label, options, faults, started)
         else:
-            if faults.msg_timeout is not None:
-                options.setdefault("msg_timeout", faults.msg_timeout)
-            label = f"nsqd-{len(started)}"
-            node = BackgroundNode(
-                lambda: pytest_faults.faulty_nsqd(faults, label, lambda: NSQD(**options)),
-                name="fakensq-nsqd",
-            )
-        started.append(node)
-        nsqd = node.start()
+            options.setdefault("tcp_address", "127.0.0.1:0")
+            options.setdefault("http_address", "127.0.0.1:0")
+            if "data_path" not in options:
+                data_path = tmp_path / label
+                data_path.mkdir()
+                options["data_path"] = str(data_path)
+            node: BackgroundNode[NSQD]
+            if faults is None:
+                node = BackgroundNode(lambda: NSQD(**options), name="fakensq-nsqd")
+            else:
+                node = BackgroundNode(
+                    lambda: pytest_faults.faulty_nsqd(faults, label, lambda: NSQD(**options)),
+                    name="fakensq-nsqd",
+                )
+            started.append(node)
+            nsqd = node.start()
         if tls:
             # What a client needs to trust the node's certificate.
             setattr(nsqd, "tls_ca_file", ca_file)  # noqa: B010
             setattr(nsqd, "client_ssl_context", client_context)  # noqa: B010
-        return nsqd
+        return nsqd  # type: ignore[no-any-return]
 
     try:
         yield start
@@ -146,11 +182,38 @@ def nsqd_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
         errors = []
         for node in reversed(started):
             try:
-                node.stop()
+                (node.close if isinstance(node, RealCluster) else node.stop)()
             except Exception as exc:  # keep stopping the others
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+def _start_real_nsqd(
+    real: RealBinaries,
+    data_root: Path,
+    label: str,
+    options: dict[str, Any],
+    faults: pytest_faults.TestFaults | None,
+    started: list[BackgroundNode[Any] | RealCluster],
+) -> RealNSQD:
+    """A real nsqd (``--nsq-real``), behind a fault proxy with faults on."""
+    if "auth_handler" in options:
+        pytest.fail("auth_handler needs fakensq's own nsqd (not --nsq-real)", pytrace=False)
+    for name in ("tcp_address", "http_address", "data_path"):
+        options.pop(name, None)  # (the real node's own: free ports, a path of its own)
+    cluster = RealCluster(real, data_root, nsqd=1, lookupd=0, nsqd_options=options)
+    if faults is None:
+        cluster.start()
+        started.append(cluster)
+        return cluster.nsqds[0]
+    msg_timeout = float(options.get("msg_timeout", 60.0))
+    node = BackgroundNode(
+        lambda: faulty_real_cluster(faults, label, cluster, msg_timeout), name="fakensq-proxy"
+    )
+    started.append(node)
+    node.start()
+    return cluster.nsqds[0]
 
 
 @pytest.fixture
@@ -160,12 +223,23 @@ def nsqd(request: pytest.FixtureRequest, nsqd_factory: Callable[..., NSQD]) -> N
 
 
 @pytest.fixture
-def nsqlookupd(request: pytest.FixtureRequest) -> Iterator[NSQLookupd]:
+def nsqlookupd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NSQLookupd]:
     """A fakensq nsqlookupd on free loopback ports (options from ``@pytest.mark.nsqlookupd``)."""
     from .lookupd.daemon import NSQLookupd
 
     options: dict[str, Any] = {"tcp_address": "127.0.0.1:0", "http_address": "127.0.0.1:0"}
     options.update(_marker_options(request, "nsqlookupd"))
+    real = real_binaries(request.config)
+    if real is not None:
+        for name in ("tcp_address", "http_address"):
+            options.pop(name, None)
+        cluster = RealCluster(real, tmp_path, nsqd=0, lookupd=1, lookupd_options=options)
+        cluster.start()
+        try:
+            yield cluster.lookupd_processes[0]  # type: ignore[misc]
+        finally:
+            cluster.close()
+        return
     with BackgroundNode(lambda: NSQLookupd(**options), name="fakensq-nsqlookupd") as node:
         yield node
 
@@ -178,6 +252,11 @@ def nsq_cluster_node(
     runs a cluster operation (stop, restart a node) from a test that is not Trio."""
     from .testing.cluster import Cluster
 
+    if real_binaries(request.config) is not None:
+        pytest.fail(
+            "nsq_cluster_node drives fakensq's in-process cluster: not under --nsq-real",
+            pytrace=False,
+        )
     options: dict[str, Any] = {"data_root": str(tmp_path)}
     options.update(_marker_options(request, "nsq_cluster"))
     faults = pytest_faults.faults_of(request)
@@ -186,8 +265,7 @@ def nsq_cluster_node(
         node = BackgroundNode(lambda: Cluster(**options), "fakensq-cluster")
     else:
         nsqd_options = dict(options.get("nsqd_options") or {})
-        if faults.msg_timeout is not None:
-            nsqd_options.setdefault("msg_timeout", faults.msg_timeout)
+        faults.tune_nsqd_options(nsqd_options)
         options["nsqd_options"] = nsqd_options
         shape = (options.get("nsqd", 1), options.get("lookupd", 1))
         node = BackgroundNode(
@@ -202,13 +280,43 @@ def nsq_cluster_node(
 
 
 @pytest.fixture
-def nsq_cluster(nsq_cluster_node: BackgroundNode[Cluster]) -> Cluster:
+def nsq_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     """A fakensq cluster on free loopback ports, every nsqd registered with every lookupd.
 
     Shape and options from ``@pytest.mark.nsq_cluster(nsqd=..., lookupd=..., ...)``
-    (default: one nsqd, one nsqlookupd).
+    (default: one nsqd, one nsqlookupd).  Under ``--nsq-real``, real nsqds and
+    nsqlookupds with the same addresses (``nsqd_tcp_addresses``...).
     """
-    return nsq_cluster_node.node
+    real = real_binaries(request.config)
+    if real is None:
+        node: BackgroundNode[Cluster] = request.getfixturevalue("nsq_cluster_node")
+        yield node.node
+        return
+    options = _marker_options(request, "nsq_cluster")
+    faults = pytest_faults.faults_of(request)
+    nsqd_options = dict(options.get("nsqd_options") or {})
+    if faults is not None:
+        faults.tune_nsqd_options(nsqd_options, real=True)
+    cluster = RealCluster(
+        real,
+        tmp_path,
+        nsqd=options.get("nsqd", 1),
+        lookupd=options.get("lookupd", 1),
+        nsqd_options=nsqd_options,
+        lookupd_options=options.get("lookupd_options"),
+    )
+    if faults is None:
+        cluster.start()
+        try:
+            yield cluster  # type: ignore[misc]
+        finally:
+            cluster.close()
+        return
+    msg_timeout = float(nsqd_options.get("msg_timeout", 60.0))
+    with BackgroundNode(
+        lambda: faulty_real_cluster(faults, "nsq_cluster", cluster, msg_timeout), "fakensq-proxy"
+    ):
+        yield cluster  # type: ignore[misc]
 
 
 def _tls_files(directory: Path, options: dict[str, Any]) -> tuple[str, Any]:

@@ -54,6 +54,12 @@ __all__ = [
 ]
 
 
+class FlowObserver(Protocol):
+    """Follows the message flow (see :meth:`Faults.observe`)."""
+
+    def __call__(self, stream: FaultyStream, event: str, count: int) -> str: ...
+
+
 class NodeControl(Protocol):
     """What node faults (stop, kill, start) need: a :class:`fakensq.Cluster`, or
     :class:`fakensq.testing.restartable.RestartableNSQD` for a lone nsqd."""
@@ -160,10 +166,15 @@ class _NodeHooks:
         return stream.parsed_role
 
     def before_put(self, topic: str, count: int) -> None:
-        for fault in self.faults.active:
+        for fault in list(self.faults.active):
             if fault.kind in ("fail_publishes", "fail_backend") and fault.node in (None, self.name):
                 if fault.topic is None or fault.topic == topic:
                     self.faults.hit(fault, topic=topic, count=count)
+                    if fault.remaining > 0:
+                        # One of a count of failing publishes.
+                        fault.remaining -= 1
+                        if fault.remaining == 0:
+                            fault.heal()
                     if fault.kind == "fail_backend":
                         raise PubFailedError(f"PUB failed backend write failed for {topic}")
                     raise PubFailedError(f"PUB failed {topic}")
@@ -191,6 +202,7 @@ class Faults:
         self._nodes: dict[str, NSQD] = {}
         #: how many faults were injected, all kinds (node restarts included)
         self.injected = 0
+        self._observers: list[FlowObserver] = []
 
     # -- wiring (called by the Cluster) ------------------------------------
 
@@ -205,6 +217,12 @@ class Faults:
         for fault in self.active:
             if fault.kind in ("refuse_auth", "hang_auth", "fail_backend"):
                 self._apply_node_fault(fault)
+
+    def serves(self, node: str) -> bool:
+        """Whether ``node`` is one of fakensq's own nsqds (attached), whose
+        insides the faults reach (in-flight messages): not a real nsqd
+        behind a proxy."""
+        return node in self._nodes
 
     def detach_nsqd(self, name: str) -> None:
         self._nodes.pop(name, None)
@@ -345,6 +363,33 @@ class Faults:
         """Whether the faults keep a trace (frames are traced only then)."""
         return self.tracer is not None
 
+    @property
+    def observing(self) -> bool:
+        """Whether something follows the message flow (:meth:`watch`)."""
+        return bool(self._observers)
+
+    def watch(self, observer: FlowObserver) -> None:
+        """Tell ``observer`` of every event of the message flow the streams see
+        (:meth:`observe`), until :meth:`unwatch`."""
+        self._observers.append(observer)
+
+    def unwatch(self, observer: FlowObserver) -> None:
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    def observe(self, stream: FaultyStream, event: str, count: int) -> str:
+        """A stream saw ``count`` events of the flow (``"sent"``: a message to
+        a consumer; ``"fin"``; ``"published"``: messages of a publish) before
+        the node acts on it; what the stream does: ``"pass"``, ``"drop"`` (the
+        connection drops: after the message sent, or before the node reads
+        the command) or ``"withhold"`` (a message sent: the connection drops
+        before it, so the client never gets it)."""
+        verdicts = {observer(stream, event, count) for observer in list(self._observers)}
+        for verdict in ("withhold", "drop"):
+            if verdict in verdicts:
+                return verdict
+        return "pass"
+
     def opened(self, stream: FaultyStream) -> None:
         """A connection the faults now see."""
         self._streams.add(stream)
@@ -467,9 +512,12 @@ class Faults:
         """The next frame from the node is cut in half, then the connection drops."""
         return self._add(Fault("truncate", node=node, peer=client, remaining=1, role=role))
 
-    def fail_publishes(self, *, node: str | None = None, topic: str | None = None) -> Fault:
-        """Publishes (TCP and HTTP) fail with ``E_PUB_FAILED``."""
-        return self._add(Fault("fail_publishes", node=node, topic=topic))
+    def fail_publishes(
+        self, *, node: str | None = None, topic: str | None = None, count: int = -1
+    ) -> Fault:
+        """Publishes (TCP and HTTP) fail with ``E_PUB_FAILED`` (the next
+        ``count`` of them, or until healed)."""
+        return self._add(Fault("fail_publishes", node=node, topic=topic, remaining=count))
 
     def fail_backend(self, *, node: str | None = None) -> Fault:
         """The node's message store refuses writes: publishes fail with
@@ -485,10 +533,16 @@ class Faults:
         return self._add(Fault("hang_auth", node=node))
 
     def time_out_in_flight(
-        self, *, node: str | None = None, topic: str | None = None, channel: str | None = None
+        self,
+        *,
+        node: str | None = None,
+        topic: str | None = None,
+        channel: str | None = None,
+        client: str | None = None,
     ) -> int:
         """Time out the matching in-flight messages now (they go back to their
-        queues, as at their msg-timeout); returns how many."""
+        queues, as at their msg-timeout); ``client``: only those sent to the
+        connection from that ``host:port``.  Returns how many."""
         count = 0
         timed_out: list[list[Any]] = []
         now = trio.current_time()
@@ -503,7 +557,12 @@ class Faults:
                         continue
                     # Re-arm each message's deadline at "now" through the channel's
                     # own timer heap, so its normal timeout path requeues it.
-                    msgs = list(ch.in_flight.values())
+                    msgs = [
+                        m
+                        for m in ch.in_flight.values()
+                        if client is None
+                        or (m.client is not None and m.client.remote_address == client)
+                    ]
                     for msg in msgs:
                         timed_out.append([name, msg.id.decode("latin-1"), msg.attempts])
                         count += 1
@@ -516,6 +575,7 @@ class Faults:
             node=node,
             topic=topic,
             channel=channel,
+            client=client,
             count=count,
             messages=timed_out,
         )

@@ -91,6 +91,7 @@ class FaultProxy(ServingNode):
         name: str = "nsqd-0",
         connect_timeout: float = 5.0,
         tracer: Tracer | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.upstream = upstream
         self._upstream_host, self._upstream_port = split_host_port(upstream)
@@ -101,8 +102,9 @@ class FaultProxy(ServingNode):
         #: the proxy's name to its faults (the node its clients connect to)
         self.name = name
         self.connect_timeout = connect_timeout
-        #: the faults (the Python API); node faults are refused (no cluster)
-        self.faults = Faults(None, tracer)
+        #: the faults (the Python API): its own (node faults refused: no
+        #: cluster), or ``faults``, shared with other proxies
+        self.faults = faults if faults is not None else Faults(None, tracer)
         #: connections relayed so far
         self.relayed = 0
 

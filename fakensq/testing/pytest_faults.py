@@ -3,33 +3,51 @@
 The pytest plugin (:mod:`fakensq.pytest_plugin`) takes its options and hooks
 from here.  With ``--nsq-faults=SEED``, each fixture a test uses (``nsqd``,
 ``nsqd_factory``'s nodes, ``nsq_cluster``, ``sim_cluster``) plays a fault
-schedule (:mod:`fakensq.testing.schedule`) drawn from the seed and the test's node id,
-so the same seed and test always get the same schedule, whatever else runs.  A
-failing test's report shows the faults it met, with their times and outcomes,
-and the command line that replays that one test with the same schedule.
+schedule drawn from the seed, the test's node id and the fixture's label, so the
+same seed and test always get the same schedule, whatever else runs.
+
+Where the faults land:
+
+- the TCP fixtures (``nsqd``, ``nsqd_factory``, ``nsq_cluster``), served in
+  real time, place them by the test's own message flow
+  (:mod:`fakensq.testing.flow`): "drop the consumer's connection at the 12th
+  FIN", "time out what is in flight after the 7th message sent", "stall the
+  answer to the publish of the 3rd message", counted per nsqd, so a replay meets
+  them at the same points however fast the machine is; what lasts, lasts a
+  multiple of the run's own timeouts.  Their nsqds get a ``msg_timeout`` of
+  :data:`FAULTS_MSG_TIMEOUT` seconds (unless the test sets one), so that the
+  messages a dropped consumer held come back within a test's patience;
+- a ``sim_cluster`` (virtual time) keeps its schedules placed by the clock, over
+  its first :data:`VIRTUAL_HORIZON` virtual seconds.
+
+A failing test's report shows the faults it met (numbered, with the point of
+the flow each was tied to and what it did), those it did not reach and why, and
+the command line that replays that one test with the same schedule.
+``--nsq-faults-only=nsqd-0:2,...`` keeps only the faults named;
+``--nsq-faults-check`` runs each failing test again with its seed and says
+whether it met the same faults and failed the same way;
+``--nsq-faults-shrink`` searches the smallest set of the faults it met that
+still fails it (:mod:`fakensq.testing.pytest_replay`).
 
 Tuning: ``--nsq-faults-rate`` (the mean number of faults a fixture plays in a
 test), ``--nsq-faults-level`` (``safe``, ``harsh``, ``lossy``: see
 :mod:`fakensq.testing.schedule`), ``--nsq-faults-kinds`` (only these), and per test
 ``@pytest.mark.nsq_faults(rate=..., level=..., kinds=[...], horizon=...,
-redeliveries=..., msg_timeout=..., enabled=False)``.  Without ``--nsq-faults``
-nothing changes and the marker does nothing.
-
-Time: faults land within the first ``horizon`` seconds of the test: 3 real
-seconds for the TCP fixtures, 120 seconds for a ``sim_cluster`` on a
-``MockClock`` (virtual seconds cost nothing).  The TCP fixtures' nsqds get a
-``msg_timeout`` of :data:`FAULTS_MSG_TIMEOUT` seconds (unless the test sets one),
-so that the messages a dropped consumer held come back within a test's
-patience rather than after nsqd's 60 s.
+redeliveries=..., msg_timeout=..., enabled=False)`` (``horizon``: events of
+the flow for the TCP fixtures, virtual seconds for a ``sim_cluster``).  Without
+``--nsq-faults`` nothing changes and the marker does nothing.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import random
 import shlex
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +57,8 @@ import pytest
 import trio
 
 from .faultplayer import FaultPlayer, MetFault, not_yet_met
+from .flow import DEFAULT_HORIZON, FlowSchedule, draw_flow_schedule, format_only, parse_only
+from .flowplayer import FlowPlayer, MetFlowFault
 from .schedule import (
     DEFAULT_REDELIVERIES,
     KINDS,
@@ -53,6 +73,7 @@ from .schedule import (
 if TYPE_CHECKING:
     from ..nsqd.node import NSQD
     from .cluster import Cluster
+    from .faults import Faults
 
 __all__ = [
     "FAULTS_MSG_TIMEOUT",
@@ -64,19 +85,26 @@ __all__ = [
 ]
 
 #: The TCP fixtures' nsqds' msg_timeout under ``--nsq-faults`` (seconds).
-FAULTS_MSG_TIMEOUT: Final = 3.0
-#: Over how many seconds a test's faults are spread, by default: real time
-#: (TCP fixtures) and virtual time (a sim_cluster on a MockClock).
-REAL_HORIZON: Final = 2.0
+FAULTS_MSG_TIMEOUT: Final = 2.0
+#: ... and how often fakensq's nsqds look for new channels' timeouts (nsqd's
+#: queue scan refresh: 5 s).
+FAULTS_SCAN_REFRESH: Final = 0.25
+#: Over how many seconds a sim_cluster's faults are spread, by default: in
+#: virtual time (on a MockClock), and in real time (without one).
 VIRTUAL_HORIZON: Final = 120.0
+REAL_HORIZON: Final = 2.0
 DEFAULT_RATE: Final = 4.0
 
 MARKER: Final = (
     "nsq_faults(rate=, level=, kinds=, horizon=, redeliveries=, msg_timeout=, enabled=): "
     "tune the faults `pytest --nsq-faults=SEED` injects into this test's fakensq fixtures"
 )
+_MARKER_OPTIONS: Final = frozenset(
+    {"rate", "level", "kinds", "horizon", "redeliveries", "msg_timeout", "enabled"}
+)
 
 _STASH: Final = pytest.StashKey["TestFaults"]()
+_SETTINGS: Final = pytest.StashKey["FaultSettings | None"]()
 
 
 def _seed(text: str) -> int:
@@ -128,6 +156,30 @@ def add_options(parser: pytest.Parser) -> None:
         default=None,
         help=f"only these fault kinds ({', '.join(KINDS)})",
     )
+    group.addoption(
+        "--nsq-faults-only",
+        metavar="LABEL:N,...",
+        default=None,
+        help="keep only the faults named as a report numbers them (nsqd-0:2,nsqd-0:5), "
+        "or none: replay a shrunk schedule",
+    )
+    group.addoption(
+        "--nsq-faults-check",
+        action="store_true",
+        default=False,
+        help="run each failing test again with the same seed and say whether it met the "
+        "same faults and failed the same way",
+    )
+    group.addoption(
+        "--nsq-faults-shrink",
+        action="store_true",
+        default=False,
+        help="for each failing test, search the smallest set of the faults it met that "
+        "still fails it (each candidate a replay) and print its replay command",
+    )
+    # Where a replay run (--nsq-faults-check, --nsq-faults-shrink) writes what
+    # each test met and how it ended, for the run that started it.
+    group.addoption("--nsq-faults-record", default=None, help=argparse.SUPPRESS)
 
 
 @dataclass(frozen=True)
@@ -138,6 +190,11 @@ class FaultSettings:
     rate: float = DEFAULT_RATE
     level: Level = "safe"
     kinds: tuple[str, ...] | None = None
+    #: ``--nsq-faults-only``: the faults kept, by fixture label (None: all)
+    only: Mapping[str, frozenset[int]] | None = None
+    check: bool = False
+    shrink: bool = False
+    record: str | None = None
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> FaultSettings | None:
@@ -147,22 +204,33 @@ class FaultSettings:
         rate = config.getoption("--nsq-faults-rate")
         level = config.getoption("--nsq-faults-level")
         kinds = config.getoption("--nsq-faults-kinds")
+        only = config.getoption("--nsq-faults-only")
+        check = bool(config.getoption("--nsq-faults-check"))
+        shrink = bool(config.getoption("--nsq-faults-shrink"))
         try:
             if raw is None:
-                if rate is not None or level is not None or kinds is not None:
-                    raise ValueError("--nsq-faults-rate/-level/-kinds need --nsq-faults=SEED")
+                if any(v is not None for v in (rate, level, kinds, only)) or check or shrink:
+                    raise ValueError(
+                        "--nsq-faults-rate/-level/-kinds/-only/-check/-shrink "
+                        "need --nsq-faults=SEED"
+                    )
                 return None
             return cls(
                 seed=_seed(raw),
                 rate=DEFAULT_RATE if rate is None else _rate(rate),
                 level=parse_level("safe" if level is None else level),
                 kinds=None if kinds is None else parse_kinds(kinds.split(",")),
+                only=None if only is None else parse_only(only),
+                check=check,
+                shrink=shrink,
+                record=config.getoption("--nsq-faults-record"),
             )
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
 
-    def options(self) -> list[str]:
-        """The command-line options that give these settings."""
+    def options(self, only: str | None = None) -> list[str]:
+        """The command-line options that give these settings (``only``: a
+        ``--nsq-faults-only`` value in place of the session's)."""
         out = [f"--nsq-faults={self.seed}"]
         if self.rate != DEFAULT_RATE:
             out.append(f"--nsq-faults-rate={self.rate:g}")
@@ -170,6 +238,10 @@ class FaultSettings:
             out.append(f"--nsq-faults-level={self.level}")
         if self.kinds is not None:
             out.append("--nsq-faults-kinds=" + ",".join(self.kinds))
+        if only is None and self.only is not None:
+            only = format_only((label, n) for label, ids in self.only.items() for n in ids)
+        if only is not None:
+            out.append(f"--nsq-faults-only={only}")
         return out
 
 
@@ -187,6 +259,7 @@ class TestFaults:
     redeliveries: int
     msg_timeout: float | None
     players: list[FaultPlayer] = field(default_factory=list)
+    flows: list[FlowPlayer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -194,17 +267,25 @@ class TestFaults:
         """The test's own seed (from the session's and the node id)."""
         return seed_for(self.settings.seed, self.nodeid)
 
-    def schedule(self, label: str, *, nsqd: int, lookupd: int, virtual: bool) -> FaultSchedule:
-        """The schedule of the fixture ``label`` (the same for the same test,
-        seed and label)."""
-        import random
+    def tune_nsqd_options(self, options: dict[str, Any], *, real: bool = False) -> None:
+        """The TCP fixtures' nsqd options under faults, where the test sets
+        none: the messages a dropped consumer held come back within the
+        test's patience (``msg_timeout``), and fakensq looks at a new channel's
+        timeouts from its next scan, not the next refresh 5 s on (a real nsqd
+        has no flag for that: there they wait for it)."""
+        if self.msg_timeout is not None:
+            options.setdefault("msg_timeout", self.msg_timeout)
+        if not real:
+            options.setdefault("queue_scan_refresh_interval", FAULTS_SCAN_REFRESH)
 
-        horizon = self.horizon or (VIRTUAL_HORIZON if virtual else REAL_HORIZON)
+    def schedule(self, label: str, *, nsqd: int, lookupd: int, virtual: bool) -> FaultSchedule:
+        """The clock-placed schedule of the fixture ``label`` (a sim_cluster):
+        the same for the same test, seed and label."""
         rng = random.Random(seed_for(self.seed, label))
         return draw_schedule(
             rng,
             rate=self.rate,
-            horizon=horizon,
+            horizon=self.horizon or (VIRTUAL_HORIZON if virtual else REAL_HORIZON),
             level=self.level,
             kinds=self.kinds,
             nsqd=nsqd,
@@ -212,22 +293,96 @@ class TestFaults:
             redeliveries=self.redeliveries,
         )
 
+    def flow_schedule(
+        self, label: str, *, nsqd: int, lookupd: int, real: bool = False
+    ) -> FlowSchedule:
+        """The flow-placed schedule of the TCP fixture ``label``, less what
+        ``--nsq-faults-only`` leaves out."""
+        rng = random.Random(seed_for(self.seed, label))
+        schedule = draw_flow_schedule(
+            rng,
+            rate=self.rate,
+            level=self.level,
+            kinds=self.kinds,
+            nsqd=nsqd,
+            lookupd=lookupd,
+            # A real nsqd: the wire (its proxy) and restarts, not fakensq's insides.
+            needs=("wire", "nodes") if real else ("wire", "nsqd", "nodes"),
+            redeliveries=self.redeliveries,
+            horizon=int(self.horizon or DEFAULT_HORIZON),
+        )
+        only = self.settings.only
+        return schedule if only is None else schedule.only(only.get(label, frozenset()))
+
     def player(
-        self, label: str, faults: Any, *, nsqd: int | list[str], lookupd: int, virtual: bool
+        self, label: str, faults: Any, *, nsqd: int | list[str], lookupd: int
     ) -> FaultPlayer:
-        """A player for the fixture ``label``, kept for the report; ``nsqd``: how
-        many nsqds (named ``nsqd-N``), or their names."""
+        """A clock-placed player for the fixture ``label``, kept for the
+        report; ``nsqd``: how many nsqds (named ``nsqd-N``), or their names."""
         names = nsqd if isinstance(nsqd, list) else [f"nsqd-{i}" for i in range(nsqd)]
-        schedule = self.schedule(label, nsqd=len(names), lookupd=lookupd, virtual=virtual)
+        schedule = self.schedule(
+            label, nsqd=len(names), lookupd=lookupd, virtual=is_virtual_clock()
+        )
         player = FaultPlayer(schedule, faults, lookupd=lookupd, label=label, nsqd_names=names)
         with self._lock:
             self.players.append(player)
         return player
 
+    def flow_player(
+        self,
+        label: str,
+        faults: Faults | Sequence[Faults],
+        *,
+        nsqd_names: Sequence[str],
+        lookupd_names: Sequence[str] = (),
+        real: bool = False,
+        msg_timeout: float = FAULTS_MSG_TIMEOUT,
+        heartbeat: float = 30.0,
+    ) -> FlowPlayer:
+        """A flow-placed player for the TCP fixture ``label``, kept for the report."""
+        schedule = self.flow_schedule(
+            label, nsqd=len(nsqd_names), lookupd=len(lookupd_names), real=real
+        )
+        player = FlowPlayer(
+            schedule,
+            faults,
+            nsqd_names=nsqd_names,
+            lookupd_names=lookupd_names,
+            label=label,
+            msg_timeout=msg_timeout,
+            heartbeat=heartbeat,
+        )
+        with self._lock:
+            self.flows.append(player)
+        return player
+
     def met(self) -> list[MetFault]:
+        """What the clock-placed players did, in time order."""
         with self._lock:
             players = list(self.players)
         return sorted((m for p in players for m in p.met), key=lambda m: m.at)
+
+    def flow_met(self) -> list[MetFlowFault]:
+        """The flow-placed faults met, in the order they struck."""
+        with self._lock:
+            flows = list(self.flows)
+        return sorted((m for p in flows for m in list(p.met)), key=lambda m: m.at)
+
+    def summary(self) -> dict[str, Any]:
+        """What a replay compares: the faults met (``LABEL:N``, and the
+        point's description) and those scheduled."""
+        with self._lock:
+            flows = list(self.flows)
+        return {
+            "met": [m.key for m in self.flow_met()],
+            "scheduled": [f"{p.label}:{f.id}" for p in flows for f in p.schedule],
+            "not_met": {
+                f"{p.label}:{f.id}": f"{f.describe(p.nsqd_of(f))}: not reached, {why}"
+                for p in flows
+                for f, why in p.not_met()
+            },
+            "clock_met": [m.describe() for m in self.met()],
+        }
 
 
 def faults_of(request: pytest.FixtureRequest) -> TestFaults | None:
@@ -242,15 +397,7 @@ def faults_of(request: pytest.FixtureRequest) -> TestFaults | None:
     tuning: dict[str, Any] = {}
     for marker in reversed(list(node.iter_markers("nsq_faults"))):
         tuning.update(marker.kwargs)
-    unknown = set(tuning) - {
-        "rate",
-        "level",
-        "kinds",
-        "horizon",
-        "redeliveries",
-        "msg_timeout",
-        "enabled",
-    }
+    unknown = set(tuning) - _MARKER_OPTIONS
     if unknown:
         pytest.fail(f"nsq_faults marker: unknown option(s) {sorted(unknown)}", pytrace=False)
     if not tuning.get("enabled", True):
@@ -270,7 +417,13 @@ def faults_of(request: pytest.FixtureRequest) -> TestFaults | None:
     return faults
 
 
-_SETTINGS: Final = pytest.StashKey[FaultSettings | None]()
+def test_faults(item: pytest.Item) -> TestFaults | None:
+    """The faults ``item`` met (None: it used no faulty fixture)."""
+    return item.stash.get(_STASH, None)
+
+
+def settings_of(config: pytest.Config) -> FaultSettings | None:
+    return config.stash.get(_SETTINGS, None)
 
 
 def configure(config: pytest.Config) -> None:
@@ -289,23 +442,33 @@ def report_header(config: pytest.Config) -> str | None:
     )
 
 
-def replay_command(item: pytest.Item, settings: FaultSettings) -> str:
-    """The command line that runs ``item`` alone with the same faults, from the
-    directory pytest was started in."""
+def replay_args(item: pytest.Item, settings: FaultSettings, only: str | None = None) -> list[str]:
+    """The arguments after ``pytest`` that run ``item`` alone with the same
+    faults (``only``: a ``--nsq-faults-only`` value), from the directory pytest
+    was started in."""
     invocation = item.config.invocation_params
     path, _, rest = item.nodeid.partition("::")
     where = os.path.relpath(item.config.rootpath / path, invocation.dir)
     nodeid = where + ("::" + rest if rest else "")
     extra: list[str] = []
     args = list(invocation.args)
-    # Plugin switches change what runs: keep them (-p NAME, -p=NAME, -pNAME).
+    # Plugin switches change what runs: keep them (-p NAME, -p=NAME, -pNAME),
+    # and the real nsqd, when the run had it.
     for i, arg in enumerate(args):
         if arg == "-p" and i + 1 < len(args):
             extra += ["-p", args[i + 1]]
         elif arg.startswith("-p") and len(arg) > 2:
             extra.append(arg)
+    real = item.config.getoption("--nsq-real", None)
+    if real is not None:
+        extra.append(f"--nsq-real={real}" if real else "--nsq-real")
+    return [*settings.options(only), *extra, nodeid]
+
+
+def replay_command(item: pytest.Item, settings: FaultSettings, only: str | None = None) -> str:
+    """The command line that runs ``item`` alone with the same faults."""
     program = "python -m pytest" if _run_as_module() else "pytest"
-    return " ".join([program, *settings.options(), *map(shlex.quote, extra), shlex.quote(nodeid)])
+    return " ".join([program, *map(shlex.quote, replay_args(item, settings, only))])
 
 
 def _run_as_module() -> bool:
@@ -320,23 +483,87 @@ def report_section(item: pytest.Item) -> str | None:
         return None
     lines = [
         f"faults this test met (--nsq-faults={faults.settings.seed}: test seed {faults.seed}, "
-        f"level {faults.level}, rate {faults.rate:g}), seconds since its fixture started:"
+        f"level {faults.level}, rate {faults.rate:g}):"
     ]
-    met = faults.met()
-    lines += [m.describe() for m in met] or ["  (none: no fault was due before the test ended)"]
+    flows = faults.flow_met()
+    clock = faults.met()
     with faults._lock:
         players = list(faults.players)
-    left = [
-        f"{e.at:8.3f}s  [{p.label}] {e.describe().replace(e.target(), p.target_of(e), 1)}"
-        for p in players
-        for e in not_yet_met(p.schedule, p.met)
-    ]
-    if left:
-        lines.append("scheduled, not met (the test was over, or the fault still running):")
-        lines += left
+        flow_players = list(faults.flows)
+    if flow_players:
+        lines.append("placed by the message flow, counted per nsqd:")
+        lines += [m.describe() for m in flows] or ["  (none: the flow reached no fault's point)"]
+        left = [
+            f"  #{f.id} [{p.label}] {f.describe(p.nsqd_of(f), p.lookupd_of(f))}: {why}"
+            for p in flow_players
+            for f, why in p.not_met()
+        ]
+        if left:
+            lines.append("scheduled, not reached (the flow ended first):")
+            lines += left
+    if players:
+        lines.append("placed by the clock, seconds since the fixture started:")
+        lines += [m.describe() for m in clock] or ["  (none: no fault was due before the end)"]
+        left = [
+            f"{e.at:8.3f}s  [{p.label}] {e.describe().replace(e.target(), p.target_of(e), 1)}"
+            for p in players
+            for e in not_yet_met(p.schedule, p.met)
+        ]
+        if left:
+            lines.append("scheduled, not met (the test was over, or the fault still running):")
+            lines += left
     lines.append("replay this test with the same faults:")
     lines.append("  " + replay_command(item, faults.settings))
+    if flows and faults.settings.only is None:
+        only = format_only((m.label, m.fault.id) for m in flows)
+        lines.append("or with only the faults it met:")
+        lines.append("  " + replay_command(item, faults.settings, only))
     return "\n".join(lines)
+
+
+def record_outcome(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Keep what a replay compares on ``report`` (the test's last phase):
+    the faults met, and how the test ended."""
+    faults = item.stash.get(_STASH, None)
+    if faults is None:
+        return
+    doc = faults.summary()
+    doc["nodeid"] = item.nodeid
+    doc["replay"] = replay_args(item, faults.settings)
+    doc.update(item.stash.get(_OUTCOME, {"outcome": "passed"}))
+    report.user_properties.append(("nsq_faults", json.dumps(doc)))
+    path = faults.settings.record
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(doc) + "\n")
+
+
+_OUTCOME: Final = pytest.StashKey[dict[str, Any]]()
+
+
+def note_call(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
+    """Keep how a phase of the test failed: the exception (the one inside an
+    exception group of one) and the line of the project's code it came from."""
+    if not report.failed or _STASH not in item.stash or call.excinfo is None:
+        return
+    exc: BaseException = call.excinfo.value
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    root = str(item.config.rootpath)
+    where = "?"
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.startswith(root) and "site-packages" not in filename:
+            where = f"{os.path.relpath(filename, root)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    item.stash[_OUTCOME] = {
+        "outcome": "failed",
+        "when": report.when,
+        "error": type(exc).__name__,
+        "where": where,
+        "message": (str(exc).splitlines() or [""])[0][:300],
+    }
 
 
 # -- what the fixtures run -----------------------------------------------------
@@ -353,9 +580,9 @@ def is_virtual_clock() -> bool:
 async def playing(
     faults: TestFaults, label: str, target: Any, *, nsqd: int | list[str], lookupd: int
 ) -> AsyncIterator[FaultPlayer]:
-    """Play ``label``'s schedule on ``target`` (a ``Faults``) while inside;
-    ``nsqd``: how many nsqds (named ``nsqd-N``), or their names."""
-    player = faults.player(label, target, nsqd=nsqd, lookupd=lookupd, virtual=is_virtual_clock())
+    """Play ``label``'s clock-placed schedule on ``target`` (a ``Faults``)
+    while inside; ``nsqd``: how many nsqds (named ``nsqd-N``), or their names."""
+    player = faults.player(label, target, nsqd=nsqd, lookupd=lookupd)
     async with trio.open_nursery() as nursery:
         await nursery.start(player.run)
         try:
@@ -365,10 +592,25 @@ async def playing(
 
 
 @asynccontextmanager
+async def flowing(player: FlowPlayer) -> AsyncIterator[FlowPlayer]:
+    """``player`` watching the flow while inside; it heals what it started
+    and starts what it took down when it ends."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(player.run)
+        try:
+            yield player
+        finally:
+            nursery.cancel_scope.cancel()
+    with trio.CancelScope(shield=True):
+        await player.settle()
+
+
+@asynccontextmanager
 async def faulty_nsqd(
     faults: TestFaults, label: str, make: Callable[[], NSQD]
 ) -> AsyncIterator[NSQD]:
-    """A lone nsqd (restartable in place) named ``label``, playing its faults."""
+    """A lone nsqd (restartable in place) named ``label``, playing its faults
+    as the messages flow."""
     from .faults import Faults
     from .restartable import RestartableNSQD
 
@@ -376,7 +618,14 @@ async def faulty_nsqd(
     node = RestartableNSQD(nsqd, name=label)
     injector = Faults(node)
     injector.attach_nsqd(node.name, nsqd)
-    async with node, playing(faults, label, injector, nsqd=[label], lookupd=0):
+    player = faults.flow_player(
+        label,
+        injector,
+        nsqd_names=[label],
+        msg_timeout=nsqd.options.msg_timeout,
+        heartbeat=nsqd.options.default_heartbeat_interval,
+    )
+    async with node, flowing(player):
         yield nsqd
 
 
@@ -384,6 +633,21 @@ async def faulty_nsqd(
 async def faulty_cluster(
     faults: TestFaults, label: str, cluster: Cluster, nsqd: int, lookupd: int
 ) -> AsyncIterator[Cluster]:
-    """``cluster`` playing ``label``'s faults."""
-    async with cluster, playing(faults, label, cluster.faults, nsqd=nsqd, lookupd=lookupd):
-        yield cluster
+    """``cluster`` playing ``label``'s faults: placed by the clock on a
+    simulated network, by the message flow on real sockets."""
+    if cluster.network is not None:
+        async with cluster, playing(faults, label, cluster.faults, nsqd=nsqd, lookupd=lookupd):
+            yield cluster
+        return
+    async with cluster:
+        options = cluster.nsqd(0).options
+        player = faults.flow_player(
+            label,
+            cluster.faults,
+            nsqd_names=[f"nsqd-{i}" for i in range(nsqd)],
+            lookupd_names=[f"lookupd-{i}" for i in range(lookupd)],
+            msg_timeout=options.msg_timeout,
+            heartbeat=options.default_heartbeat_interval,
+        )
+        async with flowing(player):
+            yield cluster

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 
@@ -47,6 +47,13 @@ _MAX_IDENTIFY_SCAN = 5 * 1024 * 1024
 _MAX_FRAME_HOLD = 64 * 1024
 #: How much of a message's body the trace keeps.
 _TRACED_BODY = 200
+#: The client's commands the faults' flow counts (:mod:`fakensq.testing.flow`).
+_FLOW_EVENTS: Final[dict[bytes, Literal["fin", "published"]]] = {
+    b"FIN": "fin",
+    b"PUB": "published",
+    b"MPUB": "published",
+    b"DPUB": "published",
+}
 #: The frame type a ``corrupt`` fault writes (no such type in NSQ).
 _BAD_FRAME_TYPE = FRAME_HEADER.pack(0, 0x7F)[SIZE.size :]
 
@@ -105,7 +112,10 @@ class FaultyStream(trio.abc.Stream):
         # A body being stepped over: bytes left, and its command (traced once
         # the body has passed).
         self._in_skip = 0
-        self._in_pending: tuple[bytes, bytes, int] | None = None
+        self._in_pending: tuple[bytes, bytes, int, int] | None = None
+        # A fault placed at the command just read drops the connection: the
+        # bytes read with it never reach the node.
+        self._drop_in = False
         self._out_buf = bytearray()
         # A large frame being passed on: bytes left, and whether the connection
         # ends after them (a truncate fault).
@@ -213,12 +223,12 @@ class FaultyStream(trio.abc.Stream):
             if not self._opaque:
                 # Frames are traced as the node writes them, before a stall or a
                 # delay holds them: the trace keeps the node's view of time.
-                payload, truncate = self._scan_out(payload)
+                payload, cut = self._scan_out(payload)
                 await self._gate(self._direction_of(True))
                 await self.inner.send_all(payload)
-                if truncate:
+                if cut:
                     await self.abort()
-                    raise trio.BrokenResourceError("frame truncated (fakensq fault)")
+                    raise trio.BrokenResourceError("connection cut (fakensq fault)")
                 return
             await self._gate(self._direction_of(True))
             self.faults.trace("bytes", node=self.node, peer=self.peer, dir="out", n=len(payload))
@@ -240,6 +250,9 @@ class FaultyStream(trio.abc.Stream):
             return data
 
         result: bytes = await self._guarded(op)
+        if self._drop_in:
+            await self.abort()
+            raise trio.BrokenResourceError("connection dropped (fakensq fault)")
         return result
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -279,6 +292,7 @@ class FaultyStream(trio.abc.Stream):
             name = line.split(b" ", 1)[0]
             body: bytes | None = None
             size = -1
+            messages = 1
             if name in BODY_COMMANDS:
                 if len(buf) < end + 5:
                     return
@@ -286,13 +300,16 @@ class FaultyStream(trio.abc.Stream):
                 if size < 0 or size > _MAX_SCAN:
                     self._go_opaque()
                     return
+                if name == b"MPUB" and size >= 4 and len(buf) >= end + 9:
+                    # How many messages it carries: its body's first word.
+                    (messages,) = SIZE.unpack_from(buf, end + 5)
                 if name != b"IDENTIFY" or size > _MAX_IDENTIFY_SCAN:
                     have = len(buf) - (end + 5)
                     if have < size:
                         # Step over the rest of the body as it comes.
                         buf.clear()
                         self._in_skip = size - have
-                        self._in_pending = (line, name, size)
+                        self._in_pending = (line, name, size, messages)
                         return
                     del buf[: end + 5 + size]
                 else:
@@ -302,7 +319,7 @@ class FaultyStream(trio.abc.Stream):
                     del buf[: end + 5 + size]
             else:
                 del buf[: end + 1]
-            if not self._command_in(line, name, size, body):
+            if not self._command_in(line, name, size, body, messages):
                 return
 
     def _skip_in(self, data: bytes) -> bytes:
@@ -310,15 +327,19 @@ class FaultyStream(trio.abc.Stream):
         taken = min(self._in_skip, len(data))
         self._in_skip -= taken
         if not self._in_skip and self._in_pending is not None:
-            line, name, size = self._in_pending
+            line, name, size, messages = self._in_pending
             self._in_pending = None
-            if not self._command_in(line, name, size, None):
+            if not self._command_in(line, name, size, None, messages):
                 return b""
         return data[taken:]
 
-    def _command_in(self, line: bytes, name: bytes, size: int, body: bytes | None) -> bool:
-        """Trace one whole command and learn from it; False once the bytes are
-        not NSQ commands any more (the scan stops)."""
+    def _command_in(
+        self, line: bytes, name: bytes, size: int, body: bytes | None, messages: int = 1
+    ) -> bool:
+        """Trace one whole command, learn from it and tell the faults' flow
+        (:meth:`Faults.observe`) of a FIN or a publish (of ``messages``);
+        False once the scan stops: the bytes are not NSQ commands any more,
+        or a fault drops the connection here."""
         fields: dict[str, Any] = {"dir": "in", "cmd": line[:120].decode("latin-1")}
         if size >= 0:
             fields["size"] = size
@@ -332,6 +353,12 @@ class FaultyStream(trio.abc.Stream):
         if not name.isalpha() or not name.isupper():
             self._go_opaque()  # not NSQ commands (TLS, compression): stop parsing
             return False
+        event = _FLOW_EVENTS.get(name)
+        if event is not None and self.faults.observing:
+            count = max(messages, 1) if event == "published" else 1
+            if self.faults.observe(self, event, count) == "drop":
+                self._drop_in = True
+                return False
         return True
 
     def _learn_identify(self, body: bytes) -> dict[str, Any]:
@@ -354,7 +381,8 @@ class FaultyStream(trio.abc.Stream):
         self._out_buf.clear()
 
     def _scan_out(self, data: bytes) -> tuple[bytes, bool]:
-        """Apply frame faults to the node's frames; (bytes to send, truncate after)."""
+        """Apply frame faults to the node's frames; (bytes to send, whether the
+        connection is cut after them: a truncated frame, a drop after a message)."""
         buf = self._out_buf
         buf += data
         out = bytearray()
@@ -402,6 +430,14 @@ class FaultyStream(trio.abc.Stream):
             if "truncate" in spoiled:
                 out += frame[: max(1, len(frame) // 2)]
                 return bytes(out), True
+            if ftype == FRAME_TYPE_MESSAGE and self.faults.observing:
+                verdict = self.faults.observe(self, "sent", 1)
+                if verdict == "withhold":
+                    return bytes(out), True  # dropped as it goes: the client never gets it
+                out += frame
+                if verdict == "drop":
+                    return bytes(out), True  # dropped after it
+                continue
             out += frame
             if ftype == FRAME_TYPE_RESPONSE and payload[:1] == b"{" and self._upgrades(payload):
                 # IDENTIFY's answer turned on TLS or compression: the rest is opaque.
@@ -424,6 +460,11 @@ class FaultyStream(trio.abc.Stream):
         if "truncate" in spoiled:
             self._out_passing = max(1, (4 + size) // 2)
             self._out_cut = True
+        elif ftype == FRAME_TYPE_MESSAGE and self.faults.observing:
+            if self.faults.observe(self, "sent", 1) != "pass":
+                # Dropped once the whole message has gone (one too large to
+                # hold is on its way already).
+                self._out_cut = True
 
     def _spoil(self, names: tuple[str, ...], role: Role) -> tuple[str, ...]:
         """The frame faults that spend themselves on the frame going out now
