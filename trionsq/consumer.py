@@ -31,6 +31,7 @@ from .config import Config
 from .connection import Connection, NegotiationError, RequestRefused
 from .discovery import Discovery
 from .flow import Flow
+from .lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, Lifecycle, Moves
 from .message import Message, cancel_may_be_pending
 from .multiplex import Multiplexer
 from .protocol import commands
@@ -114,6 +115,17 @@ class ConsumerStats:
         return sum(c.rdy for c in self.connections.values())
 
 
+#: A Consumer's life: entered once (OPENING while its nurseries open), its
+#: flow stopped once (CLOSING: leaving, from the first step of __aexit__),
+#: CLOSED once everything it started has ended.
+MOVES = Moves(
+    "Consumer",
+    NEW,
+    {NEW: {OPENING}, OPENING: {OPEN, CLOSED}, OPEN: {CLOSING}, CLOSING: {CLOSED}},
+    refusals={OPENING: "a Consumer can be entered only once"},
+)
+
+
 class Consumer(Sessions, Flow, Discovery):
     """Consumes ``topic`` on ``channel`` from nsqds given directly or found via lookupd.
 
@@ -191,7 +203,6 @@ class Consumer(Sessions, Flow, Discovery):
         # ``async for``), in arrival order, and the tasks waiting for one.
         self._queue: deque[Message] = deque()
         self._queue_waiters = trio.lowlevel.ParkingLot()
-        self._queue_closed = False
         self._workers = 0
         self._pool_limit = max(1, config.max_in_flight)  # at least one, for stragglers
         self._waking = 0  # workers started or unparked that have not run yet
@@ -212,7 +223,10 @@ class Consumer(Sessions, Flow, Discovery):
         self._finished = 0
         self._requeued = 0
         self._given_up = 0
-        self._closing = False
+        #: the consumer's life (:data:`MOVES`): once it is not OPEN, the
+        #: flow has stopped (CLS sent, the queue closed: nothing more is
+        #: handed out, what comes is requeued)
+        self._life = Lifecycle(MOVES)
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
         # The shared I/O of the plain-TCP connections, and its task's scope:
@@ -250,7 +264,7 @@ class Consumer(Sessions, Flow, Discovery):
         sends it nothing more until some are answered: time to process the
         batch held.  Messages received but still waiting in the consumer do not
         count (the application has not seen them)."""
-        if self._closing:
+        if self._life.state is not OPEN:
             return False
         return any(starved(len(s.out), s.wire_rdy) for s in self._sessions)
 
@@ -287,7 +301,7 @@ class Consumer(Sessions, Flow, Discovery):
         # whenever the queue runs dry (the task then waits for the reader).
         queue = self._queue
         since = self._since_yield + 1
-        if queue and since < _YIELD_EVERY and not self._queue_closed:
+        if queue and since < _YIELD_EVERY and self._life.state is OPEN:
             # The fast path, on almost every message: a message is there and
             # no yield is due; a cancellation point still.
             self._since_yield = since
@@ -300,7 +314,8 @@ class Consumer(Sessions, Flow, Discovery):
 
     async def _next_slowly(self, since: int) -> Message:
         """__anext__ when a yield is due, the queue is empty or closed."""
-        if self._stack is None:
+        state = self._life.state
+        if state is NEW or state is OPENING:
             raise RuntimeError("iterate the Consumer inside 'async with'")
         if since >= _YIELD_EVERY:
             self._since_yield = 0
@@ -309,11 +324,11 @@ class Consumer(Sessions, Flow, Discovery):
             self._since_yield = since
             await trio.lowlevel.checkpoint_if_cancelled()
         while not self._queue:
-            if self._queue_closed:
+            if self._life.state is not OPEN:
                 raise StopAsyncIteration
             self._since_yield = 0
             await self._queue_waiters.park()
-        if self._queue_closed:
+        if self._life.state is not OPEN:
             raise StopAsyncIteration
         message = self._queue.popleft()
         message.responder.out[message] = None
@@ -322,11 +337,14 @@ class Consumer(Sessions, Flow, Discovery):
     # --- lifecycle ---
 
     async def __aenter__(self) -> Consumer:
-        if self._stack is not None:
-            raise RuntimeError("a Consumer can be entered only once")
+        self._life.move(OPENING)
         stack = AsyncExitStack()
-        self._nursery = await stack.enter_async_context(trio.open_nursery())
-        self._handlers = await stack.enter_async_context(trio.open_nursery())
+        try:
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            self._handlers = await stack.enter_async_context(trio.open_nursery())
+        except BaseException:
+            self._life.move(CLOSED)
+            raise
         self._stack = stack
         self._telemetry = telemetry.for_consumer(
             self.config,
@@ -346,6 +364,7 @@ class Consumer(Sessions, Flow, Discovery):
         nursery.start_soon(self._backoff_loop)
         nursery.start_soon(self._rdy_loop)
         nursery.start_soon(self._rdy_barrier_loop)
+        self._life.move(OPEN)
         return self
 
     async def __aexit__(
@@ -401,10 +420,9 @@ class Consumer(Sessions, Flow, Discovery):
 
     def _start_closing(self) -> None:
         """Stop the flow: CLS to every nsqd, the queue closed and requeued."""
-        if self._closing:
+        if self._life.state is not OPEN:
             return
-        self._closing = True
-        self._queue_closed = True
+        self._life.move(CLOSING)
         # Wake every parked worker or iterator: each counts as woken.
         self._waking += len(self._queue_waiters) if self._handler is not None else 0
         self._queue_waiters.unpark_all()
@@ -437,7 +455,12 @@ class Consumer(Sessions, Flow, Discovery):
             self._nursery.cancel_scope.cancel()
             # Whatever happens, the nurseries must be exited.  The block's
             # exception is not theirs: passing it would wrap it in groups.
-            await self._stack.__aexit__(None, None, None)
+            try:
+                await self._stack.__aexit__(None, None, None)
+            finally:
+                if self._life.state is OPEN:  # (leaving stops the flow first)
+                    self._life.move(CLOSING)
+                self._life.move(CLOSED)
 
     async def _leave(self) -> None:
         """Requeue every message still unanswered (no handler may answer any
@@ -558,10 +581,10 @@ class Consumer(Sessions, Flow, Discovery):
         """Keep a configured nsqd connected, reconnecting with growing delays."""
         failures = 0
         retry = Backoff(self.config.reconnect_backoff, self._rng)
-        while not self._closing:
+        while self._life.state is OPEN:
             started = trio.current_time()
             worked = await self._connect_and_serve(address)
-            if self._closing:
+            if self._life.state is not OPEN:
                 return
             # A connection that worked (an nsqd restarted, the network cut
             # it) or lived a while starts the delays again: back within
@@ -605,7 +628,7 @@ class Consumer(Sessions, Flow, Discovery):
         with session.scope:
             self._serving[session] = None
             try:
-                if self._closing:
+                if self._life.state is not OPEN:
                     return
                 # Subscribed (see _connect_and_serve): the connection counts
                 # from now on, and runs in this task.
@@ -628,9 +651,9 @@ class Consumer(Sessions, Flow, Discovery):
                 session.rdy_state = None
                 with trio.CancelScope(shield=True):
                     await conn.aclose()
-                if self._closing:
+                if self._life.state is not OPEN:
                     self._settled_event.set()  # its messages can no longer be answered
-        if not self._closing:
+        if self._life.state is OPEN:
             self._update_rdy()
 
     # --- the handler pool ---
@@ -650,7 +673,7 @@ class Consumer(Sessions, Flow, Discovery):
         for _ in range(count):
             if self._queue_waiters:
                 self._queue_waiters.unpark()
-            elif self._workers < self._pool_limit and not self._queue_closed:
+            elif self._workers < self._pool_limit and self._life.state is OPEN:
                 self._workers += 1
                 self._handlers.start_soon(self._worker)
             else:
@@ -697,7 +720,7 @@ class Consumer(Sessions, Flow, Discovery):
                             # handler is done, its answer must not be lost.
                             message.responded = "finished"
                             message.responder.fin(message)
-                elif self._queue_closed:
+                elif self._life.state is not OPEN:
                     return
                 else:
                     await self._queue_waiters.park()
@@ -759,7 +782,7 @@ class Consumer(Sessions, Flow, Discovery):
         once the consumer is closing.  A front end's pump takes the rest of a
         read with it after ``async for`` gave it the first."""
         queue = self._queue
-        if self._queue_closed or not queue:
+        if self._life.state is not OPEN or not queue:
             return []
         taken = [queue.popleft() for _ in range(min(most, len(queue)))]
         for message in taken:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .config import Config
+from .lifecycle import OPEN, Life, Lifecycle
 from .lookupd import lookup, merge
 from .session import Session
 
@@ -34,7 +35,7 @@ class Discovery:
     topic: str
     config: Config
     _rng: random.Random
-    _closing: bool
+    _life: Lifecycle[Life]
     _nursery: trio.Nursery | None
     _discovered: dict[str, trio.CancelScope]
     _serving: dict[Session, None]
@@ -50,7 +51,7 @@ class Discovery:
             transport=config.http_transport,
             timeout=httpx.Timeout(min(config.lookupd_poll_interval, 10.0)),
         ) as client:
-            while not self._closing:
+            while self._life.state is OPEN:
                 await self._poll_lookupds(client)
                 jitter = config.lookupd_poll_jitter
                 factor = 1 + jitter * (self._rng.random() - 0.5)
@@ -91,7 +92,7 @@ class Discovery:
         assert self._nursery is not None
         static = set(self.config.nsqd_tcp_addresses)
         for address in sorted(found - static - set(self._discovered)):
-            if self._closing:
+            if self._life.state is not OPEN:
                 return
             scope = trio.CancelScope()
             self._discovered[address] = scope

@@ -17,6 +17,7 @@ import trio
 
 from .backoff import Backoff
 from .config import Config
+from .lifecycle import OPEN, Life, Lifecycle
 from .rdy import RdyController
 from .session import Session
 
@@ -40,10 +41,10 @@ class Flow:
     _rdy_lowered: list[Session]
     _rdy_held: dict[Session, None]
     _rdy_barrier_wakeup: trio.Event
-    _closing: bool
+    _life: Lifecycle[Life]
 
     def _update_rdy(self) -> None:
-        if self._closing:
+        if self._life.state is not OPEN:
             return
         for session in self._rdy.rebalance(trio.current_time()):
             if session in self._rdy_held:

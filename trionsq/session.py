@@ -23,6 +23,7 @@ import trio
 from .backoff import Backoff, BackoffState
 from .config import Config
 from .connection import Connection, PendingResponse
+from .lifecycle import OPEN, Life, Lifecycle
 from .message import Message, deliveries
 from .protocol import commands
 from .protocol.errors import NSQError
@@ -137,7 +138,7 @@ class Session:
         state = self.rdy_state
         if (
             state is None
-            or consumer._closing
+            or consumer._life.state is not OPEN
             or consumer._backoff.state is not _NORMAL
             or consumer._rdy.due
         ):
@@ -301,7 +302,7 @@ class Session:
                 held.clear()
                 return
             now = trio.current_time()
-            if consumer._closing:
+            if consumer._life.state is not OPEN:
                 room = len(held)  # requeued at once, nothing handed out
             else:
                 room = self.admit(list(held), now)
@@ -349,7 +350,7 @@ class Sessions:
     _giving_up: set[Message]
     _settled_event: trio.Event
     _straggled: trio.Event
-    _closing: bool
+    _life: Lifecycle[Life]
     _received: int
     _finished: int
     _requeued: int
@@ -372,7 +373,7 @@ class Sessions:
             session.note_read(now)
             if session.held or session.conn.backlogged:
                 return session.hold(messages)
-            if not self._closing and len(messages) > session.rdy_limit - state.in_flight:
+            if self._life.state is OPEN and len(messages) > session.rdy_limit - state.in_flight:
                 # More than RDY, unless nsqd has not read a lowered one yet,
                 # or some in flight have timed out there.
                 room = session.admit(messages, now)
@@ -393,7 +394,7 @@ class Sessions:
             self._update_rdy()
         config = self.config
         limit = config.max_frame_size
-        if self._closing:
+        if self._life.state is not OPEN:
             self._abandon(message)
         elif config.max_attempts and frame.attempts > config.max_attempts:
             log.error(
@@ -433,7 +434,7 @@ class Sessions:
         count = len(messages)
         self._received += count
         due = self._rdy.on_messages(session, count, now)
-        if self._closing:
+        if self._life.state is not OPEN:
             for message in messages:
                 self._abandon(message)  # sent before nsqd read our CLS
             if session.cls is not None and session.cls.done:
@@ -483,7 +484,7 @@ class Sessions:
         # A success only matters to backoff while it tests the waters.
         if (
             success is not None
-            and not self._closing
+            and self._life.state is OPEN
             and (not success or self._backoff.state is BackoffState.TESTING)
         ):
             now = trio.current_time()
@@ -495,8 +496,8 @@ class Sessions:
         if due:
             self._update_rdy()
         sent = session._send(data)
-        if self._closing:
-            self._settled_event.set()  # only _drain waits for it, after _closing is set
+        if self._life.state is not OPEN:
+            self._settled_event.set()  # only _drain waits for it, once CLOSING
         if sent and count:
             if fin:
                 self._finished += 1

@@ -1,5 +1,6 @@
-"""A connection's life, its writer and its socket's loan: one state each, moved
-along its table (trionsq.connection's CONNECTION_MOVES, WRITER_MOVES, LOAN_MOVES)."""
+"""A connection's life, its writer and its socket's loan, and a consumer's life:
+one state each, moved along its table (trionsq.connection's CONNECTION_MOVES,
+WRITER_MOVES, LOAN_MOVES; trionsq.consumer's MOVES)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 import trio
 import trio.testing
 
+import trionsq
+from trionsq import consumer as consumer_module
 from trionsq.config import Config
 from trionsq.connection import (
     CONNECTION_MOVES,
@@ -20,7 +23,7 @@ from trionsq.connection import (
     Loan,
     Writer,
 )
-from trionsq.lifecycle import CLOSED, CLOSING, OPEN, OPENING, Lifecycle, LifecycleError, Moves
+from trionsq.lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, Lifecycle, LifecycleError, Moves
 from trionsq.protocol import commands
 
 from ..support.waiting import wait_until
@@ -30,6 +33,7 @@ TABLES: dict[str, Moves[Any]] = {
     "life": CONNECTION_MOVES,
     "writer": WRITER_MOVES,
     "loan": LOAN_MOVES,
+    "consumer": consumer_module.MOVES,
 }
 
 
@@ -46,10 +50,16 @@ def reachable(moves: Moves[Any], start: enum.Enum) -> set[enum.Enum]:
 @pytest.mark.parametrize("name", sorted(TABLES))
 def test_every_state_is_reached_and_left_for_where_it_ends(name: str) -> None:
     moves = TABLES[name]
-    # (the life is the shared Life enum's: a connection's are these four)
-    every = {OPENING, OPEN, CLOSING, CLOSED} if name == "life" else set(type(moves.initial))
+    # (lives are of the shared Life enum: a connection has four of its states)
+    every = (
+        {OPENING, OPEN, CLOSING, CLOSED}
+        if name == "life"
+        else {NEW, OPENING, OPEN, CLOSING, CLOSED}
+        if name == "consumer"
+        else set(type(moves.initial))
+    )
     assert reachable(moves, moves.initial) == every
-    if name == "life":
+    if name in ("life", "consumer"):
         assert not moves.table.get(CLOSED)  # the end
         for state in every:
             assert CLOSED in reachable(moves, state)
@@ -115,3 +125,22 @@ async def test_the_writer_rests_idle_and_a_command_wakes_it(nursery: trio.Nurser
     await conn.flush()
     await wait_until(lambda: conn.writer.state is Writer.IDLE)
     await conn.aclose()
+
+
+async def test_a_consumer_is_entered_once_and_its_flow_stops_once(nursery: trio.Nursery) -> None:
+    node = MiniNSQD(nursery)
+    consumer = trionsq.Consumer(
+        "topic", "chan", nsqd_tcp_addresses=["nsqd:4150"], connector=node.connector
+    )
+    assert consumer._life.state is NEW
+    with pytest.raises(RuntimeError, match="inside 'async with'"):
+        await consumer.__anext__()
+    async with consumer:
+        assert consumer._life.state is OPEN
+        await consumer.wait_connected()
+        with pytest.raises(LifecycleError, match="entered only once"):
+            await consumer.__aenter__()
+    assert consumer._life.state is CLOSED
+    assert consumer.take_ready(10) == []  # its flow stopped: nothing handed out
+    with pytest.raises(StopAsyncIteration):
+        await consumer.__anext__()
