@@ -34,6 +34,7 @@ from fakensq import Cluster
 from fakensq.admin import Admin
 from tests import reference
 from tests.support.ports import free_port, refused_address
+from tests.support.stats import channel_entry
 
 from ..support.waiting import poll_until
 from .conftest import AsyncRawConsumer
@@ -321,12 +322,7 @@ async def _stats(http: httpx.AsyncClient, address: str) -> dict[str, Any]:
 
 
 async def _channel(http: httpx.AsyncClient, address: str, topic: str, channel: str) -> Any:
-    for t in (await _stats(http, address))["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return c
-    return None
+    return channel_entry(await _stats(http, address), topic, channel)
 
 
 async def test_actions_reach_the_daemons_as_nsqadmins(real_pair: Pair) -> None:

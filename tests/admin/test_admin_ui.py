@@ -19,6 +19,7 @@ from fakensq.admin import Admin
 from fakensq.testing.proxy import FaultProxy
 from fakensq.testing.threaded import BackgroundNode
 from tests import reference
+from tests.support.stats import channel_entry
 
 from .conftest import AdminEnv, RawConsumer, screenshot, screenshots_wanted
 
@@ -48,13 +49,7 @@ def loaded(admin_env: AdminEnv) -> Iterator[AdminEnv]:
 
 
 def channel_stats(env: AdminEnv, i: int, topic: str, channel: str) -> dict[str, Any] | None:
-    for t in env.stats(i)["topics"] or []:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    result: dict[str, Any] = c
-                    return result
-    return None
+    return channel_entry(env.stats(i), topic, channel)
 
 
 def expect_value(locator: Any, value: int) -> None:

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trustme
 
 from tests.support.authserver import AuthServer, running_auth_server
 from tests.support.nodes import KINDS, BlockingDaemons, BlockingNode
+from tests.support.stats import channel_entry, nsqd_stats, topic_entry
 from trionsq import BackoffPolicy
 
 #: Reconnect quickly after a restart (the default waits seconds).
@@ -58,17 +58,9 @@ def registered_nsqds(
 
 def stats(daemon: BlockingNode, topic: str, channel: str | None = None) -> dict[str, Any]:
     """The topic's (or channel's) entry of nsqd's /stats JSON ({} if absent)."""
-    response = httpx.get(f"http://{daemon.http_address}/stats?format=json&topic={topic}")
-    response.raise_for_status()
-    for entry in response.json().get("topics") or []:
-        if entry["topic_name"] != topic:
-            continue
-        if channel is None:
-            return dict(entry)
-        for chan in entry.get("channels") or []:
-            if chan["channel_name"] == channel:
-                return dict(chan)
-    return {}
+    found = nsqd_stats(daemon.http_address, topic)
+    entry = topic_entry(found, topic) if channel is None else channel_entry(found, topic, channel)
+    return entry or {}
 
 
 @dataclass

@@ -15,6 +15,7 @@ import trio
 
 import trionsq
 
+from ..support import stats as support_stats
 from ..support.waiting import wait_until_blocking
 
 if TYPE_CHECKING:
@@ -171,16 +172,9 @@ def http_publish(daemon: Any, topic: str, bodies: list[bytes]) -> None:
             response.raise_for_status()
 
 
-def nsqd_channel(daemon: Any, topic: str, channel: str) -> dict[str, Any]:
-    import httpx
-
-    stats = httpx.get(f"http://{daemon.http_address}/stats?format=json", timeout=10).json()
-    for t in stats["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    return {}
+def channel_stats(nsqd: Any, topic: str = "events", channel: str = "spark") -> dict[str, Any]:
+    """The channel's entry in ``nsqd``'s /stats ({} if absent)."""
+    return support_stats.channel_stats(nsqd.http_address, topic, channel) or {}
 
 
 def children(pid: int) -> list[int]:

@@ -26,11 +26,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ..support.waiting import wait_until_blocking
 from .conftest import (
+    channel_stats,
     descendants,
     driver_pid,
     executor_pids,
     http_publish,
-    nsqd_channel,
     wait_for_executors,
 )
 
@@ -74,11 +74,11 @@ def archived(spark: SparkSession, tmp: Path) -> Counter[bytes]:
 
 
 def in_flight(daemons: list[Any]) -> int:
-    return sum(nsqd_channel(d, TOPIC, CHANNEL).get("in_flight_count", 0) for d in daemons)
+    return sum(channel_stats(d, TOPIC, CHANNEL).get("in_flight_count", 0) for d in daemons)
 
 
 def drained(daemons: list[Any]) -> bool:
-    stats = [nsqd_channel(d, TOPIC, CHANNEL) for d in daemons]
+    stats = [channel_stats(d, TOPIC, CHANNEL) for d in daemons]
     return all((s.get("depth"), s.get("in_flight_count")) == (0, 0) for s in stats)
 
 
@@ -119,7 +119,7 @@ def test_every_subscriber_is_an_executor_process(
     subscribers: set[int] = set()
     while query.isActive:
         for daemon in daemons:
-            for client in nsqd_channel(daemon, TOPIC, CHANNEL).get("clients", []):
+            for client in channel_stats(daemon, TOPIC, CHANNEL).get("clients", []):
                 subscribers.add(int(client["user_agent"].split("pid=")[1].split()[0]))
         time.sleep(0.05)
     assert query.exception() is None
@@ -131,7 +131,7 @@ def test_every_subscriber_is_an_executor_process(
     assert driver_pid(spark) not in subscribers and os.getpid() not in subscribers
     assert drained(daemons)
     wait_until_blocking(
-        lambda: not any(nsqd_channel(d, TOPIC, CHANNEL)["clients"] for d in daemons),
+        lambda: not any(channel_stats(d, TOPIC, CHANNEL)["clients"] for d in daemons),
         what="the agents to unsubscribe at the end of the query",
     )
 
@@ -178,7 +178,7 @@ def test_a_query_stopped_and_started_again_loses_nothing(
     query.stop()
     # Whatever the query held went back to nsqd when it stopped.
     wait_until_blocking(lambda: in_flight([daemon]) == 0, what="the stop to requeue")
-    assert nsqd_channel(daemon, TOPIC, CHANNEL)["clients"] == []
+    assert channel_stats(daemon, TOPIC, CHANNEL)["clients"] == []
     finish(spark, [daemon], out, **options)
     # The batch running at the stop (its output discarded) comes again; one committed
     # batch may have been requeued before its FIN: at most one batch twice.

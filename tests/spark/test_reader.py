@@ -37,7 +37,7 @@ from trionsq.spark.sink import NSQBatchWriter
 from trionsq.spark.source import NSQStreamReader
 
 from ..support.waiting import wait_until_blocking
-from .conftest import consume, publish
+from .conftest import channel_stats, consume, publish
 
 
 def reader_for(address: str, **extra: str) -> NSQStreamReader:
@@ -49,16 +49,6 @@ def reader_for(address: str, **extra: str) -> NSQStreamReader:
         **extra,
     }
     return NSQStreamReader(parse_source_options(options))
-
-
-def channel_stats(nsqd: Any, topic: str = "events", channel: str = "spark") -> dict[str, Any]:
-    stats = httpx.get(f"http://{nsqd.http_address}/stats?format=json").json()
-    for t in stats["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    return {}
 
 
 def finished(nsqd: Any) -> int:

@@ -15,9 +15,9 @@ from pyspark.sql import SparkSession
 
 from fakensq import NSQD, Cluster
 
+from ..support.stats import topic_depth
 from ..support.waiting import wait_until_blocking
-from .conftest import consume, example
-from .test_reader import channel_stats
+from .conftest import channel_stats, consume, example
 
 
 def test_write_dataframe_to_topic(spark: SparkSession, nsqd: NSQD) -> None:
@@ -95,7 +95,7 @@ def test_an_nsqd_dying_mid_write_is_replaced_by_the_next(
 
     def kill_mid_write() -> None:
         deadline = time.monotonic() + 120
-        while topic_depth(first) < 300 and time.monotonic() < deadline:
+        while topic_depth(first.http_address, "failover") < 300 and time.monotonic() < deadline:
             time.sleep(0.005)
         first.kill()
 
@@ -115,7 +115,7 @@ def test_an_nsqd_dying_mid_write_is_replaced_by_the_next(
     unsynced = unsynced_tail(first.data_path, "failover")
     first.start()
     counts: Counter[bytes] = Counter()
-    depths = [topic_depth(first), topic_depth(second)]
+    depths = [topic_depth(first.http_address, "failover"), topic_depth(second.http_address, "failover")]
     assert all(depths)  # both had a share: the write moved over when the first died
     for daemon, depth in zip((first, second), depths, strict=True):
         counts.update(consume(daemon.tcp_address, "failover", "check", depth, timeout=60))
@@ -147,8 +147,3 @@ def unsynced_tail(data_path: Path, topic: str) -> list[bytes]:
         bodies.append(data[position + 4 + 26 : position + 4 + size])
         position += 4 + size
     return bodies
-
-
-def topic_depth(daemon: Any) -> int:
-    stats = httpx.get(f"http://{daemon.http_address}/stats?format=json").json()
-    return sum(t["depth"] for t in stats["topics"] or [] if t["topic_name"] == "failover")

@@ -16,8 +16,7 @@ from pyspark.sql.streaming import StreamingQuery
 from fakensq import NSQD
 
 from ..support.waiting import wait_until_blocking
-from .conftest import example, publish
-from .test_reader import channel_stats
+from .conftest import channel_stats, example, publish
 
 
 def test_archive_example_puts_every_message_in_parquet(

@@ -51,6 +51,7 @@ from fakensq.testing.threaded import BackgroundNode
 
 from .. import reference
 from .ports import free_port
+from .stats import channel_entry, topic_entry
 
 __all__ = [
     "KINDS",
@@ -248,13 +249,7 @@ class Nsqd(Node):
 
     async def channel(self, topic: str, channel: str) -> dict[str, Any] | None:
         """The channel's entry in ``/stats`` (None if it does not exist)."""
-        for t in (await self.stats())["topics"]:
-            if t["topic_name"] == topic:
-                for c in t["channels"]:
-                    if c["channel_name"] == channel:
-                        found: dict[str, Any] = c
-                        return found
-        return None
+        return channel_entry(await self.stats(), topic, channel)
 
     async def create_channel(self, topic: str, channel: str) -> None:
         for path in (
@@ -274,10 +269,8 @@ class Nsqd(Node):
         await self.start()
 
     async def topic_depth(self, topic: str) -> int:
-        for t in (await self.stats())["topics"]:
-            if t["topic_name"] == topic:
-                return int(t["depth"])
-        return 0
+        entry = topic_entry(await self.stats(), topic)
+        return 0 if entry is None else int(entry["depth"])
 
 
 class Nsqlookupd(Node):

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import signal
 import subprocess
 import sys
-from typing import Any
 
 import httpx
 
+from ..support.stats import channel_stats
 from ..support.waiting import wait_until_blocking
 
 TIMEOUT = 30.0
@@ -79,26 +78,6 @@ def create_channel(http_address: str, topic: str, channel: str) -> None:
     httpx.post(
         f"http://{http_address}/channel/create", params={"topic": topic, "channel": channel}
     ).raise_for_status()
-
-
-def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any] | None:
-    response = httpx.get(
-        f"http://{http_address}/stats",
-        params={"format": "json", "topic": topic, "channel": channel},
-    )
-    response.raise_for_status()
-    doc = json.loads(response.content)
-    for t in doc.get("topics") or []:
-        for c in t["channels"]:
-            if c["channel_name"] == channel:
-                return dict(c)
-    return None
-
-
-def topic_depth(http_address: str, topic: str) -> int:
-    response = httpx.get(f"http://{http_address}/stats", params={"format": "json", "topic": topic})
-    topics = response.json().get("topics") or []
-    return int(topics[0]["depth"]) if topics else 0
 
 
 def drained(http_address: str, topic: str, channel: str, total: int) -> bool:

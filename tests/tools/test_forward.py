@@ -13,14 +13,9 @@ from fakensq import NSQD
 from fakensq.http.server import HTTPServer, Request, Response
 from fakensq.testing.threaded import BackgroundNode
 
+from ..support.stats import channel_stats, topic_depth
 from ..support.waiting import wait_until_blocking
-from .helpers import (
-    channel_stats,
-    publish,
-    start_tool,
-    stop_when_drained,
-    topic_depth,
-)
+from .helpers import publish, start_tool, stop_when_drained
 
 FAST_RETRY = ["--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "backoff=false"]
 

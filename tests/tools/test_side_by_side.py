@@ -28,17 +28,9 @@ from tests import reference
 from tests.gousage import parse_usage
 
 from ..support.ports import free_address
+from ..support.stats import channel_stats
 from ..support.waiting import wait_until_blocking
-from .helpers import (
-    channel_stats,
-    command,
-    create_channel,
-    drained,
-    publish,
-    run_here,
-    run_tool,
-    track,
-)
+from .helpers import command, create_channel, drained, publish, run_here, run_tool, track
 from .recorder import Recorder, recording
 
 GO = {

@@ -15,17 +15,9 @@ import pytest
 
 from fakensq import NSQD
 
+from ..support.stats import channel_stats
 from ..support.waiting import wait_until_blocking
-from .helpers import (
-    channel_stats,
-    command,
-    create_channel,
-    drained,
-    publish,
-    start_tool,
-    stop_tool,
-    track,
-)
+from .helpers import command, create_channel, drained, publish, start_tool, stop_tool, track
 from .recorder import recording
 
 #: Generous for a loaded machine; a stuck tool never leaves at all.
@@ -95,7 +87,9 @@ def test_stat_and_pub_leave_promptly(nsqd: NSQD) -> None:
     assert pub.stdin is not None
     pub.stdin.write(b"one\ntwo\n")
     pub.stdin.flush()
-    wait_until_blocking(lambda: (channel_stats(nsqd.http_address, "t", "c") or {}).get("depth") == 2)
+    wait_until_blocking(
+        lambda: (channel_stats(nsqd.http_address, "t", "c") or {}).get("depth") == 2
+    )
     status, err = stop_within(pub, PROMPT, signal.SIGTERM)  # stdin still open
     assert status == 0, err
 
@@ -146,7 +140,9 @@ def test_to_http_does_not_stall_at_a_large_max_in_flight(nsqd_factory: Callable[
             f"--post={endpoint.url}/",
             "--max-in-flight=2500",
         )
-        wait_until_blocking(lambda: drained(nsqd.http_address, "many", "nsq_to_http", 2000), what="delivered")
+        wait_until_blocking(
+            lambda: drained(nsqd.http_address, "many", "nsq_to_http", 2000), what="delivered"
+        )
         status, err = stop_within(process, PROMPT, signal.SIGTERM)
         assert status == 0, err
         assert len(endpoint.requests) == 2000

@@ -6,7 +6,8 @@ import pytest
 
 from fakensq import NSQD, Cluster
 
-from .helpers import channel_stats, create_channel, publish, run_tool, topic_depth
+from ..support.stats import channel_stats, topic_depth
+from .helpers import create_channel, publish, run_tool
 
 
 def test_pub_publishes_stdin_lines_and_tail_prints_them_in_order(nsqd: NSQD) -> None:

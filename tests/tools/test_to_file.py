@@ -14,16 +14,9 @@ import pytest
 from fakensq import NSQD
 from trionsq.tools.to_file import _topic_list
 
+from ..support.stats import channel_stats
 from ..support.waiting import wait_until, wait_until_blocking
-from .helpers import (
-    channel_stats,
-    drained,
-    publish,
-    run_tool,
-    start_tool,
-    stop_tool,
-    stop_when_drained,
-)
+from .helpers import drained, publish, run_tool, start_tool, stop_tool, stop_when_drained
 
 HOST = socket.gethostname().split(".")[0]
 
@@ -115,7 +108,9 @@ def test_work_dir_files_move_to_output_dir_when_closed(nsqd: NSQD, tmp_path: Pat
     work, out = tmp_path / "work", tmp_path / "out"
     publish(nsqd.http_address, "logs", [b"a", b"b"])
     process = start_tool(*archive(nsqd, out, "--work-dir", str(work)))
-    wait_until_blocking(lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 2), what="all finished")
+    wait_until_blocking(
+        lambda: drained(nsqd.http_address, "logs", "nsq_to_file", 2), what="all finished"
+    )
     # In progress: the file is in the work dir only.
     assert len(list(work.iterdir())) == 1 and not any(out.iterdir())
     status, _, err = stop_tool(process, signal.SIGINT)

@@ -14,15 +14,9 @@ import pytest
 
 from tests import reference
 
+from ..support.stats import channel_stats
 from ..support.waiting import wait_until_blocking
-from .helpers import (
-    channel_stats,
-    create_channel,
-    drained,
-    publish,
-    start_tool,
-    stop_tool,
-)
+from .helpers import create_channel, drained, publish, start_tool, stop_tool
 
 
 @pytest.fixture
