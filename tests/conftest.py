@@ -65,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A CA of the tests' own, with a server certificate for 127.0.0.1 and
-    localhost (:class:`tests.support.tls.Pki`)."""
-    return Pki(tmp_path_factory.mktemp("pki"))
+    """A CA of the tests' own, with a server certificate for 127.0.0.1,
+    localhost and ``nsqd`` (the host the client tests' in-memory connector
+    serves: :class:`tests.client.minisrv.MiniNSQD`); :class:`tests.support.tls.Pki`."""
+    return Pki(tmp_path_factory.mktemp("pki"), hosts=("127.0.0.1", "localhost", "nsqd"))

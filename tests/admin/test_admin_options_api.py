@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-import trustme
 
 from fakensq import NSQD, Cluster
 from fakensq.admin import Admin
@@ -29,6 +28,7 @@ from fakensq.http.server import HTTPServer, Request, Response
 from fakensq.nsqd.options import TLS_REQUIRED, NSQDOptions
 from tests import reference
 
+from ..support.tls import Pki
 from ..support.waiting import wait_until
 from .test_admin_api import answer
 
@@ -243,16 +243,11 @@ async def test_dev_static_dir(tmp_path: Path) -> None:
             assert fake[2].split(";")[0] == real[2].split(";")[0], name
 
 
-async def test_an_nsqd_that_requires_tls_is_asked_over_https(tmp_path: Path) -> None:
+async def test_an_nsqd_that_requires_tls_is_asked_over_https(pki: Pki) -> None:
     """nsqd --tls-required answers plain HTTP with 403 and its HTTPS port; both
     admins ask again over HTTPS, trusting --http-client-tls-root-ca-file."""
     reference.require("nsqadmin")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    cert, key, root = tmp_path / "nsqd.pem", tmp_path / "nsqd.key", tmp_path / "ca.pem"
-    server.cert_chain_pems[0].write_to_path(str(cert))
-    server.private_key_pem.write_to_path(str(key))
-    ca.cert_pem.write_to_path(str(root))
+    cert, key, root = pki.cert, pki.key, pki.ca_file
     options = NSQDOptions(
         tcp_address="127.0.0.1:0",
         http_address="127.0.0.1:0",

@@ -4,13 +4,11 @@ timeouts and bad input, over in-memory streams."""
 from __future__ import annotations
 
 import ssl
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-import trustme
 
 import trionsq
 from trionsq.config import Config
@@ -18,28 +16,9 @@ from trionsq.connection import CodecStream, Connection
 from trionsq.protocol import codecs, commands
 from trionsq.protocol.frames import encode_response
 
+from ..support.tls import Pki
 from ..support.waiting import wait_until
 from .minisrv import MiniNSQD
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-def server_context(ca: trustme.CA, *, require_client_cert: bool = False) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("nsqd").configure_cert(context)
-    if require_client_cert:
-        context.verify_mode = ssl.CERT_REQUIRED
-        ca.configure_trust(context)
-    return context
-
-
-def client_context(ca: trustme.CA) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return context
 
 
 async def round_trip(node: MiniNSQD, **options: Any) -> trionsq.Consumer:
@@ -76,38 +55,33 @@ async def test_compression_not_offered_falls_back_to_plain(nursery: trio.Nursery
     assert not isinstance(node.conns[0].stream, CodecStream)
 
 
-async def test_tls(nursery: trio.Nursery, ca: trustme.CA) -> None:
-    node = MiniNSQD(nursery, tls_context=server_context(ca))
-    await round_trip(node, tls=client_context(ca))
+async def test_tls(nursery: trio.Nursery, pki: Pki) -> None:
+    node = MiniNSQD(nursery, tls_context=pki.server_context())
+    await round_trip(node, tls=pki.client_context())
     assert isinstance(node.conns[0].stream, trio.SSLStream)
 
 
-async def test_tls_with_snappy_and_client_certificate(
-    nursery: trio.Nursery, ca: trustme.CA, tmp_path: Path
-) -> None:
-    cert = ca.issue_cert("client")
-    cert_path, key_path = tmp_path / "client.pem", tmp_path / "client.key"
-    cert.cert_chain_pems[0].write_to_path(str(cert_path))
-    cert.private_key_pem.write_to_path(str(key_path))
-    node = MiniNSQD(nursery, tls_context=server_context(ca, require_client_cert=True))
+async def test_tls_with_snappy_and_client_certificate(nursery: trio.Nursery, pki: Pki) -> None:
+    cert_path, key_path = pki.client_files("client")
+    node = MiniNSQD(nursery, tls_context=pki.server_context(ssl.CERT_REQUIRED))
     # The caller's own context carries its certificate (trionsq never loads
     # one into a context it is given: see tests/client/test_tls_secrets).
-    context = client_context(ca)
-    context.load_cert_chain(str(cert_path), str(key_path))
+    context = pki.client_context()
+    context.load_cert_chain(cert_path, key_path)
     await round_trip(node, tls=context, snappy=True)
     stream = node.conns[0].stream
     assert isinstance(stream, CodecStream) and isinstance(stream.inner, trio.SSLStream)
 
 
-async def test_tls_required_but_not_offered(nursery: trio.Nursery, ca: trustme.CA) -> None:
+async def test_tls_required_but_not_offered(nursery: trio.Nursery, pki: Pki) -> None:
     node = MiniNSQD(nursery)
-    config = Config(tls=client_context(ca), connector=node.connector)
+    config = Config(tls=pki.client_context(), connector=node.connector)
     with pytest.raises(trionsq.NegotiationError):
         await Connection.open("nsqd:4150", config)
 
 
-async def test_tls_untrusted_server_fails_to_connect(nursery: trio.Nursery, ca: trustme.CA) -> None:
-    node = MiniNSQD(nursery, tls_context=server_context(ca))
+async def test_tls_untrusted_server_fails_to_connect(nursery: trio.Nursery, pki: Pki) -> None:
+    node = MiniNSQD(nursery, tls_context=pki.server_context())
     config = Config(tls=True, connector=node.connector)  # system trust: not our CA
     with pytest.raises(trionsq.NSQConnectionError, match="TLS"):
         await Connection.open("nsqd:4150", config)

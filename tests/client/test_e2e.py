@@ -6,18 +6,17 @@ checked on the client's side and through nsqd's ``/stats``.
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import pytest
 import trio
-import trustme
 
 import fakensq
 import trionsq
 
 from ..support.authserver import running_auth_server
 from ..support.ports import free_port
+from ..support.tls import Pki
 from ..support.waiting import wait_until
 from .daemons import Daemons, Nsqd, consumer, nothing_in_flight, publish, wait_channel
 
@@ -162,70 +161,37 @@ async def test_compression(daemons: Daemons, compression: str) -> None:
     assert sorted(got) == sorted(bodies)
 
 
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, as files."""
-    ca = trustme.CA()
-    folder = tmp_path_factory.mktemp("tls")
-    server = ca.issue_cert("127.0.0.1")
-    client = ca.issue_cert("consumer.example")
-    files = {
-        "ca": folder / "ca.pem",
-        "server_cert": folder / "server.pem",
-        "server_key": folder / "server.key",
-        "client_cert": folder / "client.pem",
-        "client_key": folder / "client.key",
-    }
-    ca.cert_pem.write_to_path(files["ca"])
-    server.cert_chain_pems[0].write_to_path(files["server_cert"])
-    server.private_key_pem.write_to_path(files["server_key"])
-    client.cert_chain_pems[0].write_to_path(files["client_cert"])
-    client.private_key_pem.write_to_path(files["client_key"])
-    return {"ca_object": ca, **{k: str(v) for k, v in files.items()}}
-
-
-def client_context(certificates: dict[str, Any]) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    certificates["ca_object"].configure_trust(context)
-    return context
-
-
 @pytest.mark.parametrize(
     "variant", ["tls", "tls+snappy", "client-certificate", "client-certificate-tls-true"]
 )
 async def test_tls(
     daemons: Daemons,
-    certificates: dict[str, Any],
+    pki: Pki,
     variant: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    flags = [
-        f"--tls-cert={certificates['server_cert']}",
-        f"--tls-key={certificates['server_key']}",
+    flags = pki.nsqd_flags(
         "--tls-required=tcp-https",  # TCP needs TLS, plain HTTP (/stats) stays open
         f"--https-address=127.0.0.1:{free_port()}",
-    ]
-    options: dict[str, Any] = {"tls": client_context(certificates)}
+    )
+    client_cert, client_key = pki.client_files("consumer.example")
+    options: dict[str, Any] = {"tls": pki.client_context()}
     if variant == "tls+snappy":
         options["snappy"] = True
     if variant.startswith("client-certificate"):
         flags += [
             "--tls-client-auth-policy=require-verify",
-            f"--tls-root-ca-file={certificates['ca']}",
+            f"--tls-root-ca-file={pki.ca_file}",
         ]
     if variant == "client-certificate-tls-true":
         # trionsq's own context (the system's trust store, here made to
         # trust the test CA), with the certificate loaded into it.
-        monkeypatch.setenv("SSL_CERT_FILE", certificates["ca"])
-        options = {
-            "tls": True,
-            "tls_cert": certificates["client_cert"],
-            "tls_key": certificates["client_key"],
-        }
+        monkeypatch.setenv("SSL_CERT_FILE", pki.ca_file)
+        options = {"tls": True, "tls_cert": client_cert, "tls_key": client_key}
     elif variant == "client-certificate":
         # The caller's own context carries its certificate (trionsq never
         # loads one into a context it is given).
-        options["tls"].load_cert_chain(certificates["client_cert"], certificates["client_key"])
+        options["tls"].load_cert_chain(client_cert, client_key)
     nsqd = await daemons.nsqd(*flags)
     async with trionsq.Producer([nsqd.tcp_address], **options) as producer:
         await producer.multi_publish("topic", [b"secret-1", b"secret-2"])
@@ -298,12 +264,8 @@ async def test_server_side_errors_are_typed(daemons: Daemons) -> None:
 # --- fakensq's own test seams (no real daemon has them) ---
 
 
-async def test_fakensq_ssl_context_and_auth_handler() -> None:
-    ca = trustme.CA()
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server)
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
+async def test_fakensq_ssl_context_and_auth_handler(pki: Pki) -> None:
+    server, client = pki.server_context(), pki.client_context()
     secrets: list[str] = []
 
     def auth(query: dict[str, str]) -> dict[str, Any]:

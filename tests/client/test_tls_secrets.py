@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import trio
-import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
@@ -21,6 +20,7 @@ from trionsq.config import Config
 from trionsq.connection import Connection
 
 from ..support.authserver import running_auth_server
+from ..support.tls import Pki
 from ..support.waiting import wait_until
 from .daemons import Daemons
 from .minisrv import MiniNSQD
@@ -30,42 +30,20 @@ SECRET = "S3CR3T-d0-not-print"
 PASSWORD = "hunter2-key-password"
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
 @pytest.fixture
-def files(ca: trustme.CA, tmp_path: Path) -> dict[str, str]:
+def files(pki: Pki, tmp_path: Path) -> dict[str, str]:
     """The CA, a client certificate, its key in clear and encrypted."""
-    client = ca.issue_cert("client")
-    paths = {name: tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem", "enc.pem")}
-    ca.cert_pem.write_to_path(str(paths["ca.pem"]))
-    client.cert_chain_pems[0].write_to_path(str(paths["cert.pem"]))
-    client.private_key_pem.write_to_path(str(paths["key.pem"]))
-    key = load_pem_private_key(client.private_key_pem.bytes(), None)
-    paths["enc.pem"].write_bytes(
-        key.private_bytes(
+    cert, key = pki.client_files("client")
+    encrypted = tmp_path / "enc.pem"
+    private = load_pem_private_key(Path(key).read_bytes(), None)
+    encrypted.write_bytes(
+        private.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.BestAvailableEncryption(PASSWORD.encode()),
         )
     )
-    return {name: str(path) for name, path in paths.items()}
-
-
-def server_context(ca: trustme.CA, verify: ssl.VerifyMode) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("nsqd").configure_cert(context)
-    context.verify_mode = verify
-    ca.configure_trust(context)
-    return context
-
-
-def client_context(ca: trustme.CA) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return context
+    return {"ca.pem": pki.ca_file, "cert.pem": cert, "key.pem": key, "enc.pem": str(encrypted)}
 
 
 def peer_certificate(node: MiniNSQD, index: int) -> object:
@@ -78,14 +56,14 @@ def peer_certificate(node: MiniNSQD, index: int) -> object:
 
 
 async def test_a_callers_context_is_never_changed(
-    nursery: trio.Nursery, ca: trustme.CA, files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery, pki: Pki, files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Producer A with a client certificate, then producer B without one,
     both given the same context: B must not present A's certificate.  A
     context cannot be copied, so a certificate goes with trionsq's own
     context (tls=True) and Config refuses it with a caller's."""
-    shared = client_context(ca)
-    node = MiniNSQD(nursery, tls_context=server_context(ca, ssl.CERT_OPTIONAL))
+    shared = pki.client_context()
+    node = MiniNSQD(nursery, tls_context=pki.server_context(ssl.CERT_OPTIONAL))
     with pytest.raises(ValueError, match=r"never changes an ssl\.SSLContext"):
         Config(tls=shared, tls_cert=files["cert.pem"], tls_key=files["key.pem"])
     # A: trionsq's own context (trusting the test CA through the system's
@@ -108,9 +86,9 @@ async def test_a_callers_context_is_never_changed(
     assert node.published == [("topic", b"from A"), ("topic", b"from B")]
 
 
-async def test_the_callers_context_is_used_as_it_is(nursery: trio.Nursery, ca: trustme.CA) -> None:
-    context = client_context(ca)
-    node = MiniNSQD(nursery, tls_context=server_context(ca, ssl.CERT_OPTIONAL))
+async def test_the_callers_context_is_used_as_it_is(nursery: trio.Nursery, pki: Pki) -> None:
+    context = pki.client_context()
+    node = MiniNSQD(nursery, tls_context=pki.server_context(ssl.CERT_OPTIONAL))
     conn = await Connection.open("nsqd:4150", Config(tls=context, connector=node.connector))
     try:
         stream = conn._stream
@@ -148,10 +126,10 @@ def test_key_password_options_are_checked() -> None:
 
 
 async def test_an_encrypted_key_with_its_password(
-    nursery: trio.Nursery, ca: trustme.CA, files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery, pki: Pki, files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", files["ca.pem"])
-    node = MiniNSQD(nursery, tls_context=server_context(ca, ssl.CERT_REQUIRED))
+    node = MiniNSQD(nursery, tls_context=pki.server_context(ssl.CERT_REQUIRED))
     async with trionsq.Producer(
         ["nsqd:4150"],
         connector=node.connector,

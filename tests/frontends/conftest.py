@@ -11,16 +11,13 @@ ports; ``daemon`` is one with the default flags; ``stats`` reads its
 
 from __future__ import annotations
 
-import ssl
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 
 from tests.support.authserver import AuthServer, running_auth_server
 from tests.support.nodes import KINDS, BlockingDaemons, BlockingNode
@@ -61,28 +58,6 @@ def stats(daemon: BlockingNode, topic: str, channel: str | None = None) -> dict[
     found = nsqd_stats(daemon.http_address, topic)
     entry = topic_entry(found, topic) if channel is None else channel_entry(found, topic, channel)
     return entry or {}
-
-
-@dataclass
-class Tls:
-    """A CA, nsqd's certificate files, and a client context trusting the CA."""
-
-    cert: str
-    key: str
-    client: ssl.SSLContext
-
-
-@pytest.fixture(scope="session")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
-    directory = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    cert, key = directory / "server.pem", directory / "server.key"
-    server.private_key_pem.write_to_path(str(key))
-    cert.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
-    return Tls(str(cert), str(key), client)
 
 
 @pytest.fixture

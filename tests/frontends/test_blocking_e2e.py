@@ -14,8 +14,9 @@ import trionsq
 from trionsq import blocking
 
 from ..support.nodes import BlockingDaemons, BlockingNode
+from ..support.tls import Pki
 from ..support.waiting import wait_until_blocking
-from .conftest import FAST_RECONNECT, AuthServer, Tls, registered_nsqds, stats
+from .conftest import FAST_RECONNECT, AuthServer, registered_nsqds, stats
 
 pytestmark = pytest.mark.usefixtures("no_threads_left")
 
@@ -354,14 +355,14 @@ def test_an_nsqd_killed_and_restarted(nodes: BlockingDaemons) -> None:
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 def test_tls_compression_and_auth(
-    nodes: BlockingDaemons, tls: Tls, auth_server: AuthServer, compression: str
+    nodes: BlockingDaemons, pki: Pki, auth_server: AuthServer, compression: str
 ) -> None:
-    daemon = nodes.nsqd(
-        f"--tls-cert={tls.cert}",
-        f"--tls-key={tls.key}",
-        f"--auth-http-address={auth_server.address}",
-    )
-    options: dict[str, Any] = {"tls": tls.client, "auth_secret": "open-sesame", compression: True}
+    daemon = nodes.nsqd(*pki.nsqd_flags(f"--auth-http-address={auth_server.address}"))
+    options: dict[str, Any] = {
+        "tls": pki.client_context(),
+        "auth_secret": "open-sesame",
+        compression: True,
+    }
     with blocking.Producer([daemon.tcp_address], **options) as producer:
         producer.multi_publish("topic", [b"z" * 5000, b"secret"])
     got = consume(daemon, 2, **options)

@@ -237,3 +237,30 @@ def wait_for_executors(spark: SparkSession, count: int = 2, timeout: float = 120
         return int(tracker.size()) - 1 >= count  # the driver's block manager counts too
 
     wait_until_blocking(registered, limit=timeout, what=f"{count} executors")
+
+
+class FakeTaskContext:
+    """What ``pyspark.TaskContext.get()`` answers inside a task: its stage, its
+    attempt and its task attempt id (the source reads nothing else)."""
+
+    def __init__(self, stage: int, attempt: int, task: int) -> None:
+        self._stage, self._attempt, self._task = stage, attempt, task
+
+    def stageId(self) -> int:
+        return self._stage
+
+    def attemptNumber(self) -> int:
+        return self._attempt
+
+    def taskAttemptId(self) -> int:
+        return self._task
+
+
+def as_task(
+    monkeypatch: pytest.MonkeyPatch, stage: int = 1, attempt: int = 0, task: int = 0
+) -> None:
+    """Run what follows as if in a Spark task (:class:`FakeTaskContext`)."""
+    import pyspark
+
+    context = FakeTaskContext(stage, attempt, task)
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: context))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import threading
@@ -22,9 +21,7 @@ from typing import Any
 
 import httpx
 import pyarrow as pa
-import pyspark
 import pytest
-import trustme
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -36,8 +33,9 @@ from trionsq.spark._options import parse_sink_options, parse_source_options
 from trionsq.spark.sink import NSQBatchWriter
 from trionsq.spark.source import NSQStreamReader
 
+from ..support.tls import Pki
 from ..support.waiting import wait_until_blocking
-from .conftest import channel_stats, consume, publish
+from .conftest import as_task, channel_stats, consume, publish
 
 
 def reader_for(address: str, **extra: str) -> NSQStreamReader:
@@ -102,27 +100,6 @@ def agent_pids(nsqd: Any) -> set[int]:
 
 def on(monkeypatch: pytest.MonkeyPatch, executor: Executor) -> None:
     monkeypatch.setattr(source_module, "identify", lambda: executor.identity)
-
-
-class FakeTaskContext:
-    def __init__(self, stage: int, attempt: int, task: int) -> None:
-        self._stage, self._attempt, self._task = stage, attempt, task
-
-    def stageId(self) -> int:
-        return self._stage
-
-    def attemptNumber(self) -> int:
-        return self._attempt
-
-    def taskAttemptId(self) -> int:
-        return self._task
-
-
-def as_task(
-    monkeypatch: pytest.MonkeyPatch, stage: int = 1, attempt: int = 0, task: int = 0
-) -> None:
-    context = FakeTaskContext(stage, attempt, task)
-    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: context))
 
 
 def read(reader: NSQStreamReader, partition: NSQInputPartition) -> list[bytes]:
@@ -370,13 +347,9 @@ def test_the_reader_pickles_without_its_coordinator(nsqd: NSQD, executor: Execut
 
 
 def test_tls_auth_and_compression_options_reach_nsqd(
-    nsqd_factory: Callable[..., NSQD], tmp_path: Path, executor: Executor
+    nsqd_factory: Callable[..., NSQD], pki: Pki, executor: Executor
 ) -> None:
-    ca = trustme.CA()
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server)
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
+    server, ca_file = pki.server_context(), pki.ca_file
     secrets: list[str] = []
 
     def auth(query: dict[str, str]) -> dict[str, Any]:

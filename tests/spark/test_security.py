@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 import trio
 
@@ -31,7 +30,7 @@ from trionsq.spark.coordinator import Coordinator, default_host, listen_address
 from trionsq.spark.source import NSQStreamReader
 
 from ..support.waiting import wait_until_blocking
-from .conftest import publish
+from .conftest import as_task, publish
 
 
 class Relay:
@@ -70,20 +69,6 @@ class Relay:
     def close(self) -> None:
         for sock in self._sockets:
             sock.close()
-
-
-class FakeTaskContext:
-    def __init__(self, attempt: int, task: int) -> None:
-        self._attempt, self._task = attempt, task
-
-    def stageId(self) -> int:
-        return 1
-
-    def attemptNumber(self) -> int:
-        return self._attempt
-
-    def taskAttemptId(self) -> int:
-        return self._task
 
 
 @pytest.fixture
@@ -130,8 +115,7 @@ def test_neither_bodies_nor_the_token_cross_the_network_in_the_clear(
 
         def read_on(identity: ExecutorIdentity, attempt: int) -> list[bytes]:
             monkeypatch.setattr(source_module, "identify", lambda: identity)
-            context = FakeTaskContext(attempt, task=attempt + 1)
-            monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: context))
+            as_task(monkeypatch, attempt=attempt, task=attempt + 1)
             return [b for batch in reader.read(partition) for b in batch.column(0).to_pylist()]
 
         rows = read_on(first, 0)

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import trustme
 
 from fakensq import NSQD
 
+from ..support.tls import Pki
 from .helpers import publish, run_tool
 
 
-def test_tail_with_tls_root_ca_and_auth_secret(
-    nsqd_factory: Callable[..., NSQD], tmp_path: Path
-) -> None:
-    ca = trustme.CA()
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server)
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
+def test_tail_with_tls_root_ca_and_auth_secret(nsqd_factory: Callable[..., NSQD], pki: Pki) -> None:
+    server, ca_file = pki.server_context(), pki.ca_file
     secrets: list[str] = []
 
     def auth(query: dict[str, str]) -> dict[str, Any]:
@@ -66,20 +58,13 @@ def test_tail_with_tls_root_ca_and_auth_secret(
 
 
 def test_tail_with_tls_root_ca_and_a_client_certificate(
-    nsqd_factory: Callable[..., NSQD], tmp_path: Path
+    nsqd_factory: Callable[..., NSQD], pki: Pki
 ) -> None:
     """The tool loads the certificate into the context it made from
     --tls-root-ca-file (trionsq never changes a context it is given)."""
-    ca = trustme.CA()
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server)
-    server.verify_mode = ssl.CERT_REQUIRED
-    ca.configure_trust(server)
-    client = ca.issue_cert("client")
-    files = {name: tmp_path / name for name in ("ca.pem", "cert.pem", "key.pem")}
-    ca.cert_pem.write_to_path(str(files["ca.pem"]))
-    client.cert_chain_pems[0].write_to_path(str(files["cert.pem"]))
-    client.private_key_pem.write_to_path(str(files["key.pem"]))
+    server = pki.server_context(ssl.CERT_REQUIRED)
+    cert, key = pki.client_files("client")
+    files = {"ca.pem": pki.ca_file, "cert.pem": cert, "key.pem": key}
 
     def auth(query: dict[str, str]) -> dict[str, Any]:
         allowed = query["secret"] == "open-sesame"
