@@ -30,7 +30,13 @@ S = TypeVar("S", bound=enum.Enum)
 
 
 class Life(enum.Enum):
-    """The states of a front end's client."""
+    """The states of an object's life (a connection's, a consumer's, a front
+    end's client's: each lives some of them, see its table)."""
+
+    # Members are singletons: hashed by identity (a C slot), not by Enum's
+    # Python-level hash of the name; a table's lookup is then a dict's, some
+    # objects move once a request.
+    __hash__ = object.__hash__
 
     #: made, not started (or, for a blocking Producer, forked and not restarted)
     NEW = "new"
@@ -106,17 +112,18 @@ class Lifecycle(Generic[S]):
     with it.
     """
 
-    __slots__ = ("moves", "state")
+    __slots__ = ("_table", "moves", "state")
 
     def __init__(self, moves: Moves[S]) -> None:
         self.moves = moves
         self.state: S = moves.initial
+        self._table = moves.table  # (one lookup less a move: some are per request)
 
     def move(self, to: S) -> S:
         """Go to ``to``; returns the state left.  Raises :class:`LifecycleError`
         (and stays) if the table has no such move."""
         state = self.state
-        if to not in self.moves.table.get(state, ()):
+        if to not in self._table.get(state, ()):
             raise self.moves.refusal(state, to)
         self.state = to
         return state

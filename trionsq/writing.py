@@ -60,6 +60,8 @@ class ConnectionClosedError(NSQConnectionError):
 class Loan(enum.Enum):
     """Who reads a producer's socket (see :meth:`Connection.request`)."""
 
+    __hash__ = object.__hash__  # by identity, fast (see trionsq.lifecycle.Life)
+
     #: the reader task watches the socket (it may not be parked right now)
     READING = "reading"
     #: the reader is parked and lends the socket: the next lone request may
@@ -84,6 +86,8 @@ LOAN_MOVES = Moves(
 
 class Writer(enum.Enum):
     """Where the connection's writes are (see :meth:`Connection.send_nowait`)."""
+
+    __hash__ = object.__hash__  # by identity, fast (see trionsq.lifecycle.Life)
 
     #: parked with nothing queued: the first command queued arranges a write
     #: (wakes the writer task, or hands the connection to the multiplexer)
@@ -273,12 +277,14 @@ class Writing:
             # after MPUB): send it from here, no task switch to the writer.
             # Otherwise the writer coalesces what the woken tasks queue.
             self._pending.append(pending)
-            self._give_back(None)  # its response is the reader's to read
+            if loan.state is LENT:
+                self._give_back(None)  # its response is the reader's to read
             self._send_at_once(data)
         else:
             # In the same step as the bytes: responses come back in this order.
             self._pending.append(pending)
-            self._give_back(None)
+            if loan.state is LENT:
+                self._give_back(None)
             self._out += data
             if self.writer.state is IDLE:
                 self._start_writing()
@@ -419,7 +425,8 @@ class Writing:
             self._follow(data)
         pending = PendingResponse()
         self._pending.append(pending)
-        self._give_back(None)  # its response is the reader's to read
+        if self.loan.state is LENT:
+            self._give_back(None)  # its response is the reader's to read
         self._out += data
         if self.writer.state is IDLE:
             self._start_writing()
