@@ -22,7 +22,7 @@ import trio
 from trionsq.transport import parse_address
 
 from .conftest import Target
-from .normalize import Normalizer
+from .normalize import Normalizer, type_only
 from .session import READ_TIMEOUT, Entry
 
 __all__ = [
@@ -156,10 +156,6 @@ async def v1_connect(target: Target, name: str = "", *, magic: bool = True) -> V
     return session
 
 
-def _type_only(value: Any) -> Any:
-    return f"<{type(value).__name__}>"
-
-
 #: Go's time.Time{}.UnixNano(): /debug's tombstoned_at of a producer never tombstoned.
 GO_ZERO_TIME_NANOS = -6795364578871345152
 
@@ -167,8 +163,8 @@ GO_ZERO_TIME_NANOS = -6795364578871345152
 def debug_times(n: Normalizer) -> None:
     """Normalize /debug's times: only their presence and type are compared (a
     never-set tombstone time, Go's zero time, is kept)."""
-    n.key_rules["last_update"] = _type_only
-    n.key_rules["tombstoned_at"] = lambda v: v if v == GO_ZERO_TIME_NANOS else _type_only(v)
+    n.key_rules["last_update"] = type_only
+    n.key_rules["tombstoned_at"] = lambda v: v if v == GO_ZERO_TIME_NANOS else type_only(v)
 
 
 async def lookupd_state(t: Target, *topics: str) -> dict[str, Any]:
@@ -196,9 +192,9 @@ async def lookupd_state(t: Target, *topics: str) -> dict[str, Any]:
         debug = (await http.get("/debug")).json()
         for producers in debug.values():
             for p in producers:
-                p["last_update"] = _type_only(p["last_update"])
+                p["last_update"] = type_only(p["last_update"])
                 p["tombstoned_at"] = (
-                    _type_only(p["tombstoned_at"]) if p["tombstoned"] else (p["tombstoned_at"])
+                    type_only(p["tombstoned_at"]) if p["tombstoned"] else (p["tombstoned_at"])
                 )
             producers.sort(key=json.dumps)
         out["debug"] = debug

@@ -129,6 +129,12 @@ class Normalizer:
         return data
 
 
+def type_only(value: Any) -> Any:
+    """A value's type in place of the value (what may differ between runs and
+    between the daemons, as memory figures, whose kind must not)."""
+    return f"<{type(value).__name__}>"
+
+
 def key_order(value: Any) -> Any:
     """The order of keys of every dict inside ``value`` (JSON key order is part of
     what a client sees: Go writes struct fields in a fixed order)."""

@@ -27,6 +27,7 @@ __all__ = [
     "mpub_body",
     "node_state",
     "probe",
+    "size",
     "setup_state",
 ]
 
@@ -34,14 +35,20 @@ __all__ = [
 ANSWERED = {b"PUB", b"MPUB", b"DPUB", b"SUB", b"CLS", b"IDENTIFY", b"AUTH"}
 
 
+def size(n: int) -> bytes:
+    """A size as the wire writes it (a signed 32-bit big-endian int: any ``n``
+    that fits, negative ones too, for the tests that lie about sizes)."""
+    return struct.pack(">l", n)
+
+
 def body(data: bytes) -> bytes:
     """A size-prefixed body."""
-    return struct.pack(">l", len(data)) + data
+    return size(len(data)) + data
 
 
 def mpub_body(*bodies: bytes, count: int | None = None) -> bytes:
     """MPUB's body: a message count (``count`` overrides it), then sized bodies."""
-    inner = struct.pack(">l", len(bodies) if count is None else count)
+    inner = size(len(bodies) if count is None else count)
     inner += b"".join(body(b) for b in bodies)
     return body(inner)
 

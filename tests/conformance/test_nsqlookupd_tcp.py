@@ -4,20 +4,16 @@ connection closes, and what the HTTP API shows afterwards."""
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import pytest
 
 from .conftest import Conformance, Target
 from .lookupd import PEER, identify_body, lookupd_state, v1_connect
+from .tcp import size
 
 M = b"  V1"
 ID = identify_body(PEER)
-
-
-def size(n: int) -> bytes:
-    return struct.pack(">l", n)
 
 
 # (id, bytes sent after connecting, without the magic unless the case is about it)

@@ -18,7 +18,7 @@ from trionsq.protocol import commands as cmds
 
 from .conftest import Conformance, Target
 from .httpcheck import mask_text_stats
-from .normalize import Normalizer
+from .normalize import Normalizer, type_only
 
 MEMORY_KEYS = (
     "heap_objects",
@@ -33,13 +33,9 @@ MEMORY_KEYS = (
 )
 
 
-def _type_only(value: Any) -> Any:
-    return f"<{type(value).__name__}>"
-
-
 def _memory_by_type(n: Normalizer) -> None:
     for key in MEMORY_KEYS:
-        n.key_rules[key] = _type_only
+        n.key_rules[key] = type_only
 
 
 async def build_state(t: Target) -> None:
@@ -169,7 +165,7 @@ def _producers_in_order(text: str) -> str:
 def _percentile_values(n: Normalizer) -> None:
     _memory_by_type(n)
     # A latency varies run to run: its presence and type are compared.
-    n.key_rules["value"] = _type_only
+    n.key_rules["value"] = type_only
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from ..support.authserver import AuthServer
 from ..support.ports import free_address
 from .conftest import Conformance, Target
 from .session import READ_TIMEOUT, SYNC_TOPIC
-from .tcp import body, settled_stats
+from .tcp import body, settled_stats, size
 from .test_tcp_identify import client_context, client_view, tls_files, tls_flags
 
 __all__ = ["tls_files"]  # a fixture, used here too
@@ -36,10 +36,6 @@ GRANT = {
         {"topic": "pub_only", "channels": [".*"], "permissions": ["publish"]},
     ],
 }
-
-
-def struct_size(n: int) -> bytes:
-    return n.to_bytes(4, "big", signed=True)
 
 
 def auth_flags(server: AuthServer) -> list[str]:
@@ -218,7 +214,7 @@ async def test_auth(
         cmds.nop(),
         b"AUTH\n" + body(b""),
         b"AUTH extra\n" + body(b"good"),
-        b"AUTH\n" + struct_size(6 * 1024 * 1024),
+        b"AUTH\n" + size(6 * 1024 * 1024),
     ],
     ids=[
         "pub",

@@ -9,14 +9,12 @@ and the real nsqd.
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 
 from trionsq.protocol import commands as cmds
 
 from .conftest import Conformance, Target
-from .tcp import STATES, body, mpub_body, probe
+from .tcp import STATES, body, mpub_body, probe, size
 
 ALL_STATES = list(STATES)
 
@@ -55,10 +53,6 @@ async def test_command_in_state(conformance: Conformance, state: str, command: s
     await conformance.nsqd(scenario)
 
 
-def struct_size(n: int) -> bytes:
-    return struct.pack(">l", n)
-
-
 # Argument checks: tried on a subscribed connection with a message in flight
 # (where FIN, REQ and TOUCH are allowed) and, for publishing, on a fresh one.
 ARGUMENTS: dict[str, bytes] = {
@@ -80,7 +74,7 @@ ARGUMENTS: dict[str, bytes] = {
     "pub_extra_param": b"PUB probe extra\n" + body(b"x"),
     "pub_empty_body": b"PUB probe\n" + body(b""),
     "pub_negative_size": b"PUB probe\n" + b"\xff\xff\xff\xff",
-    "pub_too_big": b"PUB probe\n" + struct_size(1024 * 1024 + 1),
+    "pub_too_big": b"PUB probe\n" + size(1024 * 1024 + 1),
     "pub_max_size": b"PUB probe\n" + body(b"m" * 1024 * 1024),
     "pub_binary": b"PUB probe\n" + body(bytes(range(256))),
     "pub_crlf": b"PUB probe\r\n" + body(b"x"),
@@ -95,7 +89,7 @@ ARGUMENTS: dict[str, bytes] = {
     "mpub_huge_count": b"MPUB probe\n" + mpub_body(b"a", count=1_000_000_000),
     "mpub_empty_message": b"MPUB probe\n" + mpub_body(b"a", b""),
     "mpub_body_size_zero": b"MPUB probe\n" + body(b""),
-    "mpub_body_too_big": b"MPUB probe\n" + struct_size(5 * 1024 * 1024 + 1),
+    "mpub_body_too_big": b"MPUB probe\n" + size(5 * 1024 * 1024 + 1),
     "mpub_message_too_big": b"MPUB probe\n" + mpub_body(b"m" * (1024 * 1024 + 1)),
     "mpub_extra_bytes": b"MPUB probe\n" + body(mpub_body(b"a")[4:] + b"trailing"),
     # DPUB

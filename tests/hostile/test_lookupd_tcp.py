@@ -24,14 +24,11 @@ from fakensq.lookupd.options import LookupdOptions
 
 from ..conformance.conftest import Conformance, Target
 from ..conformance.lookupd import PEER, identify_body, lookupd_state, v1_connect
+from ..conformance.tcp import size
 from ..fakensq.test_fuzz import _Fail
 from .peers import TIMEOUT, MiB, closed_by_peer, connect, flood, traced_peak
 
 GiB = 1024 * MiB
-
-
-def size(n: int) -> bytes:
-    return struct.pack(">l", n)
 
 
 CUT_SHORT = [

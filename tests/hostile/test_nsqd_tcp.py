@@ -10,7 +10,6 @@ while the case runs, printed for the report).
 from __future__ import annotations
 
 import logging
-import struct
 import zlib
 from typing import Any
 
@@ -24,17 +23,12 @@ from trionsq.protocol import commands as cmds
 from trionsq.protocol.codecs import SnappyEncoder
 
 from ..conformance.conftest import Conformance, Target
-from ..conformance.tcp import body, node_state
+from ..conformance.tcp import body, node_state, size
 from ..fakensq.helpers import memory_client
 from ..fakensq.test_fuzz import _check_frames, _Fail, _run_session
 from ..support.authserver import AuthServer
 from ..support.waiting import poll_until
 from .peers import TIMEOUT, MiB, drain, flood, traced_peak
-
-
-def size(n: int) -> bytes:
-    return struct.pack(">l", n)
-
 
 # --- a command cut short: EOF inside its body ---------------------------------
 
