@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import trio
 
-from .gotypes import CHANNEL_SUMS
+from trionsq.tools.stat import ChannelTotals as ChannelSums
 
 __all__ = [
     "ChannelTotals",
@@ -32,10 +32,6 @@ __all__ = [
 REQUEST_TIMEOUT = 2.0
 #: Message rates are averaged over this window (seconds).
 RATE_WINDOW = 10.0
-
-#: The counters a channel's totals add up (its depth as a whole, not split
-#: into memory and disk).
-_CHANNEL_COUNTERS = tuple(c for c in CHANNEL_SUMS if c not in ("memory_depth", "backend_depth"))
 
 
 @dataclass
@@ -72,18 +68,13 @@ class LookupdInfo:
     index: int | None = None
 
 
-@dataclass
-class ChannelTotals:
-    """A channel summed over the nodes that have it."""
+@dataclass(kw_only=True)
+class ChannelTotals(ChannelSums):
+    """A channel summed over the nodes that have it: nsq_stat's sums (one
+    summing of a channel's ``/stats`` over nsqds), with its name, whether any
+    node has it paused, its rate and each node's document."""
 
     name: str
-    depth: int = 0
-    in_flight_count: int = 0
-    deferred_count: int = 0
-    requeue_count: int = 0
-    timeout_count: int = 0
-    message_count: int = 0
-    client_count: int = 0
     paused: bool = False
     rate: float = 0.0
     #: (node address, that node's /stats channel document)
@@ -223,9 +214,9 @@ class Reader:
                 tt.paused = tt.paused or bool(t.get("paused"))
                 tt.per_node.append((node.address, t))
                 for c in t.get("channels") or []:
-                    ct = tt.channels.setdefault(c["channel_name"], ChannelTotals(c["channel_name"]))
-                    for counter in _CHANNEL_COUNTERS:
-                        setattr(ct, counter, getattr(ct, counter) + int(c.get(counter, 0)))
+                    name = c["channel_name"]
+                    ct = tt.channels.setdefault(name, ChannelTotals(name=name))
+                    ct.add(c)
                     ct.paused = ct.paused or bool(c.get("paused"))
                     ct.per_node.append((node.address, c))
         for lk in snap.lookupds:

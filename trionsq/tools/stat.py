@@ -94,7 +94,9 @@ class ChannelTotals:
     client_count: int = 0
 
     def add(self, doc: dict[str, Any]) -> None:
-        for f in fields(self):
+        """Add one nsqd's ``/stats`` channel document (the admin's pages sum the
+        same way, in a subclass: only these fields are counters)."""
+        for f in fields(ChannelTotals):
             if f.name != "memory_depth":
                 setattr(self, f.name, getattr(self, f.name) + int(doc.get(f.name) or 0))
         self.memory_depth += int(doc.get("depth") or 0) - int(doc.get("backend_depth") or 0)
