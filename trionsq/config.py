@@ -121,6 +121,21 @@ def load_client_certificate(context: ssl.SSLContext, config: Config) -> None:
     context.load_cert_chain(config.tls_cert, config.tls_key, password=give_password)
 
 
+def tls_context(config: Config) -> ssl.SSLContext:
+    """The context a TLS connection uses: the caller's own, as it is (never
+    changed: it may be shared, and another client would then present what
+    was loaded into it; Config refuses a client certificate with one), or a
+    new one of trionsq's for ``tls=True``, with the client certificate if
+    any (a context per connection: a renewed certificate file is picked up
+    at the next connection)."""
+    if isinstance(config.tls, ssl.SSLContext):
+        return config.tls
+    context = ssl.create_default_context()
+    if config.tls_cert is not None:
+        load_client_certificate(context, config)
+    return context
+
+
 def _is_http_transport(value: object) -> bool:
     import httpx
 

@@ -71,7 +71,7 @@ from .protocol.frames import (
     OversizedMessage,
     Response,
 )
-from .rdy import DEFAULT_MAX_RDY_COUNT
+from .protocol.handshake import DEFAULT_MAX_RDY_COUNT
 from .reasons import cannot_connect
 from .telemetry import counters
 from .transport import parse_address

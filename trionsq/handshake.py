@@ -13,19 +13,16 @@ the close at once) and the failures to connect.
 from __future__ import annotations
 
 import errno
-import json
 import os
-import ssl
 import sys
 from typing import Any, overload
 
 import trio
 
-from .config import Config, load_client_certificate
-from .protocol import codecs, commands
+from .config import Config, tls_context
+from .protocol import codecs, commands, handshake
 from .protocol.errors import NSQError, ProtocolError
-from .protocol.frames import OK, SIZE, Error, FrameParser, Response
-from .rdy import DEFAULT_MAX_RDY_COUNT
+from .protocol.frames import OK
 from .reasons import cannot_connect
 
 __all__ = [
@@ -44,7 +41,6 @@ __all__ = [
 RECEIVE_SIZE = 64 * 1024
 #: whether a socket's descriptor takes os.write (not so on Windows)
 WRITE_TO_SOCKETS = sys.platform != "win32"
-#: why a handshake answered in HTTP failed (go-nsq's words, and a hint)
 _HTTP_ANSWER = (
     "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
 )
@@ -113,21 +109,6 @@ class CodecStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-def _ssl_context(config: Config) -> ssl.SSLContext:
-    """The context a TLS connection uses: the caller's own, as it is (never
-    changed: it may be shared, and another client would then present what
-    was loaded into it; Config refuses a client certificate with one), or a
-    new one of trionsq's for ``tls=True``, with the client certificate if
-    any (a context per connection: a renewed certificate file is picked up
-    at the next connection)."""
-    if isinstance(config.tls, ssl.SSLContext):
-        return config.tls
-    context = ssl.create_default_context()
-    if config.tls_cert is not None:
-        load_client_certificate(context, config)
-    return context
 
 
 #: The last configuration greeted with and its greeting (see _greeting).
@@ -237,86 +218,50 @@ class Handshake:
     async def _read_response(self, heartbeats: bool = False) -> bytes | None:
         """Read one handshake frame: a response's data, or raise the error
         frame (a heartbeat: None with ``heartbeats``, else an error)."""
+        max_frame_size = self.config.max_frame_size
         header = await self._receive_exactly(4)
-        if header == b"HTTP":
-            # An HTTP server's answer to the magic (nsqd's HTTP port says
-            # "HTTP/1.1 400 Bad Request"): said as go-nsq says it, not as a
-            # frame of 1213486160 bytes.
-            raise NSQConnectionError(cannot_connect(self.address, _HTTP_ANSWER))
-        (size,) = SIZE.unpack(header)
-        if size > self.config.max_frame_size or size < 4:
-            # Let the parser produce the typed error.
-            FrameParser(self.config.max_frame_size).feed(header)
+        size = handshake.answer_size(header, max_frame_size)
+        if size is None:
+            raise NSQConnectionError(cannot_connect(self.address, handshake.HTTP_ANSWER))
         payload = await self._receive_exactly(size)
-        (frame,) = FrameParser(self.config.max_frame_size).feed(header + payload)
-        if isinstance(frame, Error):
-            raise frame.error
-        if isinstance(frame, Response):
-            if not frame.is_heartbeat:
-                return frame.data
-            if heartbeats:
-                return None
-        raise ProtocolError(f"unexpected frame during handshake: {frame!r}"[:200])
+        return handshake.answer(header + payload, max_frame_size, heartbeats)
 
     async def _handshake(self, host: str) -> None:
         config = self.config
         await self._stream.send_all(_greeting(config))
-        data = await self._read_response()
-        if data != OK:
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                raise ProtocolError(f"IDENTIFY response is not JSON: {data[:100]!r}") from None
-            if not isinstance(parsed, dict):
-                raise ProtocolError("IDENTIFY response is not a JSON object")
-            self.identify_response = parsed
-        response = self.identify_response
-        max_rdy = response.get("max_rdy_count", DEFAULT_MAX_RDY_COUNT)
-        if isinstance(max_rdy, int) and not isinstance(max_rdy, bool) and max_rdy >= 0:
-            self.max_rdy_count = max_rdy
-        timeout = response.get("msg_timeout")
-        if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-            self.msg_timeout = timeout / 1000
+        # What nsqd's answers mean is trionsq.protocol.handshake's (sans-IO,
+        # shared with the blocking publisher); the steps' I/O is here.
+        negotiated = handshake.negotiate(
+            await self._read_response(),
+            tls=config.tls is not False,
+            snappy=config.snappy,
+            deflate=config.deflate,
+            deflate_level=config.deflate_level,
+            has_auth_secret=config.auth_secret is not None,
+        )
+        self.identify_response = negotiated.response
+        self.max_rdy_count = negotiated.max_rdy_count
+        self.msg_timeout = negotiated.msg_timeout
+        if negotiated.refusal is not None:
+            raise NegotiationError(f"{self.address}: {negotiated.refusal}")
 
-        if config.tls is not False:
-            if not response.get("tls_v1"):
-                raise NegotiationError(f"{self.address}: TLS requested but nsqd does not offer it")
+        if negotiated.tls:
             if self._leftover:
                 raise ProtocolError("nsqd sent data before the TLS handshake")
-            tls_stream = trio.SSLStream(self._stream, _ssl_context(config), server_hostname=host)
+            tls_stream = trio.SSLStream(self._stream, tls_context(config), server_hostname=host)
             self._stream = tls_stream
             await tls_stream.do_handshake()
             self.tls = True
-            await self._expect_ok("TLS")
+            handshake.expect_ok(await self._read_response(), "TLS")
 
-        codec: tuple[codecs.Encoder, codecs.Decoder] | None = None
-        if config.snappy and response.get("snappy"):
-            codec = (codecs.SnappyEncoder(), codecs.SnappyDecoder())
-            self.compression = "snappy"
-        elif config.deflate and response.get("deflate"):
-            level = response.get("deflate_level", config.deflate_level)
-            codec = (
-                codecs.DeflateEncoder(level if isinstance(level, int) else 6),
-                codecs.DeflateDecoder(),
-            )
-            self.compression = "deflate"
+        codec = negotiated.codec()
         if codec is not None:
+            self.compression = negotiated.compression
             self._stream = CodecStream(self._stream, *codec, initial=self._leftover)
             self._leftover = b""
-            await self._expect_ok(self.compression or "")
+            handshake.expect_ok(await self._read_response(), self.compression or "")
 
-        if response.get("auth_required"):
-            if config.auth_secret is None:
-                raise NegotiationError(f"{self.address}: nsqd requires AUTH; set auth_secret")
+        if negotiated.auth:
+            assert config.auth_secret is not None  # (else a refusal above)
             await self._stream.send_all(commands.auth(config.auth_secret))
-            data = await self._read_response()
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                parsed = None
-            self.auth_response = parsed if isinstance(parsed, dict) else {}
-
-    async def _expect_ok(self, step: str) -> None:
-        data = await self._read_response()
-        if data != OK:
-            raise ProtocolError(f"expected OK after the {step} upgrade, got {data[:100]!r}")
+            self.auth_response = handshake.parse_auth(await self._read_response())

@@ -42,11 +42,9 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .backoff import BackoffState
+from .protocol.handshake import DEFAULT_MAX_RDY_COUNT
 
 __all__ = ["ConnRdy", "RdyController", "DEFAULT_MAX_RDY_COUNT", "STARVED_FRACTION", "starved"]
-
-#: What the guide says to assume when nsqd does not negotiate features.
-DEFAULT_MAX_RDY_COUNT = 2500
 
 #: The client guide's ``is_starved`` threshold, as a fraction of the last RDY sent.
 STARVED_FRACTION = 0.85
