@@ -24,6 +24,9 @@ from ..hosting.producer import (
     Job,
 )
 from ..hosting.trio_thread import ForkedError, check_not_in_trio
+from ..publishing import ProducerStats
+from ..transport import tcp_connector
+from .direct import DirectPublisher
 
 __all__ = ["Producer"]
 
@@ -47,6 +50,18 @@ class Producer(HostedProducerState):
     the answer raises :class:`~trionsq.ConnectionClosedError` (the message may or
     may not have been published); a call on a closed producer raises
     :class:`~trionsq.hosting.producer.ClientClosedError`.
+
+    A blocking ``publish()``, ``multi_publish()`` or ``deferred_publish()`` is
+    done by the calling thread itself: it writes the command on the shared
+    connection and reads answers there (:mod:`trionsq.blocking.direct`: no hop
+    to the loop's thread, a round trip and little more; threads publishing at
+    once are pipelined, one of them reading the answers for all).  What a
+    caller may assume when the connection dies during a call is said there:
+    a publish never written whole is retried once on a new connection (failing
+    over), one written whole and not answered raises
+    :class:`~trionsq.ConnectionClosedError`, never published twice behind the
+    caller's back.  (With a ``connector`` of one's own, the blocking calls go
+    through the loop's thread as the ``*_async`` ones do.)
 
     ``timeout`` (seconds) bounds how long a call waits for the answer; past it,
     :class:`TimeoutError` is raised (the publish is not taken back).  The
@@ -74,6 +89,8 @@ class Producer(HostedProducerState):
         self.config = _core.Producer(nsqd_tcp_addresses, config=config, **options).config
         self.after_fork = after_fork
         self._hosted: HostedProducer | None = None
+        # The blocking calls' own path (None: through the hosted producer).
+        self._direct: DirectPublisher | None = None
         self._state = "new"  # new, open, forked, closed
         self._pid = os.getpid()
         self._reset_locks()
@@ -121,8 +138,12 @@ class Producer(HostedProducerState):
                 if traced is not None:
                     traced.instrument_blocking(self)  # its publish methods
             self._pid = os.getpid()
+            direct = None
+            if self.config.connector is tcp_connector:  # (a socket this thread can use)
+                direct = DirectPublisher(self.config, _closed_error)
             with self._lock:
                 self._hosted = hosted
+                self._direct = direct
                 self._state = "open"
         return self
 
@@ -133,10 +154,13 @@ class Producer(HostedProducerState):
         with self._start_lock:
             with self._lock:
                 hosted, self._hosted = self._hosted, None
+                direct, self._direct = self._direct, None
                 self._state = "closed"
                 # Callers waiting for a place or a flush: let them see it closed.
                 _release_all(self._sleepers)
                 _release_all(self._flushers)
+            if direct is not None:
+                direct.close(self.config.close_timeout if timeout is None else timeout)
             if hosted is not None and not hosted.runner.forked:
                 hosted.close(timeout)
 
@@ -160,6 +184,9 @@ class Producer(HostedProducerState):
         # have been held by threads that do not exist here.
         self._reset_locks()
         self._hosted = None
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            direct.forget()  # the parent's socket: left alone
         if self._state == "open":
             self._state = "forked"
 
@@ -251,19 +278,53 @@ class Producer(HostedProducerState):
 
     def publish(self, topic: str, body: bytes, *, timeout: float | None = None) -> None:
         """PUB one message; returns once nsqd acknowledged it."""
-        self._call("publish", (topic, body), timeout)
+        direct = self._direct
+        if direct is None or _sniffio.name == "trio":
+            return self._call("publish", (topic, body), timeout)
+        direct.publish(direct.core.pub(topic, body), 0, timeout)
 
     def multi_publish(
         self, topic: str, bodies: Iterable[bytes], *, timeout: float | None = None
     ) -> None:
         """MPUB several messages atomically; returns once nsqd acknowledged them."""
-        self._call("multi_publish", (topic, list(bodies)), timeout)
+        direct = self._direct
+        if direct is None or _sniffio.name == "trio":
+            return self._call("multi_publish", (topic, list(bodies)), timeout)
+        direct.publish(*direct.core.mpub(topic, bodies), timeout)
 
     def deferred_publish(
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> None:
         """DPUB: the message becomes visible after ``delay`` seconds."""
-        self._call("deferred_publish", (topic, body, delay), timeout)
+        direct = self._direct
+        if direct is None or _sniffio.name == "trio":
+            return self._call("deferred_publish", (topic, body, delay), timeout)
+        direct.publish(direct.core.dpub(topic, body, delay), 0, timeout)
+
+    @property
+    def stats(self) -> ProducerStats:
+        """The counters of :class:`trionsq.ProducerStats`: the blocking calls'
+        and the ``*_async`` ones' together (``in_flight`` counts both)."""
+        stats = super().stats
+        direct = self._direct
+        if direct is None:
+            return stats
+        core = direct.core
+        return ProducerStats(
+            published=stats.published + core.published,
+            batches=stats.batches + core.batches,
+            errors=stats.errors + core.errors,
+            in_flight=stats.in_flight + direct.in_flight(),
+            window=stats.window,
+        )
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd currently connected to, if any (the blocking calls' first)."""
+        direct = self._direct
+        if direct is not None and direct.address is not None:
+            return direct.address
+        return super().address
 
     def _call_async(self, method: str, args: tuple[Any, ...]) -> concurrent.futures.Future[None]:
         # Running from the start: a publish handed over cannot be taken back.
@@ -306,6 +367,10 @@ class Producer(HostedProducerState):
             return True
         _forget(self._flushers, idle)
         return self._taken <= self._released
+
+
+def _closed_error() -> ClientClosedError:
+    return ClientClosedError("the Producer is closed")
 
 
 def _release_all(locks: deque[threading.Lock]) -> None:

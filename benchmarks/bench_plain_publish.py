@@ -1,0 +1,383 @@
+"""Publishing as plain code publishes (issue 29): one call at a time, from 1 thread or many.
+
+Against one real nsqd v1.3.0 (``--output-buffer-timeout=10ms``; found by
+tests/reference.py: NSQ_BIN or shared/reference/nsq-bin; without it the script
+says so and stops), ``--publishes`` bodies of 100 bytes (20,000) a case, every
+case in this process, one after the other, rounds interleaving them (``--rounds``,
+2: the better round of each case is shown, as the issue's table):
+
+- raw blocking socket, 1 thread: PUB, wait for OK, next (the physical baseline);
+- HTTP: POST /pub on one keep-alive ``http.client`` connection, 1 thread;
+- ``trionsq.blocking.Producer``, ``publish()`` from 1 thread;
+- raw blocking sockets, one per thread, 8 threads; the blocking Producer shared
+  by 8 threads; the same with 32 threads;
+- ``trionsq.aio.Producer``: 256 tasks awaiting in turn; ``asyncio.gather``
+  over chunks of 1,000 publishes;
+- the Trio ``trionsq.Producer`` with 256 tasks (the aio cases' baseline).
+
+Latency: the p50 and p99 of one publish (``--latency-publishes``, 5,000, one at a
+time, 1 thread or task) on the raw socket, the blocking Producer and the aio one.
+Every case's messages are counted by nsqd's /stats (a topic each).
+
+    python benchmarks/bench_plain_publish.py [--publishes N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trionsq
+from tests import reference
+from trionsq import aio, blocking
+
+BODY = b"x" * 100
+SIZE = struct.Struct(">l")
+OK_FRAME = SIZE.pack(6) + SIZE.pack(0) + b"OK"
+
+
+def _raw_socket(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    body = json.dumps({"feature_negotiation": True}).encode()
+    sock.sendall(b"  V2IDENTIFY\n" + SIZE.pack(len(body)) + body)
+    (size,) = SIZE.unpack(_exactly(sock, 4))
+    _exactly(sock, size)
+    return sock
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("nsqd closed the connection")
+        data += chunk
+    return data
+
+
+def _pub(topic: str) -> bytes:
+    return b"PUB " + topic.encode() + b"\n" + SIZE.pack(len(BODY)) + BODY
+
+
+def _raw_loop(sock: socket.socket, command: bytes, count: int) -> None:
+    for _ in range(count):
+        sock.sendall(command)
+        if sock.recv(64) != OK_FRAME:
+            raise AssertionError("not OK")
+
+
+def _threads(count: int, work: Callable[[], None]) -> float:
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
+
+
+# --- the cases: (address, http address, topic, count) -> seconds -------------
+
+
+def raw_threads(threads: int) -> Callable[[str, str, str, int], float]:
+    def case(address: str, http_address: str, topic: str, count: int) -> float:
+        socks = [_raw_socket(address) for _ in range(threads)]
+        command = _pub(topic)
+        share = iter(socks)
+        lock = threading.Lock()
+
+        def work() -> None:
+            with lock:
+                sock = next(share)
+            _raw_loop(sock, command, count // threads)
+
+        took = _threads(threads, work)
+        for sock in socks:
+            sock.close()
+        return took
+
+    return case
+
+
+def http_keep_alive(address: str, http_address: str, topic: str, count: int) -> float:
+    host, port = http_address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port))
+    path = f"/pub?topic={topic}"
+    start = time.perf_counter()
+    for _ in range(count):
+        conn.request("POST", path, body=BODY)
+        response = conn.getresponse()
+        if response.read() != b"OK":
+            raise AssertionError("not OK")
+    took = time.perf_counter() - start
+    conn.close()
+    return took
+
+
+def blocking_threads(threads: int) -> Callable[[str, str, str, int], float]:
+    def case(address: str, http_address: str, topic: str, count: int) -> float:
+        with blocking.Producer([address]) as producer:
+            producer.publish(topic, BODY)  # connected before the clock starts
+            share = count // threads
+
+            def work() -> None:
+                for _ in range(share):
+                    producer.publish(topic, BODY)
+
+            if threads == 1:
+                start = time.perf_counter()
+                work()
+                return time.perf_counter() - start
+            return _threads(threads, work)
+
+    return case
+
+
+def aio_tasks(address: str, http_address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        async with aio.Producer([address]) as producer:
+            await producer.publish(topic, BODY)
+            share = count // 256
+
+            async def work() -> None:
+                for _ in range(share):
+                    await producer.publish(topic, BODY)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(work() for _ in range(256)))
+            return time.perf_counter() - start
+
+    return asyncio.run(main())
+
+
+def aio_gather(address: str, http_address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        async with aio.Producer([address]) as producer:
+            await producer.publish(topic, BODY)
+            start = time.perf_counter()
+            for done in range(0, count, 1000):
+                n = min(1000, count - done)
+                await asyncio.gather(*(producer.publish(topic, BODY) for _ in range(n)))
+            return time.perf_counter() - start
+
+    return asyncio.run(main())
+
+
+def trio_tasks(address: str, http_address: str, topic: str, count: int) -> float:
+    async def main() -> float:
+        async with trionsq.Producer([address]) as producer:
+            await producer.publish(topic, BODY)
+            share = count // 256
+
+            async def work() -> None:
+                for _ in range(share):
+                    await producer.publish(topic, BODY)
+
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(256):
+                    nursery.start_soon(work)
+            return time.perf_counter() - start
+
+    return trio.run(main)
+
+
+RAW1 = "raw socket, 1 thread"
+HTTP = "HTTP keep-alive, 1 thread"
+BLOCKING1 = "blocking publish(), 1 thread"
+RAW8 = "raw sockets, 8 threads"
+BLOCKING8 = "blocking publish(), 8 threads"
+RAW32 = "raw sockets, 32 threads"
+BLOCKING32 = "blocking publish(), 32 threads"
+AIO256 = "aio, 256 tasks"
+GATHER = "aio, gather of 1,000"
+TRIO = "Trio Producer, 256 tasks"
+
+CASES: dict[str, Callable[[str, str, str, int], float]] = {
+    RAW1: raw_threads(1),
+    HTTP: http_keep_alive,
+    BLOCKING1: blocking_threads(1),
+    RAW8: raw_threads(8),
+    BLOCKING8: blocking_threads(8),
+    RAW32: raw_threads(32),
+    BLOCKING32: blocking_threads(32),
+    AIO256: aio_tasks,
+    GATHER: aio_gather,
+    TRIO: trio_tasks,
+}
+#: (case, its baseline, the issue's target ratio or None)
+ROWS = [
+    (RAW1, None, None),
+    (HTTP, RAW1, None),
+    (BLOCKING1, RAW1, 0.7),
+    (BLOCKING1, HTTP, 2.0),
+    (RAW8, None, None),
+    (BLOCKING8, RAW8, 0.9),
+    (RAW32, None, None),
+    (BLOCKING32, RAW32, None),
+    (TRIO, None, None),
+    (AIO256, TRIO, None),
+    (GATHER, TRIO, 0.8),
+]
+
+
+# --- latency -------------------------------------------------------------------
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return (
+        ordered[len(ordered) // 2] * 1e6,
+        ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e6,
+    )
+
+
+def latency_raw(address: str, topic: str, count: int) -> list[float]:
+    sock = _raw_socket(address)
+    command = _pub(topic)
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        _raw_loop(sock, command, 1)
+        samples.append(time.perf_counter() - start)
+    sock.close()
+    return samples
+
+
+def latency_blocking(address: str, topic: str, count: int) -> list[float]:
+    samples = []
+    with blocking.Producer([address]) as producer:
+        producer.publish(topic, BODY)
+        for _ in range(count):
+            start = time.perf_counter()
+            producer.publish(topic, BODY)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def latency_aio(address: str, topic: str, count: int) -> list[float]:
+    async def main() -> list[float]:
+        samples = []
+        async with aio.Producer([address]) as producer:
+            await producer.publish(topic, BODY)
+            for _ in range(count):
+                start = time.perf_counter()
+                await producer.publish(topic, BODY)
+                samples.append(time.perf_counter() - start)
+        return samples
+
+    return asyncio.run(main())
+
+
+LATENCY = {
+    "raw socket": latency_raw,
+    "blocking publish()": latency_blocking,
+    "aio publish()": latency_aio,
+}
+
+
+# --- running -------------------------------------------------------------------
+
+
+class Topics:
+    """A topic per run, its messages counted by nsqd."""
+
+    def __init__(self, http_address: str) -> None:
+        self.http = httpx.Client(base_url=f"http://{http_address}", timeout=30)
+        self.serial = 0
+
+    def new(self) -> str:
+        self.serial += 1
+        return f"plain{self.serial}"
+
+    def count(self, topic: str) -> int:
+        stats = self.http.get("/stats", params={"format": "json", "topic": topic}).json()
+        for entry in stats.get("topics") or []:
+            if entry["topic_name"] == topic:
+                return int(entry["message_count"])
+        return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--publishes", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-publishes", type=int, default=5_000)
+    args = parser.parse_args()
+    if reference.binary("nsqd") is None:
+        print(f"no real nsqd: {reference.skip_reason()}")
+        return 1
+    count = args.publishes - args.publishes % (32 * 256)  # whole shares for every case
+    count = max(count, 32 * 256)
+    daemon = reference.RealDaemon(
+        "nsqd", ["--output-buffer-timeout=10ms", "--mem-queue-size=10000000"]
+    )
+    daemon.start()
+    try:
+        topics = Topics(daemon.http_address)
+        load = os.getloadavg()
+        rates: dict[str, list[float]] = {name: [] for name in CASES}
+        names = list(CASES)
+        for round_ in range(args.rounds):
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
+            for name in order:
+                topic = topics.new()
+                before = 0
+                took = CASES[name](daemon.tcp_address, daemon.http_address, topic, count)
+                counted = topics.count(topic) - before
+                warm = 0 if name.startswith(("raw", "HTTP")) else 1
+                if counted != count + warm:
+                    raise AssertionError(f"{name}: nsqd counted {counted}, expected {count + warm}")
+                rates[name].append(count / took)
+            print(f"  round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+        latencies = {
+            name: _percentiles(fn(daemon.tcp_address, topics.new(), args.latency_publishes))
+            for name, fn in LATENCY.items()
+        }
+    finally:
+        daemon.close()
+    best = {name: max(values) for name, values in rates.items()}
+    print(
+        f"{count:,} publishes of 100 bytes a case, real nsqd v1.3.0 "
+        f"(--output-buffer-timeout=10ms), the better of {args.rounds} rounds; "
+        f"load average {load[0]:.1f} at the start"
+    )
+    print(f"  {'pattern':<34} {'msg/s':>9}  {'against':<26} {'ratio':>6}  target")
+    for name, baseline, target in ROWS:
+        if baseline is None:
+            print(f"  {name:<34} {best[name]:>9,.0f}  {'(baseline)':<26}")
+            continue
+        ratio = best[name] / best[baseline]
+        mark = (
+            ""
+            if target is None
+            else (f">={target:g} ok" if ratio >= target else f">={target:g} MISSED")
+        )
+        print(f"  {name:<34} {best[name]:>9,.0f}  {baseline:<26} {ratio:>6.2f}  {mark}")
+    print(f"latency of one publish, {args.latency_publishes:,} one at a time (microseconds):")
+    raw_p99 = latencies["raw socket"][1]
+    for name, (p50, p99) in latencies.items():
+        times = p99 / raw_p99
+        print(f"  {name:<22} p50 {p50:>7.1f}  p99 {p99:>7.1f}  ({times:.2f} x the raw p99)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,430 @@
+"""trionsq.blocking.direct: blocking publishes done by the calling threads.
+
+A scripted nsqd on the other end of a socket pair reads the commands, executes
+the whole ones (records their bodies), answers them, and may end the connection
+after any byte, refuse a publish (an error frame, then close, as nsqd does) or
+send heartbeats.  hypothesis picks the threads, their publishes, where the
+connection dies and where a write is cut short; whatever the interleaving:
+
+- a publish that returned was executed by the server, exactly once;
+- one that raised NotPublishedError (or NotWrittenError) was not executed;
+- one that raised a plain ConnectionClosedError may have been, or not;
+- nothing hangs, and the server never reads a command cut short followed by
+  more bytes (no half command is left for the next caller).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trionsq import blocking
+from trionsq.blocking.direct import DirectConnection, Link, NotWrittenError
+from trionsq.config import Config
+from trionsq.connection import ConnectionClosedError
+from trionsq.protocol.errors import BadMessageError, BadTopicError
+from trionsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
+from trionsq.publishing import NotPublishedError, PublishCore
+
+from ..support.nodes import BlockingNode
+from ..support.waiting import wait_until_blocking
+
+CONFIG = Config(nsqd_tcp_addresses=("127.0.0.1:4150",))
+OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, b"OK")
+LIMIT = 20.0  # seconds: a generous bound, reached only by a hang
+
+
+@dataclass
+class Script:
+    """What the scripted nsqd does."""
+
+    #: end the connection once this many bytes were read (None: never)
+    cut_after: int | None = None
+    #: answer this publish (by its order) with E_BAD_MESSAGE and close
+    refuse: int | None = None
+    #: send a heartbeat before answering these publishes
+    heartbeats_before: frozenset[int] = frozenset()
+
+
+@dataclass
+class Server:
+    sock: socket.socket
+    script: Script
+    executed: list[bytes] = field(default_factory=list)
+    garbage: list[bytes] = field(default_factory=list)
+    nops: int = 0
+
+    def serve(self) -> None:
+        buffer = b""
+        read = 0
+        count = 0
+        try:
+            while True:
+                limit = 65536
+                if self.script.cut_after is not None:
+                    limit = self.script.cut_after - read
+                    if limit <= 0:
+                        return
+                data = self.sock.recv(limit)
+                if not data:
+                    return
+                read += len(data)
+                buffer += data
+                while True:
+                    command, buffer, complete = parse(buffer)
+                    if not complete:
+                        break
+                    if command is None:
+                        self.nops += 1
+                        continue
+                    if command == b"garbage":
+                        self.garbage.append(buffer)
+                        return
+                    if count == self.script.refuse:
+                        self.sock.sendall(
+                            encode_frame(FRAME_TYPE_ERROR, b"E_BAD_MESSAGE PUB message too big")
+                        )
+                        return
+                    if count in self.script.heartbeats_before:
+                        self.sock.sendall(encode_frame(FRAME_TYPE_RESPONSE, HEARTBEAT))
+                    self.executed.append(command)
+                    count += 1
+                    self.sock.sendall(OK_FRAME)
+        except OSError:
+            return
+        finally:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+
+
+def parse(buffer: bytes) -> tuple[bytes | None, bytes, bool]:
+    """The first command in ``buffer``: (its body, or None for NOP; the rest;
+    whether it was complete)."""
+    line, sep, rest = buffer.partition(b"\n")
+    if not sep:
+        return None, buffer, False
+    if line == b"NOP":
+        return None, rest, True
+    if not line.startswith(b"PUB "):
+        return b"garbage", buffer, True
+    if len(rest) < 4:
+        return None, buffer, False
+    size = int.from_bytes(rest[:4], "big")
+    if len(rest) < 4 + size:
+        return None, buffer, False
+    return rest[4 : 4 + size], rest[4 + size :], True
+
+
+def connected(script: Script) -> tuple[DirectConnection, Server, threading.Thread]:
+    client, server_side = socket.socketpair()
+    server = Server(server_side, script)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    conn = DirectConnection(Link(client, "scripted:4150", CONFIG), PublishCore())
+    return conn, server, thread
+
+
+def run_threads(work: list[Callable[[], None]]) -> None:
+    threads = [threading.Thread(target=fn) for fn in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LIMIT)
+        assert not thread.is_alive(), "a publish hung"
+
+
+Outcome = str  # "ok", "not", "maybe"
+
+
+def publish_all(
+    conn: DirectConnection, bodies: list[bytes], outcomes: dict[bytes, Outcome]
+) -> Callable[[], None]:
+    core = PublishCore()
+
+    def work() -> None:
+        for body in bodies:
+            try:
+                conn.publish(core.pub("t", body), 0, LIMIT)
+            except NotPublishedError:  # NotWrittenError among them
+                outcomes[body] = "not"
+            except ConnectionClosedError:
+                outcomes[body] = "maybe"
+            except BadMessageError:
+                outcomes[body] = "refused"
+            else:
+                outcomes[body] = "ok"
+
+    return work
+
+
+def check(server: Server, outcomes: dict[bytes, Outcome]) -> None:
+    assert server.garbage == []
+    assert len(server.executed) == len(set(server.executed)), "published twice"
+    executed = set(server.executed)
+    for body, outcome in outcomes.items():
+        if outcome == "ok":
+            assert body in executed, body
+        elif outcome in ("not", "refused"):
+            assert body not in executed, body
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    threads=st.integers(1, 6),
+    per_thread=st.integers(1, 8),
+    cut_after=st.one_of(st.none(), st.integers(0, 1500)),
+    refuse=st.one_of(st.none(), st.integers(0, 30)),
+    heartbeats=st.frozensets(st.integers(0, 30), max_size=4),
+)
+def test_interleaved_threads_and_a_connection_that_dies_anywhere(
+    threads: int,
+    per_thread: int,
+    cut_after: int | None,
+    refuse: int | None,
+    heartbeats: frozenset[int],
+) -> None:
+    conn, server, server_thread = connected(Script(cut_after, refuse, heartbeats))
+    outcomes: dict[bytes, Outcome] = {}
+    work = [
+        publish_all(conn, [b"%d-%d" % (t, i) for i in range(per_thread)], outcomes)
+        for t in range(threads)
+    ]
+    run_threads(work)
+    conn.close(ConnectionClosedError("test over"))
+    server_thread.join(LIMIT)
+    check(server, outcomes)
+    assert len(outcomes) == threads * per_thread
+    if cut_after is None and refuse is None:
+        assert set(outcomes.values()) == {"ok"}
+        assert server.nops == len([h for h in heartbeats if h < threads * per_thread])
+
+
+class CutLink:
+    """A link whose n-th write sends part of the command, then fails with
+    ``error`` (an OSError, or an interrupt such as KeyboardInterrupt)."""
+
+    def __init__(self, link: Link, at: int, part: int, error: BaseException) -> None:
+        self.link, self.at, self.part, self.error = link, at, part, error
+        self.writes = 0
+        self.send_whole = link.send
+        link.send = self.send
+
+    def send(self, data: bytes) -> None:
+        self.writes += 1
+        if self.writes == self.at:
+            # An error of the socket leaves bytes unsent; an interrupt may come
+            # after the last (sendall checks signals after each send).
+            whole = isinstance(self.error, Exception)
+            self.send_whole(data[: min(self.part, len(data) - 1) if whole else self.part])
+            raise self.error
+        self.send_whole(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    threads=st.integers(1, 5),
+    per_thread=st.integers(1, 6),
+    at=st.integers(1, 20),
+    part=st.integers(0, 30),
+    interrupt=st.booleans(),
+)
+def test_a_write_cut_short_ends_the_connection_before_anybody_writes_after_it(
+    threads: int, per_thread: int, at: int, part: int, interrupt: bool
+) -> None:
+    conn, server, server_thread = connected(Script())
+    error: BaseException = KeyboardInterrupt() if interrupt else OSError("cut")
+    CutLink(conn.link, at, part, error)
+    outcomes: dict[bytes, Outcome] = {}
+    interrupted: list[bytes] = []
+
+    def worker(bodies: list[bytes]) -> Callable[[], None]:
+        def work() -> None:
+            for body in bodies:
+                try:
+                    publish_all(conn, [body], outcomes)()
+                except KeyboardInterrupt:
+                    interrupted.append(body)
+
+        return work
+
+    run_threads([worker([b"%d-%d" % (t, i) for i in range(per_thread)]) for t in range(threads)])
+    conn.close(ConnectionClosedError("test over"))
+    server_thread.join(LIMIT)
+    check(server, outcomes)
+    # An interrupted publish may have been written whole before the interrupt
+    # (then nsqd may execute it): no claim on it, but it is never retried.
+    assert len(interrupted) <= 1
+    total = threads * per_thread
+    if at <= total:
+        assert conn.over is not None
+        # The publish cut short and every later one on this connection: not written.
+        cut = [body for body, outcome in outcomes.items() if outcome == "not"]
+        assert len(cut) + len(interrupted) >= 1
+
+
+def test_a_publish_on_an_ended_connection_raises_not_written_at_once() -> None:
+    conn, _server, thread = connected(Script(cut_after=0))
+    thread.join(LIMIT)
+    core = PublishCore()
+    started = time.monotonic()
+    with pytest.raises(ConnectionClosedError):
+        conn.publish(core.pub("t", b"x"), 0, LIMIT)  # found closed, or lost on the way
+    with pytest.raises(NotWrittenError):
+        conn.publish(core.pub("t", b"y"), 0, LIMIT)
+    assert time.monotonic() - started < LIMIT / 2
+
+
+def test_a_timeout_hands_the_reading_on() -> None:
+    """A reader that gives up (its timeout) hands the reading to the next
+    publish in line, which gets its answer."""
+    client, server_side = socket.socketpair()
+    conn = DirectConnection(Link(client, "slow:4150", CONFIG), PublishCore())
+    core = PublishCore()
+    first_out: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            conn.publish(core.pub("t", b"first"), 0, 0.2)
+        except BaseException as exc:
+            first_out.append(exc)
+
+    reader = threading.Thread(target=first)
+    reader.start()
+    # Read the first command; answer nothing until it gives up.
+    assert server_side.recv(100).startswith(b"PUB t\n")
+    reader.join(LIMIT)
+    assert isinstance(first_out[0], TimeoutError)
+    second_done = threading.Event()
+
+    def second() -> None:
+        conn.publish(core.pub("t", b"second"), 0, LIMIT)
+        second_done.set()
+
+    follower = threading.Thread(target=second)
+    follower.start()
+    assert server_side.recv(100).startswith(b"PUB t\n")
+    server_side.sendall(OK_FRAME + OK_FRAME)  # the first's answer, then the second's
+    follower.join(LIMIT)
+    assert second_done.is_set()
+    assert conn.answers.counters.published == 2  # the first's answer came, late
+    conn.close(ConnectionClosedError("over"))
+    server_side.close()
+
+
+# --- against fakensq and the real nsqd (the `daemon` fixture: both) -----------
+
+
+@pytest.fixture
+def producer(daemon: BlockingNode) -> Iterator[blocking.Producer]:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        yield producer
+
+
+def test_blocking_publishes_go_on_the_calling_thread(producer: blocking.Producer) -> None:
+    producer.publish("direct", b"one")
+    producer.multi_publish("direct", [b"two", b"three"])
+    producer.deferred_publish("direct", b"four", 0.01)
+    stats = producer.stats
+    assert (stats.published, stats.batches, stats.errors) == (4, 1, 0)
+    assert producer._direct is not None and producer._direct.conn is not None
+
+
+def test_a_body_over_max_msg_size_is_nsqds_error_and_the_next_publish_goes_on(
+    producer: blocking.Producer,
+) -> None:
+    with pytest.raises(BadMessageError):
+        producer.publish("direct", b"x" * (1024 * 1024 + 1), timeout=LIMIT)
+    producer.publish("direct", b"after", timeout=LIMIT)
+
+
+def test_an_invalid_topic_is_refused_at_once(producer: blocking.Producer) -> None:
+    with pytest.raises(BadTopicError):
+        producer.publish("bad topic!", b"x")
+    producer.publish("direct", b"after", timeout=LIMIT)
+
+
+def test_many_threads_publish_while_the_producer_closes(daemon: BlockingNode) -> None:
+    producer = blocking.Producer([daemon.tcp_address]).start()
+    producer.publish("closing", b"warm")
+    results: list[str] = []
+    started = threading.Barrier(5)
+
+    def work() -> None:
+        started.wait(LIMIT)
+        for _ in range(200):
+            try:
+                producer.publish("closing", b"x", timeout=LIMIT)
+            except blocking.ClientClosedError:
+                results.append("closed")
+                return
+            except ConnectionClosedError:
+                results.append("lost")
+                return
+        results.append("done")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    started.wait(LIMIT)
+    producer.close()
+    for thread in threads:
+        thread.join(LIMIT)
+        assert not thread.is_alive()
+    assert len(results) == 4
+    with pytest.raises(blocking.ClientClosedError):
+        producer.publish("closing", b"late")
+
+
+async def test_a_blocking_publish_inside_a_trio_run_raises_at_once(
+    producer: blocking.Producer,
+) -> None:
+    with pytest.raises(blocking.BlockingInTrioError):
+        producer.publish("direct", b"x")
+    await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_writes_on_the_parents_connection(
+    producer: blocking.Producer,
+) -> None:
+    from .test_fork import in_child
+
+    producer.publish("direct", b"parent")
+    parent_conn = producer._direct.conn if producer._direct else None
+
+    def child() -> str:
+        producer.publish("direct", b"child")
+        direct = producer._direct
+        assert direct is not None and direct.conn is not parent_conn
+        return "ok"
+
+    assert in_child(child) == "ok"
+    producer.publish("direct", b"parent-after")  # the parent's connection, intact
+    assert producer._direct is not None and producer._direct.conn is parent_conn
+
+
+def test_an_idle_connection_closed_by_nsqd_is_replaced_before_the_next_publish(
+    daemon: BlockingNode,
+) -> None:
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.publish("direct", b"first")
+        direct = producer._direct
+        assert direct is not None and direct.conn is not None
+        # nsqd goes away and comes back while the connection is idle.
+        daemon.kill()
+        daemon.start()
+        wait_until_blocking(lambda: producer.address is None)
+        producer.publish("direct", b"second", timeout=LIMIT)  # a new connection, at once
+        assert producer.stats.errors == 0

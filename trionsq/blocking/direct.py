@@ -1,0 +1,755 @@
+"""Blocking publishes done by the calling thread: the sync driver of the publish core.
+
+A blocking ``publish()`` costs a round trip and little more when the thread that
+calls it writes the command and reads the answer itself, on a blocking socket,
+with no hop to another thread (the hosted producer's Trio thread costs two
+thread switches a call).  This module drives :class:`~trionsq.publishing.PublishCore`
+and :class:`~trionsq.publishing.Answers` that way:
+
+- :class:`Link`: one handshaken nsqd connection on a blocking socket: the
+  handshake (:mod:`trionsq.protocol.handshake`: TLS through an in-memory
+  :class:`ssl.SSLObject`, snappy or deflate through :mod:`trionsq.protocol.codecs`,
+  AUTH), then bytes out and bytes in.
+- :class:`DirectConnection`: publishes from many threads on one link,
+  pipelined.  A publish writes its command under the connection's lock (so
+  the commands on the wire and the publishes awaiting answers are in one
+  order), then waits for its answer.  One thread at a time reads (the
+  *reader*): it reads answers for every publish in flight, in order, hands
+  each to its thread, and when its own has come hands the reading on to the
+  oldest publish still waiting (leader/follower).  One thread alone is its own
+  reader: write, read, done.
+- :class:`DirectPublisher`: the producer's side: which nsqd (failover through
+  :class:`~trionsq.publishing.Rotation`), reconnecting, the counters, and a
+  keeper thread that sends ``NOP`` on a connection idle for a heartbeat
+  interval (nsqd closes a connection silent for two).
+
+What a caller may assume when a connection dies during its call:
+
+- A command is never left half-written for the next caller: a write that
+  fails or is interrupted part-way ends the connection at once (nsqd never
+  executes a command cut short), and the next publish opens a new one.
+- A publish whose command was not wholly written (the write failed, or the
+  connection was found dead before it) was not published: it is retried once
+  on a fresh connection (failing over), so the caller does not see it; when
+  that fails too it raises :class:`~trionsq.publishing.NotPublishedError`.
+- A write interrupted (``KeyboardInterrupt`` in the main thread) ends the
+  connection likewise; the interrupt goes on to the caller, with no promise
+  on that one publish (``sendall`` looks for signals after its last bytes
+  too: they may have been written whole), and it is never retried.
+- A publish written whole whose answer never came raises
+  :class:`~trionsq.ConnectionClosedError`: nsqd may or may not have
+  published it (never retried: that could publish it twice).  Those written
+  after a publish nsqd refused raise ``NotPublishedError`` (nsqd closes the
+  connection after an error frame without executing what follows).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import Config, KeyPasswordMissing, tls_context
+from ..connection import ConnectionClosedError, NegotiationError, NSQConnectionError
+from ..protocol import codecs, commands, handshake
+from ..protocol.errors import NSQError, NSQErrorResponse, ProtocolError
+from ..publishing import Answers, NotPublishedError, PublishCore, Rotation
+from ..reasons import cannot_connect, reason
+from ..transport import parse_address
+
+__all__ = ["DirectConnection", "DirectPublisher", "Link", "NotWrittenError"]
+
+_RECEIVE_SIZE = 64 * 1024
+#: a connection nothing was read from for this long is looked at before a
+#: publish is written on it (nsqd may have closed it meanwhile: then the
+#: publish goes to a new connection, certainly not published twice)
+_IDLE_CHECK = 1.0
+_NOP = commands.nop()
+
+
+class NotWrittenError(NotPublishedError):
+    """This publish's command was not written whole (the connection was over
+    before it, or its write failed part-way): certainly not published."""
+
+
+class _Deadline(Exception):
+    """The caller's own ``timeout`` passed while it read (not the connection's fault)."""
+
+
+class Link:
+    """One nsqd connection on a blocking socket, handshaken (see :meth:`open`).
+
+    :meth:`send` is called under the owner's lock (one writer at a time);
+    :meth:`receive` by one reader at a time.  Under TLS the two share the
+    :class:`ssl.SSLObject` through a short lock of its own (no I/O under it).
+    """
+
+    def __init__(self, sock: socket.socket, address: str, config: Config) -> None:
+        self.sock = sock
+        self.address = address
+        self.config = config
+        self._leftover = b""  # plain bytes read past the handshake's last answer
+        self._tls: ssl.SSLObject | None = None
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls_lock = threading.Lock()
+        self._encoder: codecs.Encoder | None = None
+        self._decoder: codecs.Decoder | None = None
+        #: nsqd's IDENTIFY answer and what was negotiated
+        self.negotiated = handshake.Negotiated()
+        self.auth_response: dict[str, Any] | None = None
+        # The plain path (no TLS, no compression): the socket's own methods.
+        self.send: Callable[[bytes], None] = sock.sendall
+        self.receive: Callable[[], bytes] = self._receive_plain
+        #: whether a read may complete nothing yet (TLS, compression): an empty
+        #: read is the end of the stream only with :attr:`closed_by_peer`
+        self.transformed = False
+        self.closed_by_peer = False
+
+    @classmethod
+    def open(cls, address: str, config: Config, greeting: bytes) -> Link:
+        """Connect and negotiate within ``connect_timeout``; raises what
+        :meth:`trionsq.connection.Connection.open` raises (NSQConnectionError
+        naming the address, nsqd's typed refusal, NegotiationError)."""
+        host, port = parse_address(address)
+        deadline = time.monotonic() + config.connect_timeout
+        try:
+            sock = socket.create_connection((host, port), timeout=config.connect_timeout)
+        except OSError as exc:
+            raise NSQConnectionError(cannot_connect(address, exc)) from exc
+        link = cls(sock, address, config)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link._handshake(host, greeting, deadline)
+        except KeyPasswordMissing as exc:
+            sock.close()
+            raise NSQConnectionError(cannot_connect(address, f"TLS failed: {exc}")) from None
+        except ssl.SSLError as exc:
+            sock.close()
+            raise NSQConnectionError(cannot_connect(address, f"TLS failed: {exc}")) from exc
+        except TimeoutError as exc:
+            sock.close()
+            timeout = f"connect timed out after {config.connect_timeout:g}s"
+            raise NSQConnectionError(cannot_connect(address, timeout)) from exc
+        except OSError as exc:
+            sock.close()
+            raise NSQConnectionError(cannot_connect(address, exc)) from exc
+        except BaseException:
+            sock.close()
+            raise
+        # Blocking from now on; a read waits read_timeout at most (the
+        # kernel's SO_RCVTIMEO: no poll() before each recv, as a Python
+        # socket timeout would add).
+        sock.settimeout(None)
+        _set_receive_timeout(sock, config.read_timeout)
+        return link
+
+    # --- the handshake (its meaning in trionsq.protocol.handshake) ---
+
+    def _handshake(self, host: str, greeting: bytes, deadline: float) -> None:
+        config = self.config
+        self._deadline = deadline
+        self._write_handshake(greeting)
+        negotiated = handshake.negotiate(
+            self._answer(),
+            tls=config.tls is not False,
+            snappy=config.snappy,
+            deflate=config.deflate,
+            deflate_level=config.deflate_level,
+            has_auth_secret=config.auth_secret is not None,
+        )
+        self.negotiated = negotiated
+        if negotiated.refusal is not None:
+            raise NegotiationError(f"{self.address}: {negotiated.refusal}")
+        if negotiated.tls:
+            if self._leftover:
+                raise ProtocolError("nsqd sent data before the TLS handshake")
+            self._tls = tls_context(config).wrap_bio(
+                self._incoming, self._outgoing, server_hostname=host
+            )
+            while True:
+                try:
+                    self._tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    self._flush_tls()
+                    self._feed_tls()
+            self._flush_tls()
+            handshake.expect_ok(self._answer(), "TLS")
+        codec = negotiated.codec()
+        if codec is not None:
+            self._encoder, self._decoder = codec
+            if self._leftover:
+                self._leftover = self._decoder.decode(self._leftover)
+            handshake.expect_ok(self._answer(), negotiated.compression or "")
+        if negotiated.auth:
+            assert config.auth_secret is not None  # (else a refusal above)
+            self._write_handshake(commands.auth(config.auth_secret))
+            self.auth_response = handshake.parse_auth(self._answer())
+        if self._tls is not None or self._encoder is not None:
+            self.send = self._send_transformed
+            self.receive = self._receive_transformed
+            self.transformed = True
+
+    def _remaining(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("handshake timed out")
+        return left
+
+    def _write_handshake(self, data: bytes) -> None:
+        self.sock.settimeout(self._remaining())
+        self._send_transformed(data)
+
+    def _answer(self) -> bytes:
+        max_frame_size = self.config.max_frame_size
+        header = self._exactly(4)
+        size = handshake.answer_size(header, max_frame_size)
+        if size is None:
+            raise NSQConnectionError(cannot_connect(self.address, handshake.HTTP_ANSWER))
+        data = handshake.answer(header + self._exactly(size), max_frame_size)
+        assert data is not None  # (no heartbeats taken during a handshake)
+        return data
+
+    def _exactly(self, size: int) -> bytes:
+        data = self._leftover
+        while len(data) < size:
+            self.sock.settimeout(self._remaining())
+            chunk = self._receive_transformed()
+            if not chunk and self.closed_by_peer:
+                raise NSQConnectionError(
+                    cannot_connect(self.address, "connection closed during handshake")
+                )
+            data += chunk
+        self._leftover = data[size:]
+        return data[:size]
+
+    # --- bytes out and in ---
+
+    def _receive_plain(self) -> bytes:
+        leftover = self._leftover
+        if leftover:
+            self._leftover = b""
+            return leftover
+        return self.sock.recv(_RECEIVE_SIZE)
+
+    def _send_transformed(self, data: bytes) -> None:
+        if self._encoder is not None:
+            data = self._encoder.encode(data)
+        tls = self._tls
+        if tls is not None:
+            with self._tls_lock:
+                tls.write(data)
+                data = self._outgoing.read()
+        self.sock.sendall(data)
+
+    def _receive_transformed(self) -> bytes:
+        """What the peer sent next, decrypted and decompressed; ``b""`` with
+        :attr:`closed_by_peer` set at the end of the stream (a read that
+        completes nothing yet returns ``b""`` without it: read again)."""
+        leftover = self._leftover
+        if leftover:
+            self._leftover = b""
+            return leftover
+        raw = self.sock.recv(_RECEIVE_SIZE)
+        if not raw:
+            self.closed_by_peer = True
+            return b""
+        tls = self._tls
+        if tls is not None:
+            with self._tls_lock:
+                self._incoming.write(raw)
+                parts = []
+                while True:
+                    try:
+                        parts.append(tls.read(_RECEIVE_SIZE))
+                    except ssl.SSLWantReadError:
+                        break
+                    except ssl.SSLZeroReturnError:
+                        self.closed_by_peer = True
+                        break
+                # (What TLS has to send back, a key update's answer, waits in
+                # the outgoing buffer for the next write, which sends it first,
+                # in the order it was made: the reader writes nothing.)
+                raw = b"".join(parts)
+        if self._decoder is not None and raw:
+            raw = self._decoder.decode(raw)
+        return raw
+
+    def _flush_tls(self) -> None:
+        data = self._outgoing.read()
+        if data:
+            self.sock.sendall(data)
+
+    def _feed_tls(self) -> None:
+        self.sock.settimeout(self._remaining())
+        raw = self.sock.recv(_RECEIVE_SIZE)
+        if not raw:
+            raise NSQConnectionError(
+                cannot_connect(self.address, "connection closed during handshake")
+            )
+        self._incoming.write(raw)
+
+    def readable_now(self) -> bool:
+        """Whether a read would not block (bytes or the end are waiting)."""
+        if self._leftover:
+            return True
+        try:
+            ready, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # a read will say what is wrong
+        return bool(ready)
+
+    def shut(self) -> None:
+        """End the connection: a reader blocked on it wakes (shutdown), then
+        the descriptor is closed (CPython forgets it first: no reuse race)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _set_receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """A blocking socket's reads give up after ``seconds`` (EAGAIN)."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    except OSError:  # pragma: no cover - a platform without it: Python's own timeout
+        sock.settimeout(seconds)
+
+
+class _Slot:
+    """One publish awaiting its answer (the completion :class:`Answers` hands
+    it to): its thread sleeps on ``wake`` unless it is the reader."""
+
+    __slots__ = ("done", "error", "gone", "lead", "wake")
+
+    def __init__(self) -> None:
+        self.wake: threading.Lock | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.lead = False  # handed the reading
+        self.gone = False  # its thread gave up waiting (timeout, interrupt)
+
+    def set_result(self, value: None) -> None:
+        self.done = True
+        wake = self.wake
+        if wake is not None:
+            _release(wake)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.error = error
+        self.done = True
+        wake = self.wake
+        if wake is not None:
+            _release(wake)
+
+
+def _release(lock: threading.Lock) -> None:
+    try:
+        lock.release()
+    except RuntimeError:  # released already (woken twice: it looks at its slot)
+        pass
+
+
+class DirectConnection:
+    """Publishes from any threads on one :class:`Link`, pipelined; the calling
+    threads do the I/O (see the module's description)."""
+
+    def __init__(self, link: Link, core: PublishCore) -> None:
+        self.link = link
+        self.address = link.address
+        self._lock = threading.Lock()  # the wire's order: writes and the answer queue
+        self.answers: Answers[_Slot] = Answers(core, link.config.max_frame_size)
+        self._reading = False  # a thread holds the reading
+        #: why the connection ended (None while it lives)
+        self.over: BaseException | None = None
+        #: commands written so far (the keeper looks whether it moves)
+        self.writes = 0
+        self._last_read = time.monotonic()
+
+    def publish(self, data: bytes, batch: int, timeout: float | None) -> None:
+        """Write ``data`` (a publish of ``batch``, see :class:`PublishCore`) and
+        return once nsqd acknowledged it; raises nsqd's error, a
+        ConnectionClosedError (may have been published), NotPublishedError
+        (certainly not), :class:`NotWrittenError` (not written: the caller may
+        send it elsewhere) or TimeoutError."""
+        slot = _Slot()
+        lock = self._lock
+        lead = False
+        lock.acquire()
+        try:
+            if self.over is not None:
+                raise NotWrittenError(f"{self.address}: the connection is over")
+            lead = not self._reading
+            if lead:
+                self._reading = True
+                if not self.answers.waiting and self._idle():
+                    self._look()  # nothing read for a while: nsqd may have closed it
+            else:
+                slot.wake = wake = threading.Lock()
+                wake.acquire()
+            # The slot first: the reader may read the answer once it is written.
+            self.answers.waiting.append((slot, batch))
+            self._write(data, slot)
+        except BaseException as exc:
+            # Whatever cut this short (an error, an interrupt between two
+            # steps) ends the connection, unless it ended already: no reading
+            # left taken by nobody, nothing half-written for the next caller.
+            if self.over is None:
+                self._end_locked(NotWrittenError(f"{self.address}: {reason(exc)}"), exc, slot)
+            if not isinstance(exc, Exception) or isinstance(exc, NotWrittenError):
+                raise
+            if slot.error is not None:
+                raise slot.error from exc
+            raise NotWrittenError(f"{self.address}: {reason(exc)}") from exc
+        finally:
+            lock.release()
+        if lead:
+            self._read_for(slot, timeout)
+        else:
+            self._follow(slot, timeout)
+        if slot.error is not None:
+            raise slot.error
+
+    # --- writing (under the lock) ---
+
+    def _write(self, data: bytes, slot: _Slot | None = None) -> None:
+        """Write a command; cut short (an error, an interrupt), what reached
+        the socket is part of a command at most, which nsqd never executes
+        once the connection ends: it ends now, before anybody writes after
+        it, ``slot`` failing with NotWrittenError."""
+        try:
+            self.link.send(data)
+        except BaseException as exc:
+            self._end_locked(
+                NotWrittenError(f"{self.address}: the write failed ({reason(exc)})"), exc, slot
+            )
+            raise
+        self.writes += 1
+
+    def _idle(self) -> bool:
+        return time.monotonic() - self._last_read > _IDLE_CHECK
+
+    def _look(self) -> None:
+        """Read what waits on an idle connection before writing on it (under
+        the lock, as its reader): heartbeats get their NOP; the end of the
+        stream or an error ends it (raising: nothing was written yet)."""
+        link = self.link
+        while link.readable_now():
+            data = link.receive()
+            if not data:
+                if link.transformed and not link.closed_by_peer:
+                    continue
+                raise ConnectionClosedError(f"{self.address}: nsqd closed the connection")
+            heartbeats = self.answers.received(data)
+            self._last_read = time.monotonic()
+            for _ in range(heartbeats):
+                self._write(_NOP)
+
+    def alive(self) -> bool:
+        """Whether the connection lives, as far as can be told without
+        waiting: an idle one that nobody reads is looked at (an nsqd that
+        closed it is noticed here, not at the next publish)."""
+        if self.over is None and self._lock.acquire(blocking=False):
+            try:
+                self._look_if_idle()
+            finally:
+                self._lock.release()
+        return self.over is None
+
+    def keep_alive(self) -> None:
+        """The keeper's call, when nothing was written for a heartbeat
+        interval: read what waits if nobody reads, and send a NOP (nsqd
+        closes a connection silent for two intervals)."""
+        if not self._lock.acquire(blocking=False):
+            return  # somebody is writing: the connection is not idle
+        try:
+            self._look_if_idle()
+            if self.over is None:
+                self._write(_NOP)
+        except Exception as exc:
+            if self.over is None:
+                self._end_locked(_closed(self.address, exc), exc)
+        finally:
+            self._lock.release()
+
+    def _look_if_idle(self) -> None:
+        """:meth:`_look` (under the lock) if nobody reads and nothing waits for
+        an answer; what it finds wrong ends the connection."""
+        if self.over is not None or self._reading or self.answers.waiting:
+            return
+        self._reading = True
+        try:
+            self._look()
+        except Exception as exc:
+            if self.over is None:
+                self._end_locked(_closed(self.address, exc), exc)
+        finally:
+            self._reading = False
+
+    # --- reading (one thread at a time) ---
+
+    def _read_for(self, slot: _Slot, timeout: float | None) -> None:
+        """Read answers, for every publish in flight, until ``slot``'s has come;
+        then hand the reading on."""
+        link, answers = self.link, self.answers
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not slot.done:
+                if deadline is not None and not _wait_readable(link, deadline):
+                    raise _Deadline
+                data = link.receive()
+                if not data:
+                    if link.transformed and not link.closed_by_peer:
+                        continue  # a TLS record or compressed chunk not complete yet
+                    raise ConnectionClosedError(f"{self.address}: nsqd closed the connection")
+                heartbeats = answers.received(data)
+                if heartbeats:
+                    with self._lock:
+                        for _ in range(heartbeats):
+                            self._write(_NOP)
+            self._last_read = time.monotonic()
+        except _Deadline:
+            slot.gone = True
+            self._hand_on()
+            raise TimeoutError(
+                f"nsqd did not answer within {timeout} s (it may still publish)"
+            ) from None
+        except BaseException as exc:
+            # The connection is over (nsqd's error frame failed its publish
+            # and those after it already; the end of the stream, an error, an
+            # interrupt fail the rest as not answered).
+            with self._lock:
+                self._end_locked(_closed(self.address, exc), exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._hand_on()
+
+    def _follow(self, slot: _Slot, timeout: float | None) -> None:
+        """Sleep until the reader hands ``slot`` its answer, or the reading."""
+        wake = slot.wake
+        assert wake is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                if deadline is None:
+                    woken = wake.acquire()
+                else:
+                    woken = wake.acquire(timeout=max(deadline - time.monotonic(), 0.0))
+            except BaseException:
+                self._give_up(slot)
+                raise
+            if slot.done:
+                return
+            if not woken:
+                self._give_up(slot)
+                if slot.done:
+                    return
+                raise TimeoutError(f"nsqd did not answer within {timeout} s (it may still publish)")
+            if slot.lead:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                self._read_for(slot, left)
+                return
+
+    def _give_up(self, slot: _Slot) -> None:
+        with self._lock:
+            slot.gone = True
+            promoted = slot.lead and not slot.done
+        if promoted:
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Give the reading to the oldest publish still waiting whose thread
+        waits; with none, nobody reads until the next publish."""
+        with self._lock:
+            self._reading = False
+            if self.over is not None:
+                return
+            for waiting, _ in self.answers.waiting:
+                if not waiting.gone and waiting.wake is not None:
+                    waiting.lead = True
+                    self._reading = True
+                    _release(waiting.wake)
+                    return
+
+    # --- the end ---
+
+    def _end_locked(
+        self, error: ConnectionClosedError, cause: BaseException, own: _Slot | None = None
+    ) -> None:
+        """End the connection (under the lock) for ``cause``: ``own`` (the
+        publish being written) fails with ``error``, the others in flight
+        with ``error`` as a ConnectionClosedError (written whole: they may
+        have been published).  nsqd's refusal (``cause``) is kept as
+        :attr:`over`: it says nothing against nsqd itself (failover)."""
+        if self.over is not None:
+            return
+        self.over = cause if isinstance(cause, NSQErrorResponse) else error
+        waiting = self.answers.waiting
+        if own is not None and waiting and waiting[-1][0] is own:
+            waiting.pop()
+            own.set_exception(error)
+        others = ConnectionClosedError(str(error)) if type(error) is NotWrittenError else error
+        others.__cause__ = cause if cause is not error else None
+        self.answers.end(others)
+        self._reading = False
+        self.link.shut()
+
+    def close(self, error: ConnectionClosedError) -> None:
+        with self._lock:
+            self._end_locked(error, error)
+
+
+def _closed(address: str, exc: BaseException) -> ConnectionClosedError:
+    """What the publishes in flight fail with when ``exc`` ended their connection."""
+    if isinstance(exc, ConnectionClosedError):
+        return exc
+    if isinstance(exc, NSQError):  # nsqd's refusal: its publish failed with it
+        return NotPublishedError(f"not published: nsqd refused a publish before it ({exc})")
+    if isinstance(exc, BlockingIOError):
+        return ConnectionClosedError(f"{address}: no answer within read_timeout")
+    return ConnectionClosedError(f"{address}: {reason(exc) or type(exc).__name__}")
+
+
+def _wait_readable(link: Link, deadline: float) -> bool:
+    if link.readable_now():
+        return True
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    ready, _, _ = select.select([link.sock], [], [], left)
+    return bool(ready)
+
+
+class DirectPublisher:
+    """A blocking producer's publishes done by the calling threads: the
+    connection (one, shared), failover and reconnects, the counters, the
+    keeper of idle connections.  After a fork, the child calls
+    :meth:`forget` and never uses it again."""
+
+    def __init__(self, config: Config, closed_error: Callable[[], Exception]) -> None:
+        self.config = config
+        self.core = PublishCore()
+        self._rotation = Rotation(config.nsqd_tcp_addresses)
+        self._greeting = commands.MAGIC_V2 + commands.identify(config.identify_body())
+        self._closed_error = closed_error
+        self.conn: DirectConnection | None = None
+        self._connect_lock = threading.Lock()
+        self._closed = False
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd connected to, if the connection lives (see :meth:`DirectConnection.alive`)."""
+        conn = self.conn
+        return conn.address if conn is not None and conn.alive() else None
+
+    def publish(self, data: bytes, batch: int, timeout: float | None) -> None:
+        """Publish an encoded command (from :attr:`core`); see the module's
+        description for what the errors mean."""
+        conn = self.conn
+        if conn is None or conn.over is not None:
+            conn = self.connect()
+        try:
+            conn.publish(data, batch, timeout)
+        except NotWrittenError:
+            # Certainly not published: once more, on a new connection.
+            try:
+                self.connect().publish(data, batch, timeout)
+            except NotWrittenError:
+                self.core.errors += 1
+                raise
+
+    def connect(self) -> DirectConnection:
+        """The connection to publish on, connected (failing over) if needed."""
+        with self._connect_lock:
+            if self._closed:
+                raise self._closed_error()
+            conn = self.conn
+            if conn is not None:
+                if conn.over is None:
+                    return conn
+                self._rotation.lost(conn.address, conn.over)
+                self.conn = None
+            attempt = self._rotation.attempt()
+            for address in attempt:
+                try:
+                    link = Link.open(address, self.config, self._greeting)
+                except Exception as exc:
+                    attempt.failed(address, exc)
+                    continue
+                attempt.connected(address)
+                conn = self.conn = DirectConnection(link, self.core)
+                self._start_keeper()
+                return conn
+            self.core.errors += 1
+            raise attempt.error()
+
+    def _start_keeper(self) -> None:
+        interval = self.config.heartbeat_interval
+        if interval is None or self._keeper is not None:
+            return
+        keeper = threading.Thread(
+            target=self._keep, args=(interval,), name="trionsq-direct-keeper", daemon=True
+        )
+        self._keeper = keeper
+        keeper.start()
+
+    def _keep(self, interval: float) -> None:
+        """A NOP on a connection nothing was written on for ``interval``."""
+        seen = -1
+        while not self._stop.wait(interval):
+            conn = self.conn
+            if conn is None or conn.over is not None:
+                continue
+            if conn.writes == seen:
+                conn.keep_alive()
+            seen = conn.writes
+
+    def in_flight(self) -> int:
+        conn = self.conn
+        return 0 if conn is None else len(conn.answers.waiting)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for the publishes in flight (``timeout`` at most: their
+        threads are reading their answers), then end the connection; later
+        publishes raise the closed error."""
+        with self._connect_lock:
+            self._closed = True
+        self._stop.set()
+        conn = self.conn
+        if conn is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while conn.answers.waiting and conn.over is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.002)  # (rare: a close racing publishes of other threads)
+        conn.close(ConnectionClosedError(f"{conn.address}: the producer closed"))
+        keeper = self._keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join(timeout=1.0)
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's connection without touching
+        it (its descriptor closed here, no shutdown: the connection stays
+        the parent's)."""
+        conn, self.conn = self.conn, None
+        self._closed = True
+        if conn is not None:
+            conn.over = ConnectionClosedError("forked")
+            try:
+                os.close(conn.link.sock.detach())
+            except OSError:
+                pass
