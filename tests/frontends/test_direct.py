@@ -428,3 +428,25 @@ def test_an_idle_connection_closed_by_nsqd_is_replaced_before_the_next_publish(
         wait_until_blocking(lambda: producer.address is None)
         producer.publish("direct", b"second", timeout=LIMIT)  # a new connection, at once
         assert producer.stats.errors == 0
+
+
+def test_threads_publishing_at_once_share_a_bounded_set_of_connections(
+    daemon: BlockingNode,
+) -> None:
+    from trionsq.blocking.direct import MAX_CONNECTIONS
+
+    with blocking.Producer([daemon.tcp_address]) as producer:
+        producer.publish("spread", b"warm")
+        start = threading.Barrier(8)
+
+        def work() -> None:
+            start.wait(LIMIT)
+            for i in range(50):
+                producer.publish("spread", b"%d" % i, timeout=LIMIT)
+
+        run_threads([work] * 8)
+        direct = producer._direct
+        assert direct is not None
+        assert 1 + len(direct.spares) <= MAX_CONNECTIONS
+        stats = producer.stats
+        assert (stats.published, stats.errors, stats.in_flight) == (401, 0, 0)

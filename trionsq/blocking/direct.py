@@ -21,7 +21,11 @@ and :class:`~trionsq.publishing.Answers` that way:
 - :class:`DirectPublisher`: the producer's side: which nsqd (failover through
   :class:`~trionsq.publishing.Rotation`), reconnecting, the counters, and a
   keeper thread that sends ``NOP`` on a connection idle for a heartbeat
-  interval (nsqd closes a connection silent for two).
+  interval (nsqd closes a connection silent for two).  A thread that finds
+  the connection's reading taken uses a spare connection to the same nsqd
+  whose reading is free (opened on demand, :data:`MAX_CONNECTIONS` in all):
+  threads then mostly read their own answers, as on sockets of their own,
+  and pipeline on a shared connection only beyond that.
 
 What a caller may assume when a connection dies during its call:
 
@@ -59,7 +63,7 @@ from ..config import Config, KeyPasswordMissing, tls_context
 from ..connection import ConnectionClosedError, NegotiationError, NSQConnectionError
 from ..protocol import codecs, commands, handshake
 from ..protocol.errors import NSQError, NSQErrorResponse, ProtocolError
-from ..publishing import Answers, NotPublishedError, PublishCore, Rotation
+from ..publishing import Answers, Counters, NotPublishedError, PublishCore, Rotation
 from ..reasons import cannot_connect, reason
 from ..transport import parse_address
 
@@ -71,6 +75,8 @@ _RECEIVE_SIZE = 64 * 1024
 #: publish goes to a new connection, certainly not published twice)
 _IDLE_CHECK = 1.0
 _NOP = commands.nop()
+#: connections a blocking producer opens to its nsqd at most (see DirectPublisher)
+MAX_CONNECTIONS = 4
 
 
 class NotWrittenError(NotPublishedError):
@@ -364,12 +370,16 @@ class DirectConnection:
     """Publishes from any threads on one :class:`Link`, pipelined; the calling
     threads do the I/O (see the module's description)."""
 
-    def __init__(self, link: Link, core: PublishCore) -> None:
+    def __init__(self, link: Link, counters: Counters | None = None) -> None:
         self.link = link
         self.address = link.address
         self._lock = threading.Lock()  # the wire's order: writes and the answer queue
-        self.answers: Answers[_Slot] = Answers(core, link.config.max_frame_size)
-        self._reading = False  # a thread holds the reading
+        #: what this connection's answers counted (its reader alone counts:
+        #: each connection its own, summed by the publisher)
+        self.counters = Counters() if counters is None else counters
+        self.answers: Answers[_Slot] = Answers(self.counters, link.config.max_frame_size)
+        #: whether a thread holds the reading (read without the lock: a hint)
+        self.reading = False
         #: why the connection ended (None while it lives)
         self.over: BaseException | None = None
         #: commands written so far (the keeper looks whether it moves)
@@ -389,9 +399,9 @@ class DirectConnection:
         try:
             if self.over is not None:
                 raise NotWrittenError(f"{self.address}: the connection is over")
-            lead = not self._reading
+            lead = not self.reading
             if lead:
-                self._reading = True
+                self.reading = True
                 if not self.answers.waiting and self._idle():
                     self._look()  # nothing read for a while: nsqd may have closed it
             else:
@@ -485,16 +495,16 @@ class DirectConnection:
     def _look_if_idle(self) -> None:
         """:meth:`_look` (under the lock) if nobody reads and nothing waits for
         an answer; what it finds wrong ends the connection."""
-        if self.over is not None or self._reading or self.answers.waiting:
+        if self.over is not None or self.reading or self.answers.waiting:
             return
-        self._reading = True
+        self.reading = True
         try:
             self._look()
         except Exception as exc:
             if self.over is None:
                 self._end_locked(_closed(self.address, exc), exc)
         finally:
-            self._reading = False
+            self.reading = False
 
     # --- reading (one thread at a time) ---
 
@@ -572,13 +582,13 @@ class DirectConnection:
         """Give the reading to the oldest publish still waiting whose thread
         waits; with none, nobody reads until the next publish."""
         with self._lock:
-            self._reading = False
+            self.reading = False
             if self.over is not None:
                 return
             for waiting, _ in self.answers.waiting:
                 if not waiting.gone and waiting.wake is not None:
                     waiting.lead = True
-                    self._reading = True
+                    self.reading = True
                     _release(waiting.wake)
                     return
 
@@ -602,7 +612,7 @@ class DirectConnection:
         others = ConnectionClosedError(str(error)) if type(error) is NotWrittenError else error
         others.__cause__ = cause if cause is not error else None
         self.answers.end(others)
-        self._reading = False
+        self.reading = False
         self.link.shut()
 
     def close(self, error: ConnectionClosedError) -> None:
@@ -633,18 +643,35 @@ def _wait_readable(link: Link, deadline: float) -> bool:
 
 class DirectPublisher:
     """A blocking producer's publishes done by the calling threads: the
-    connection (one, shared), failover and reconnects, the counters, the
-    keeper of idle connections.  After a fork, the child calls
-    :meth:`forget` and never uses it again."""
+    connections, failover and reconnects, the counters, the keeper of idle
+    connections.  After a fork, the child calls :meth:`forget` and never uses
+    it again.
 
-    def __init__(self, config: Config, closed_error: Callable[[], Exception]) -> None:
+    One connection serves every thread while its reading is free; a thread
+    that finds it taken (another thread waits for an answer there) uses a
+    spare connection to the same nsqd whose reading is free, opened on demand,
+    up to ``max_connections`` in all: a thread then reads its own answer, as on
+    a socket of its own, rather than waiting for a hand-over.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        closed_error: Callable[[], Exception],
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.config = config
         self.core = PublishCore()
         self._rotation = Rotation(config.nsqd_tcp_addresses)
         self._greeting = commands.MAGIC_V2 + commands.identify(config.identify_body())
         self._closed_error = closed_error
+        #: the first connection (failover moves it), and the spares beside it
         self.conn: DirectConnection | None = None
+        self.spares: list[DirectConnection] = []
+        self._max_spares = max_connections - 1
+        self._retired = Counters()  # what ended connections counted
         self._connect_lock = threading.Lock()
+        self._spare_lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
@@ -661,6 +688,8 @@ class DirectPublisher:
         conn = self.conn
         if conn is None or conn.over is not None:
             conn = self.connect()
+        elif conn.reading and self._max_spares:
+            conn = self._spare(conn)
         try:
             conn.publish(data, batch, timeout)
         except NotWrittenError:
@@ -670,6 +699,50 @@ class DirectPublisher:
             except NotWrittenError:
                 self.core.errors += 1
                 raise
+
+    def _spare(self, conn: DirectConnection) -> DirectConnection:
+        """A connection whose reading is free (a spare, opened if there is
+        room), else ``conn``."""
+        for spare in self.spares:
+            if not spare.reading and spare.over is None:
+                return spare
+        if len(self.spares) >= self._max_spares or not self._spare_lock.acquire(blocking=False):
+            return conn  # (another thread opens one meanwhile)
+        try:
+            if self._closed or conn.over is not None:
+                return conn
+            for spare in list(self.spares):
+                if spare.over is not None:
+                    self._retire(spare)
+            if len(self.spares) >= self._max_spares:
+                return conn
+            try:
+                link = Link.open(conn.address, self.config, self._greeting)
+            except Exception:
+                return conn  # the first connection goes on; no spare for now
+            spare = DirectConnection(link)
+            self.spares.append(spare)
+            return spare
+        finally:
+            self._spare_lock.release()
+
+    def _retire(self, conn: DirectConnection) -> None:
+        if conn in self.spares:
+            self.spares.remove(conn)
+        self._retired.add(conn.counters)
+
+    def counters(self) -> Counters:
+        """Everything counted so far: the encoder's errors, every connection's answers."""
+        total = Counters()
+        total.add(self.core)
+        total.add(self._retired)
+        for conn in self.connections():
+            total.add(conn.counters)
+        return total
+
+    def connections(self) -> list[DirectConnection]:
+        conn = self.conn
+        return ([conn] if conn is not None else []) + list(self.spares)
 
     def connect(self) -> DirectConnection:
         """The connection to publish on, connected (failing over) if needed."""
@@ -681,7 +754,11 @@ class DirectPublisher:
                 if conn.over is None:
                     return conn
                 self._rotation.lost(conn.address, conn.over)
+                self._retired.add(conn.counters)
                 self.conn = None
+                for spare in list(self.spares):  # (to the same nsqd: likely gone too)
+                    spare.close(ConnectionClosedError(f"{spare.address}: failing over"))
+                    self._retire(spare)
             attempt = self._rotation.attempt()
             for address in attempt:
                 try:
@@ -690,7 +767,7 @@ class DirectPublisher:
                     attempt.failed(address, exc)
                     continue
                 attempt.connected(address)
-                conn = self.conn = DirectConnection(link, self.core)
+                conn = self.conn = DirectConnection(link)
                 self._start_keeper()
                 return conn
             self.core.errors += 1
@@ -707,47 +784,45 @@ class DirectPublisher:
         keeper.start()
 
     def _keep(self, interval: float) -> None:
-        """A NOP on a connection nothing was written on for ``interval``."""
-        seen = -1
+        """A NOP on each connection nothing was written on for ``interval``."""
+        seen: dict[int, int] = {}
         while not self._stop.wait(interval):
-            conn = self.conn
-            if conn is None or conn.over is not None:
-                continue
-            if conn.writes == seen:
-                conn.keep_alive()
-            seen = conn.writes
+            for conn in self.connections():
+                if conn.over is not None:
+                    continue
+                if seen.get(id(conn)) == conn.writes:
+                    conn.keep_alive()
+                seen[id(conn)] = conn.writes
 
     def in_flight(self) -> int:
-        conn = self.conn
-        return 0 if conn is None else len(conn.answers.waiting)
+        return sum(len(conn.answers.waiting) for conn in self.connections())
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for the publishes in flight (``timeout`` at most: their
-        threads are reading their answers), then end the connection; later
+        threads are reading their answers), then end the connections; later
         publishes raise the closed error."""
         with self._connect_lock:
             self._closed = True
         self._stop.set()
-        conn = self.conn
-        if conn is None:
-            return
         deadline = None if timeout is None else time.monotonic() + timeout
-        while conn.answers.waiting and conn.over is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)  # (rare: a close racing publishes of other threads)
-        conn.close(ConnectionClosedError(f"{conn.address}: the producer closed"))
+        for conn in self.connections():
+            while conn.answers.waiting and conn.over is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                time.sleep(0.002)  # (rare: a close racing publishes of other threads)
+            conn.close(ConnectionClosedError(f"{conn.address}: the producer closed"))
         keeper = self._keeper
         if keeper is not None and keeper is not threading.current_thread():
             keeper.join(timeout=1.0)
 
     def forget(self) -> None:
-        """In a forked child: drop the parent's connection without touching
-        it (its descriptor closed here, no shutdown: the connection stays
-        the parent's)."""
-        conn, self.conn = self.conn, None
+        """In a forked child: drop the parent's connections without touching
+        them (their descriptors closed here, no shutdown: the connections
+        stay the parent's)."""
+        conns = self.connections()
+        self.conn, self.spares = None, []
         self._closed = True
-        if conn is not None:
+        for conn in conns:
             conn.over = ConnectionClosedError("forked")
             try:
                 os.close(conn.link.sock.detach())

@@ -309,11 +309,11 @@ class Producer(HostedProducerState):
         direct = self._direct
         if direct is None:
             return stats
-        core = direct.core
+        counted = direct.counters()
         return ProducerStats(
-            published=stats.published + core.published,
-            batches=stats.batches + core.batches,
-            errors=stats.errors + core.errors,
+            published=stats.published + counted.published,
+            batches=stats.batches + counted.batches,
+            errors=stats.errors + counted.errors,
             in_flight=stats.in_flight + direct.in_flight(),
             window=stats.window,
         )
