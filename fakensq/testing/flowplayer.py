@@ -18,8 +18,9 @@ seconds, else it is skipped) unless it was placed at a publish (harsh).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -270,10 +271,19 @@ class FlowPlayer:
             return faults.partition(node, "*")
         raise ValueError(f"unknown fault {fault.kind!r}")
 
-    def _spawn(self, fn: object, *args: object) -> None:
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         if self._nursery is None:
             raise RuntimeError("the player is not running")
-        self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+
+        async def guarded() -> None:
+            # A fault that fails is logged, never fatal: the player (and the
+            # fixture it runs in) keeps going.
+            try:
+                await fn(*args)
+            except Exception as exc:
+                log.warning("fault task %s failed: %r", getattr(fn, "__name__", fn), exc)
+
+        self._nursery.start_soon(guarded)
 
     async def _heal_after(self, fault: Fault, seconds: float) -> None:
         await trio.sleep(seconds)
@@ -320,8 +330,13 @@ class FlowPlayer:
     ) -> None:
         try:
             await faults.restart(node, kill=kill)
-        finally:
-            self._down.discard(node)
+        except Exception as exc:
+            met.outcomes.append(f"failed: {exc!r}")
+            log.warning("restarting %s failed: %r; starting it again", node, exc)
+            # Once more (a real daemon whose start failed); if that fails too
+            # the node stays down until settle() tries at the end.
+            await faults.start(node)
+        self._down.discard(node)
         met.outcomes.append(
             ("killed and started again" if kill else "stopped cleanly and started again") + waited
         )

@@ -261,6 +261,8 @@ class TestFaults:
     players: list[FaultPlayer] = field(default_factory=list)
     flows: list[FlowPlayer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the flow schedules' fault numbers as drawn, by fixture label
+    _drawn: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -294,10 +296,10 @@ class TestFaults:
         )
 
     def flow_schedule(
-        self, label: str, *, nsqd: int, lookupd: int, real: bool = False
+        self, label: str, *, nsqd: int, lookupd: int, real: bool = False, all: bool = False
     ) -> FlowSchedule:
         """The flow-placed schedule of the TCP fixture ``label``, less what
-        ``--nsq-faults-only`` leaves out."""
+        ``--nsq-faults-only`` leaves out (``all``: as drawn)."""
         rng = random.Random(seed_for(self.seed, label))
         schedule = draw_flow_schedule(
             rng,
@@ -312,7 +314,9 @@ class TestFaults:
             horizon=int(self.horizon or DEFAULT_HORIZON),
         )
         only = self.settings.only
-        return schedule if only is None else schedule.only(only.get(label, frozenset()))
+        if all or only is None:
+            return schedule
+        return schedule.only(only.get(label, frozenset()))
 
     def player(
         self, label: str, faults: Any, *, nsqd: int | list[str], lookupd: int
@@ -352,8 +356,12 @@ class TestFaults:
             msg_timeout=msg_timeout,
             heartbeat=heartbeat,
         )
+        drawn = self.flow_schedule(
+            label, nsqd=len(nsqd_names), lookupd=len(lookupd_names), real=real, all=True
+        )
         with self._lock:
             self.flows.append(player)
+            self._drawn[label] = drawn.ids
         return player
 
     def met(self) -> list[MetFault]:
@@ -373,9 +381,11 @@ class TestFaults:
         point's description) and those scheduled."""
         with self._lock:
             flows = list(self.flows)
+            drawn = list(self._drawn.items())
         return {
             "met": [m.key for m in self.flow_met()],
-            "scheduled": [f"{p.label}:{f.id}" for p in flows for f in p.schedule],
+            # As drawn (--nsq-faults-only keeps some of them).
+            "scheduled": [f"{label}:{n}" for label, ids in drawn for n in ids],
             "not_met": {
                 f"{p.label}:{f.id}": f"{f.describe(p.nsqd_of(f))}: not reached, {why}"
                 for p in flows

@@ -96,7 +96,7 @@ class ReplayLog:
                 )
                 if why is None:
                     scheduled = sorted({k for d in self.records.values() for k in d["scheduled"]})
-                    why = f"no test's schedule has it (they have: {', '.join(scheduled) or 'none'})"
+                    why = f"no test's schedule has it (theirs: {', '.join(scheduled) or 'none'})"
                 self.unmet_only.append(f"--nsq-faults-only: {key} was never met: {why}")
 
     def failures(self) -> list[dict[str, Any]]:

@@ -76,6 +76,11 @@ def find_binaries(text: str) -> RealBinaries:
             )
         given = found
     path = Path(given).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"--nsq-real: {path} does not exist (give the folder of nsqd and nsqlookupd, "
+            "or the nsqd binary)"
+        )
     folder = path if path.is_dir() else path.parent
     nsqd = path if path.is_file() else folder / "nsqd"
     lookupd = folder / "nsqlookupd"
