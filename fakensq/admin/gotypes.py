@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from trionsq.protocol.peers import Peer
+
 from ..golang.net import join_host_port
 
 __all__ = [
@@ -83,17 +85,11 @@ def stable_sort_by_hostname(items: list[Any]) -> None:
     items.sort(key=lambda item: item.hostname)
 
 
-@dataclass
-class Producer:
+@dataclass(kw_only=True)
+class Producer(Peer):
     """An nsqd as nsqlookupd (or the nsqd itself) describes it."""
 
     remote_addresses: list[str] | None = None
-    remote_address: str = ""
-    hostname: str = ""
-    broadcast_address: str = ""
-    tcp_port: int = 0
-    http_port: int = 0
-    version: str = ""
     topics: list[tuple[str, bool]] | None = None
     out_of_date: bool = False
 
@@ -135,12 +131,7 @@ class Producer:
     def to_go(self) -> dict[str, Any]:
         return {
             "remote_addresses": self.remote_addresses,
-            "remote_address": self.remote_address,
-            "hostname": self.hostname,
-            "broadcast_address": self.broadcast_address,
-            "tcp_port": self.tcp_port,
-            "http_port": self.http_port,
-            "version": self.version,
+            **self.peer_json(),
             "topics": (
                 None
                 if self.topics is None

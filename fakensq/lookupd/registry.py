@@ -9,6 +9,8 @@ from typing import Any
 
 import trio
 
+from trionsq.protocol.peers import Peer
+
 __all__ = [
     "PeerInfo",
     "Producer",
@@ -19,27 +21,14 @@ __all__ = [
 
 
 @dataclass
-class PeerInfo:
+class PeerInfo(Peer):
     """An nsqd as it IDENTIFYed itself; ``id`` is its connection's remote address."""
 
     id: str
-    remote_address: str = ""
-    hostname: str = ""
-    broadcast_address: str = ""
-    tcp_port: int = 0
-    http_port: int = 0
-    version: str = ""
     last_update: float = 0.0  # trio.current_time() of IDENTIFY or the last PING
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "remote_address": self.remote_address,
-            "hostname": self.hostname,
-            "broadcast_address": self.broadcast_address,
-            "tcp_port": self.tcp_port,
-            "http_port": self.http_port,
-            "version": self.version,
-        }
+        return self.peer_json()
 
 
 @dataclass(eq=False)

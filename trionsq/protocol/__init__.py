@@ -6,6 +6,7 @@ Shared by the client (:mod:`trionsq`) and the server (:mod:`fakensq`):
 - :mod:`.frames`: frames and the message layout, and the client's incremental parser;
 - :mod:`.identify`: IDENTIFY's body and answer (the feature negotiation), AUTH's answer;
 - :mod:`.names`: topic and channel name validation;
+- :mod:`.peers`: an nsqd as nsqlookupd's HTTP answers describe it (its ``peerInfo``);
 - :mod:`.states`: the connection state machine: which command is valid in which
   state, the transitions, and nsqd's error for each violation;
 - :mod:`.errors`: the error codes as a typed exception hierarchy;
