@@ -28,7 +28,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trionsq import blocking
-from trionsq.blocking.direct import DirectConnection, Link, NotWrittenError
+from trionsq.blocking.direct import DirectConnection, NotWrittenError
+from trionsq.blocking.link import Link
 from trionsq.config import Config
 from trionsq.connection import ConnectionClosedError
 from trionsq.protocol.errors import BadMessageError, BadTopicError
