@@ -30,7 +30,13 @@ from trionsq.tools.flags import FlagSet, FlagValueError, go_duration
 
 from ..admin.options import LOG_LEVELS, AdminOptions, OptionsError, go_file_error, split_host_port
 from ..admin.server import Admin, client_tls_context
-from ..golang.lg import OptionFlag, add_option_flags, daemon_flagset, version_string
+from ..golang.lg import (
+    HTTP_CLIENT_TIMEOUT_FLAGS,
+    OptionFlag,
+    add_option_flags,
+    daemon_flagset,
+    version_string,
+)
 from .common import fatal, first_error, resolve, setup_logging
 
 __all__ = ["admin_flagset", "admin_main", "admin_options_from_flags", "ConfigError"]
@@ -80,8 +86,7 @@ _OPTION_FLAGS: Final[tuple[OptionFlag, ...]] = (
         "time interval nsqd is configured to push to statsd (must match nsqd) "
         "(here: the window /api/graphite asks graphite for)",
     ),
-    ("duration", "http-client-connect-timeout", "timeout for HTTP connect"),
-    ("duration", "http-client-request-timeout", "timeout for HTTP request"),
+    *HTTP_CLIENT_TIMEOUT_FLAGS,
     (
         "bool",
         "http-client-tls-insecure-skip-verify",

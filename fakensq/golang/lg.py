@@ -18,6 +18,7 @@ from ..version import BUILD, VERSION
 __all__ = [
     "LOG_LEVELS",
     "GoLogFormatter",
+    "HTTP_CLIENT_TIMEOUT_FLAGS",
     "OptionFlag",
     "add_option_flags",
     "daemon_flagset",
@@ -109,6 +110,13 @@ def daemon_flagset(name: str, log_level: str) -> FlagSet:
 #: value its default: ``(declaration, name, usage)``, the declaration one of
 #: ``string``, ``int``, ``bool``, ``duration``.
 OptionFlag: TypeAlias = tuple[str, str, str]
+
+#: The HTTP client's timeouts: flags of nsqd and nsqadmin alike (each daemon's
+#: table holds this one declaration).
+HTTP_CLIENT_TIMEOUT_FLAGS: Final[tuple[OptionFlag, ...]] = (
+    ("duration", "http-client-connect-timeout", "timeout for HTTP connect"),
+    ("duration", "http-client-request-timeout", "timeout for HTTP request"),
+)
 
 
 def add_option_flags(fs: FlagSet, defaults: object, flags: Iterable[OptionFlag]) -> None:

@@ -10,7 +10,7 @@ from typing import Final
 from trionsq.protocol.names import go_quote
 from trionsq.tools.flags import Flag, FlagFatal, FlagSet, FlagValueError, go_float
 
-from ..golang.lg import OptionFlag, add_option_flags, daemon_flagset
+from ..golang.lg import HTTP_CLIENT_TIMEOUT_FLAGS, OptionFlag, add_option_flags, daemon_flagset
 from .options import TLS_NOT_REQUIRED, TLS_REQUIRED, TLS_REQUIRED_EXCEPT_HTTP, NSQDOptions
 
 __all__ = [
@@ -104,8 +104,7 @@ _OPTION_FLAGS: Final[tuple[OptionFlag, ...]] = (
         "HTTP port that will be registered with lookupd "
         "(defaults to the HTTP port that this nsqd is listening on)",
     ),
-    ("duration", "http-client-connect-timeout", "timeout for HTTP connect"),
-    ("duration", "http-client-request-timeout", "timeout for HTTP request"),
+    *HTTP_CLIENT_TIMEOUT_FLAGS,
     # diskqueue options
     ("string", "data-path", "path to store disk-backed messages"),
     ("int", "mem-queue-size", "number of messages to keep in memory (per topic/channel)"),
