@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import ssl
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -220,13 +221,31 @@ class ClientOutput:
             owner.redispatch()
 
     async def _send_writes(self, wire: ClientWire, writes: list[bytes]) -> None:
+        # Each of nsqd's writes is a send of its own: over TLS one record, over
+        # TCP (no Nagle, as Go's sockets) one segment, so a client reading as
+        # they come meets the same boundaries as on nsqd (compress/flate's
+        # sync marker alone, golang/snappy's chunk header before its data).
         stream = self.owner.stream
-        if wire.records is None:
-            if writes:  # (over TCP, where nsqd's writes are cut does not show)
-                await stream.send_all(b"".join(writes))
-        else:
-            for record in writes:  # one SSL write: one record
-                await stream.send_all(record)
+        if not isinstance(stream, trio.SocketStream):  # (TLS; a test's wrapper)
+            for write in writes:
+                await stream.send_all(write)
+            return
+        # A write() a piece, as Go's: send_all's scheduling once, not per piece
+        # (compress/flate's pieces are small and many).  What the socket does
+        # not take at once, or refuses, goes through send_all (its waiting,
+        # its errors).
+        fd = stream.socket.fileno()
+        waited = False
+        for write in writes:
+            try:
+                sent = os.write(fd, write)
+            except OSError:
+                sent = 0
+            if sent < len(write):
+                await stream.send_all(write[sent:])
+                waited = True
+        if not waited:
+            await trio.lowlevel.checkpoint()
 
     def _wire_buffered(self) -> int:
         return 0 if self.wire is None else self.wire.buffered

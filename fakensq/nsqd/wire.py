@@ -5,9 +5,11 @@ over, as negotiated, golang/snappy's or compress/flate's writer, over the TLS
 connection or the socket; each response flushes it.  The bytes a client gets
 are the same whatever the cuts, but where Go's writes are cut shows: over TLS
 each write below is a record of its own (a client reads a record at a time),
-and a compressed stream's chunks are cut where bufio's writes were.
-:class:`ClientWire` gives, for what fakensq sends, the writes nsqd would make
-(records, over TLS).  A plain, uncompressed connection does not need it.
+over TCP a segment of its own (Go's sockets send at once: no Nagle), which a
+client reading as they come may get alone, and a compressed stream's chunks
+are cut where bufio's writes were.  :class:`ClientWire` gives, for what
+fakensq sends, the writes nsqd would make (records, over TLS), each sent by
+itself.  A plain, uncompressed connection does not need it.
 """
 
 from __future__ import annotations

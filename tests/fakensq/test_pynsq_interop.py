@@ -81,15 +81,16 @@ def _pynsq_roundtrip(
     return received
 
 
+# (not snappy, not deflate: pynsq breaks on them as on nsqd, where a read
+# ends at one of nsqd's writes that decompresses to nothing; see
+# tests/conformance/test_pynsq_codecs.py)
 @pytest.mark.parametrize(
     "features",
     [
         {},
-        {"snappy": True},
-        {"deflate": True, "deflate_level": 4},
         {"output_buffer_timeout": 50, "heartbeat_interval": 1, "sample_rate": 0},
     ],
-    ids=["plain", "snappy", "deflate", "buffering"],
+    ids=["plain", "buffering"],
 )
 async def test_pynsq_reader_and_writer(features: dict[str, Any]) -> None:
     async with fakensq.NSQD(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as nsqd:
