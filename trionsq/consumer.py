@@ -12,7 +12,6 @@ so that nothing of the consumer stays in flight at any nsqd.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import random
@@ -20,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from types import CoroutineType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -31,6 +30,7 @@ from .config import Config
 from .connection import Connection, NegotiationError, RequestRefused
 from .discovery import Discovery
 from .flow import Flow
+from .handlers import HandlerPool
 from .lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, Lifecycle, Moves
 from .message import Message, cancel_may_be_pending
 from .multiplex import Multiplexer
@@ -126,7 +126,7 @@ MOVES = Moves(
 )
 
 
-class Consumer(Sessions, Flow, Discovery):
+class Consumer(Sessions, Flow, Discovery, HandlerPool):
     """Consumes ``topic`` on ``channel`` from nsqds given directly or found via lookupd.
 
     Either pass ``handler`` (sync or async; returning finishes the message,
@@ -655,124 +655,6 @@ class Consumer(Sessions, Flow, Discovery):
                     self._settled_event.set()  # its messages can no longer be answered
         if self._life.state is OPEN:
             self._update_rdy()
-
-    # --- the handler pool ---
-    #
-    # Handlers run in a pool of worker tasks taking messages from the queue, not
-    # in a task per message: spawning a task costs more than handing a message
-    # to a parked worker.  The pool grows on demand, never beyond max_in_flight
-    # (which bounds what nsqd hands out), and workers are woken sparingly: at
-    # most one wake-up is outstanding for new messages, and a worker just woken
-    # that finds more queued than workers on their way wakes two more.  A quick
-    # handler thus drains a whole read with a few workers (no task switch per
-    # message), while a handler that waits has the pool fan out exponentially,
-    # in a few scheduler passes.
-
-    def _wake_workers(self, count: int) -> None:
-        assert self._handlers is not None
-        for _ in range(count):
-            if self._queue_waiters:
-                self._queue_waiters.unpark()
-            elif self._workers < self._pool_limit and self._life.state is OPEN:
-                self._workers += 1
-                self._handlers.start_soon(self._worker)
-            else:
-                return
-            self._waking += 1
-
-    async def _worker(self) -> None:
-        """Run the handler on queued messages, one at a time, until closing; a
-        worker over a lowered ``max_in_flight`` leaves once its message is settled."""
-        woken = True  # counted in _waking until it runs
-        fresh = False
-        handler = self._handler
-        assert handler is not None
-        try:
-            while self._workers <= self._pool_limit:
-                if woken:
-                    woken = False
-                    fresh = True
-                    self._waking -= 1
-                    # A worker woken as the consumer is cancelled must not start
-                    # a handler it cannot finish.
-                    await trio.lowlevel.checkpoint_if_cancelled()
-                if self._queue:
-                    message = self._queue.popleft()
-                    message.responder.out[message] = None
-                    if fresh:
-                        fresh = False
-                        spare = len(self._queue) - self._waking
-                        if spare > 0:
-                            self._wake_workers(min(2, spare))
-                    # _handle, inline: a coroutine less per message.
-                    try:
-                        result = handler(message)
-                        if type(result) is CoroutineType:
-                            await result
-                        elif result is not None and inspect.isawaitable(result):
-                            await result
-                    except Exception as exc:
-                        log.warning("handler failed for %r: %r", message, exc, exc_info=True)
-                        await message.requeue()
-                    else:
-                        if message.responded is None:
-                            # finish(), minus its cancellation point: the
-                            # handler is done, its answer must not be lost.
-                            message.responded = "finished"
-                            message.responder.fin(message)
-                elif self._life.state is not OPEN:
-                    return
-                else:
-                    await self._queue_waiters.park()
-                    woken = True
-        except (KeyboardInterrupt, SystemExit) as exc:
-            # Workers run unprotected (handlers must stay interruptible), so a
-            # Ctrl-C may land here: the consumer leaves and re-raises it.
-            self._interrupt(exc)
-        finally:
-            self._workers -= 1
-            if woken:
-                self._waking -= 1
-            if self._queue and not self._waking and self._queue_waiters:
-                # Leaving over the limit: pass the queue on to a parked worker.
-                self._queue_waiters.unpark()
-                self._waking += 1
-
-    async def _give_up(self, message: Message) -> None:
-        self._given_up += 1
-        try:
-            if self._telemetry is None:
-                await self._call_give_up(message)
-            else:
-                await self._telemetry.given_up(message, self._call_give_up)
-        except (KeyboardInterrupt, SystemExit) as exc:
-            self._interrupt(exc)
-            return
-        finally:
-            self._giving_up.discard(message)
-        if not message.has_responded:
-            message.responded = "finished"
-            session = message.responder
-            assert isinstance(session, Session)
-            # A give-up is a FIN: as in go-nsq it counts as a success, so a give-up
-            # during a backoff test ends the test instead of leaving it open.
-            self._settle(session, message, commands.fin(message.id), True, True, count=False)
-
-    async def _call_give_up(self, message: Message) -> None:
-        try:
-            if self._give_up_handler is None:
-                log.warning(
-                    "giving up on %r after %d attempts (max_attempts=%d)",
-                    message,
-                    message.attempts,
-                    self.config.max_attempts,
-                )
-            else:
-                result = self._give_up_handler(message)
-                if inspect.isawaitable(result):
-                    await result
-        except Exception:
-            log.exception("give_up callback failed for %r", message)
 
     # --- for the front ends (trionsq.hosting.consumer) ---
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -359,7 +359,7 @@ class Sessions:
     _update_rdy: Callable[[], None]
     _abandon: Callable[[Message], None]
     _wake_workers: Callable[[int], None]
-    _give_up: Callable[[Message], Awaitable[None]]
+    _give_up: Callable[[Message], Coroutine[Any, Any, None]]
 
     def _on_messages(self, session: Session, messages: list[Message]) -> Awaitable[None] | None:
         """Take one read's messages from ``session``'s reader (see
