@@ -80,11 +80,19 @@ def test_ctrl_c_while_waiting_cancels_the_call(runner: TrioThread) -> None:
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
+    # Python leaves SIGINT ignored when it inherits it so (a suite started in
+    # the background by a shell without job control), and a handler another
+    # test left would take it: the signal must raise here, or the call would
+    # wait for ever (bounded by the timeout: a failure, never a hang).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     helper = threading.Thread(target=interrupt)
     helper.start()
-    with pytest.raises(KeyboardInterrupt):
-        runner.run(slow)
-    helper.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(slow, timeout=60)
+    finally:
+        helper.join()
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 10
     while not seen and time.monotonic() < deadline:
         runner.run(trio.sleep, 0.01)
