@@ -13,6 +13,7 @@ import trio
 import fakensq
 
 from ..support.tls import Pki
+from ..support.waiting import wait_until_asyncio
 
 
 def _pynsq_roundtrip(
@@ -53,8 +54,8 @@ def _pynsq_roundtrip(
     writer = nsq.Writer([tcp_address], **features)
 
     async def publish() -> None:
-        while not writer.conns:  # noqa: ASYNC110 - pynsq offers no event for it
-            await asyncio.sleep(0.01)
+        # pynsq offers no event for its connection: polled, under a deadline.
+        await wait_until_asyncio(lambda: writer.conns, step=0.01, what="pynsq's Writer connected")
         for start in range(0, count, 10):
             batch = [b"%d" % i for i in range(start, min(count, start + 10))]
             fut: asyncio.Future[Any] = loop.create_future()
