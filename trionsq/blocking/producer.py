@@ -7,7 +7,6 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
-from types import TracebackType
 from typing import Any, Literal
 
 from sniffio import thread_local as _sniffio
@@ -24,6 +23,7 @@ from ..hosting.producer import (
     Job,
 )
 from ..hosting.trio_thread import ForkedError, check_not_in_trio
+from ..lifecycle import CLOSED, FORKED, NEW, OPEN, BlockingClient, Lifecycle, Moves
 from ..publishing import ProducerStats
 from ..transport import tcp_connector
 from .direct import DirectPublisher
@@ -32,8 +32,21 @@ __all__ = ["Producer"]
 
 AfterFork = Literal["reconnect", "error"]
 
+#: A blocking Producer's life: started (again, after a ``fork()``) and closed
+#: once; forked in a child process of a ``fork()`` made while it was open, new
+#: again when the child starts it afresh (``after_fork="reconnect"``).
+MOVES = Moves(
+    "blocking.Producer",
+    NEW,
+    {
+        NEW: {OPEN, CLOSED},
+        OPEN: {FORKED, CLOSED},
+        FORKED: {NEW, CLOSED},
+    },
+)
 
-class Producer(HostedProducerState):
+
+class Producer(HostedProducerState, BlockingClient):
     """Publishes to nsqd from any thread; each call returns once nsqd acknowledged.
 
     ::
@@ -72,7 +85,7 @@ class Producer(HostedProducerState):
     After ``os.fork()``, a producer started in the parent is dead in the child
     (threads do not survive a fork): ``after_fork="reconnect"`` (the default)
     starts a fresh thread and connection in the child on its first call, never
-    using the parent's socket; ``"error"`` raises :class:`~trionsq.ForkedError`.
+    using the parent's socket; ``"error"`` raises :class:`~trionsq.blocking.ForkedError`.
     """
 
     def __init__(
@@ -91,7 +104,7 @@ class Producer(HostedProducerState):
         self._hosted: HostedProducer | None = None
         # The blocking calls' own path (None: through the hosted producer).
         self._direct: DirectPublisher | None = None
-        self._state = "new"  # new, open, forked, closed
+        self._life = Lifecycle(MOVES)
         self._pid = os.getpid()
         self._reset_locks()
 
@@ -114,7 +127,9 @@ class Producer(HostedProducerState):
         self._instrumented = False  # trionsq.telemetry's wrappers put on
 
     def __repr__(self) -> str:
-        return f"<blocking.Producer {self._state} {list(self.config.nsqd_tcp_addresses)}>"
+        return (
+            f"<blocking.Producer {self._life.state.value} {list(self.config.nsqd_tcp_addresses)}>"
+        )
 
     # --- life ---
 
@@ -123,9 +138,10 @@ class Producer(HostedProducerState):
         returns the producer.  Calling it again while open does nothing."""
         check_not_in_trio("blocking.Producer.start()")
         with self._start_lock:
-            if self._state == "closed":
+            state = self._life.state
+            if state is CLOSED:
                 raise ClientClosedError("the Producer is closed")
-            if self._state == "open":
+            if state is OPEN:
                 return self
             hosted = HostedProducer(
                 self.config, name="trionsq-blocking-producer", end_of_batch=self._answered
@@ -144,7 +160,7 @@ class Producer(HostedProducerState):
             with self._lock:
                 self._hosted = hosted
                 self._direct = direct
-                self._state = "open"
+                self._life.move(OPEN)
         return self
 
     def close(self, timeout: float | None = None) -> None:
@@ -155,7 +171,8 @@ class Producer(HostedProducerState):
             with self._lock:
                 hosted, self._hosted = self._hosted, None
                 direct, self._direct = self._direct, None
-                self._state = "closed"
+                if self._life.state is not CLOSED:
+                    self._life.move(CLOSED)
                 # Callers waiting for a place or a flush: let them see it closed.
                 _release_all(self._sleepers)
                 _release_all(self._flushers)
@@ -164,19 +181,9 @@ class Producer(HostedProducerState):
             if hosted is not None and not hosted.runner.forked:
                 hosted.close(timeout)
 
-    @property
-    def closed(self) -> bool:
-        return self._state == "closed"
-
-    def __enter__(self) -> Producer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _leave(self, interrupted: bool) -> None:
+        # (Interrupted or not: close() waits only for what nsqd is answering,
+        # up to close_timeout.)
         self.close()
 
     def _after_fork_in_child(self) -> None:
@@ -187,8 +194,8 @@ class Producer(HostedProducerState):
         direct, self._direct = self._direct, None
         if direct is not None:
             direct.forget()  # the parent's socket: left alone
-        if self._state == "open":
-            self._state = "forked"
+        if self._life.state is OPEN:
+            self._life.move(FORKED)
 
     def _reconnect_after_fork(self) -> None:
         if self.after_fork == "error":
@@ -198,8 +205,8 @@ class Producer(HostedProducerState):
                 "after_fork='reconnect'"
             )
         with self._start_lock:
-            if self._state == "forked":
-                self._state = "new"
+            if self._life.state is FORKED:
+                self._life.move(NEW)
         self.start()
 
     # --- publishing ---
@@ -239,10 +246,11 @@ class Producer(HostedProducerState):
             hosted = self._hosted
             if hosted is None:
                 lock.release()
-                if self._state == "forked":
+                state = self._life.state
+                if state is FORKED:
                     self._reconnect_after_fork()
                     continue
-                if self._state == "new":
+                if state is NEW:
                     raise RuntimeError("start the Producer first (with ... or .start())")
                 raise ClientClosedError("the Producer is closed")
             if self._taken - self._released < window:
