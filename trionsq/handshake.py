@@ -41,9 +41,6 @@ __all__ = [
 RECEIVE_SIZE = 64 * 1024
 #: whether a socket's descriptor takes os.write (not so on Windows)
 WRITE_TO_SOCKETS = sys.platform != "win32"
-_HTTP_ANSWER = (
-    "unexpected HTTP response, a nsqd TCP endpoint is required (is this nsqd's HTTP port?)"
-)
 
 
 class NSQConnectionError(NSQError, ConnectionError):
@@ -159,6 +156,8 @@ class Handshake:
     config: Config
     _stream: trio.abc.Stream
     _leftover: bytes
+    #: whether the peer sent anything yet (a close before that is NO_ANSWER)
+    _heard: bool = False
     identify_response: dict[str, Any]
     auth_response: dict[str, Any] | None
     max_rdy_count: int
@@ -183,9 +182,9 @@ class Handshake:
             else:
                 chunk = bytes(await stream.receive_some(RECEIVE_SIZE))
             if not chunk:
-                raise NSQConnectionError(
-                    cannot_connect(self.address, "connection closed during handshake")
-                )
+                said = "connection closed during handshake" if self._heard else handshake.NO_ANSWER
+                raise NSQConnectionError(cannot_connect(self.address, said))
+            self._heard = True
             data += chunk
         self._leftover = data[size:]
         return data[:size]
@@ -222,7 +221,8 @@ class Handshake:
         header = await self._receive_exactly(4)
         size = handshake.answer_size(header, max_frame_size)
         if size is None:
-            raise NSQConnectionError(cannot_connect(self.address, handshake.HTTP_ANSWER))
+            said = handshake.foreign_answer(header)
+            raise NSQConnectionError(cannot_connect(self.address, str(said)))
         payload = await self._receive_exactly(size)
         return handshake.answer(header + payload, max_frame_size, heartbeats)
 

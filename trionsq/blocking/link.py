@@ -43,6 +43,7 @@ class Link:
         self.address = address
         self.config = config
         self._leftover = b""  # plain bytes read past the handshake's last answer
+        self._heard = False  # whether nsqd sent anything yet (see handshake.NO_ANSWER)
         self._tls: ssl.SSLObject | None = None
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
@@ -160,7 +161,8 @@ class Link:
         header = self._exactly(4)
         size = handshake.answer_size(header, max_frame_size)
         if size is None:
-            raise NSQConnectionError(cannot_connect(self.address, handshake.HTTP_ANSWER))
+            said = handshake.foreign_answer(header)
+            raise NSQConnectionError(cannot_connect(self.address, str(said)))
         data = handshake.answer(header + self._exactly(size), max_frame_size)
         assert data is not None  # (no heartbeats taken during a handshake)
         return data
@@ -171,9 +173,9 @@ class Link:
             self.sock.settimeout(self._remaining())
             chunk = self._receive_transformed()
             if not chunk and self.closed_by_peer:
-                raise NSQConnectionError(
-                    cannot_connect(self.address, "connection closed during handshake")
-                )
+                said = "connection closed during handshake" if self._heard else handshake.NO_ANSWER
+                raise NSQConnectionError(cannot_connect(self.address, said))
+            self._heard = self._heard or bool(chunk)
             data += chunk
         self._leftover = data[size:]
         return data[:size]

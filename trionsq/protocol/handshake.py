@@ -24,10 +24,13 @@ from .frames import OK, SIZE, Error, FrameParser, Response
 __all__ = [
     "DEFAULT_MAX_RDY_COUNT",
     "HTTP_ANSWER",
+    "NO_ANSWER",
+    "TLS_ANSWER",
     "Negotiated",
     "answer",
     "answer_size",
     "expect_ok",
+    "foreign_answer",
     "negotiate",
     "parse_auth",
 ]
@@ -44,12 +47,41 @@ HTTP_ANSWER = (
 )
 
 
+#: What a client says when a TLS server answers the magic with a record (an
+#: alert, a handshake): the port speaks TLS from its first byte, as no nsqd TCP
+#: port does (nsqd upgrades to TLS after IDENTIFY).
+TLS_ANSWER = (
+    "unexpected TLS record, a nsqd TCP endpoint is required "
+    "(nsqd's TCP port speaks TLS only after IDENTIFY)"
+)
+#: What a client says when the peer closes before any answer: nsqd always
+#: answers IDENTIFY (even to refuse it), while nsqd's HTTPS port, given the
+#: magic, closes without a byte.
+NO_ANSWER = (
+    "closed without answering the protocol's greeting "
+    "(is this a nsqd TCP endpoint? nsqd's HTTPS port closes so)"
+)
+
+
+def foreign_answer(header: bytes) -> str | None:
+    """What a handshake answer's first 4 bytes say when they are no NSQ frame
+    but another protocol's answer (:data:`HTTP_ANSWER`, :data:`TLS_ANSWER`),
+    else None.  A TLS record's head read as a size is above 350 MB: no answer
+    to a handshake is that large."""
+    if header == b"HTTP":
+        return HTTP_ANSWER
+    if header[0] in (0x15, 0x16) and header[1] == 0x03 and header[2] <= 0x04:
+        return TLS_ANSWER
+    return None
+
+
 def answer_size(header: bytes, max_frame_size: int) -> int | None:
     """The size after a handshake answer's first 4 bytes (``header``): how
-    many bytes to read next; None when they are an HTTP server's answer (the
-    driver says :data:`HTTP_ANSWER`).  Raises the frame parser's typed error
-    for a size above ``max_frame_size`` or below a frame's smallest."""
-    if header == b"HTTP":
+    many bytes to read next; None when they are another protocol's answer
+    (the driver says :func:`foreign_answer`'s text).  Raises the frame
+    parser's typed error for a size above ``max_frame_size`` or below a
+    frame's smallest."""
+    if foreign_answer(header) is not None:
         return None
     (size,) = SIZE.unpack(header)
     if size > max_frame_size or size < 4:
