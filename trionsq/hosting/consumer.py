@@ -31,7 +31,7 @@ from ..config import Config
 from ..consumer import Consumer, ConsumerStats
 from ..message import Message
 from .handover import Inbox
-from .producer import tracking_connector
+from .service import HostedService
 from .trio_thread import LoopStoppedError, TrioThread
 
 __all__ = ["HandedMessage", "HostedConsumer"]
@@ -188,7 +188,7 @@ Deliver = Callable[[HandedMessage], None]
 AsyncGiveUp = Callable[[HandedMessage], Awaitable[object]]
 
 
-class HostedConsumer:
+class HostedConsumer(HostedService):
     """A :class:`trionsq.Consumer` served on its own thread (see the module doc)."""
 
     def __init__(
@@ -208,8 +208,7 @@ class HostedConsumer:
         runner: TrioThread | None = None,
     ) -> None:
         # ``runner``: see HostedProducer
-        self.runner = TrioThread(name) if runner is None else runner
-        self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
+        super().__init__(config, name, runner)
         self._give_up = give_up
         # Spans of its own would be the pump's, not the application's: none.
         # The front end's telemetry takes the envelope off here (in _pump),
@@ -248,29 +247,10 @@ class HostedConsumer:
         self._after_scope = trio.CancelScope()
         self._pump_done: trio.Event | None = None
         self._settled: trio.Event | None = None
-        self._close_requested: trio.Event | None = None
-        self._served: trio.Event | None = None
 
     # --- life (from the front end's thread) ---
 
-    def start(self) -> None:
-        """Start the thread and the consumer; blocks until it runs."""
-        self.runner.start()
-        try:
-            self.runner.start_service(self._serve)
-        except BaseException:
-            self.runner.close()
-            raise
-
-    def launch(
-        self,
-        on_started: Callable[[BaseException | None], None],
-        on_exit: Callable[[], None] | None = None,
-    ) -> None:
-        """Start without blocking; ``on_started(error)`` is called from the loop's
-        thread once the consumer runs (``None``) or failed to start, and
-        ``on_exit()`` once the loop has ended."""
-        self.runner.launch_service(self._serve, on_started, on_exit)
+    # (start, launch and aclose: HostedService's; aclose makes the core consumer leave)
 
     # --- closing (coroutines run in the loop, in this order) ---
 
@@ -306,12 +286,6 @@ class HostedConsumer:
             message._delay = 0
             message._backoff = False
             await message._apply()
-
-    async def aclose(self) -> None:
-        """Ask the service to end (the core consumer leaves) and wait for it."""
-        if self._close_requested is not None and self._served is not None:
-            self._close_requested.set()
-            await self._served.wait()
 
     def request_close(self) -> None:
         """From any thread, without waiting: end everything (cancelling)."""

@@ -25,11 +25,11 @@ from ..producer import Producer
 from ..protocol.errors import NSQError, ProtocolError
 from ..protocol.frames import OK
 from ..publishing import ProducerStats, PublishCore
-from ..transport import Connector
 from .handover import Inbox
+from .service import HostedService
 from .trio_thread import LoopStoppedError, TrioThread
 
-__all__ = ["ClientClosedError", "Completion", "HostedProducer", "tracking_connector"]
+__all__ = ["ClientClosedError", "Completion", "HostedProducer"]
 
 # (the logger keeps its name from before the hosting package: configurations stay valid)
 log = logging.getLogger("trionsq.hosted")
@@ -69,20 +69,7 @@ def encode(core: PublishCore, method: str, args: tuple[Any, ...]) -> tuple[bytes
     raise ValueError(f"unknown publishing method {method!r}")
 
 
-def tracking_connector(connector: Connector, runner: TrioThread) -> Connector:
-    """``connector``, with every TCP socket it opens registered with ``runner``
-    (so that a forked child closes its copy and never talks on it)."""
-
-    async def connect(host: str, port: int) -> trio.abc.Stream:
-        stream = await connector(host, port)
-        if isinstance(stream, trio.SocketStream):
-            runner.track_socket(stream.socket)
-        return stream
-
-    return connect
-
-
-class HostedProducer:
+class HostedProducer(HostedService):
     """A :class:`trionsq.Producer` served on its own thread, publishing the jobs
     other threads put in :attr:`inbox`.
 
@@ -112,8 +99,7 @@ class HostedProducer:
     ) -> None:
         # ``runner``: where the loop runs (default: a thread of its own; the
         # asyncio front end passes a guest run of its loop's).
-        self.runner = TrioThread(name) if runner is None else runner
-        self.config = config.replace(connector=tracking_connector(config.connector, self.runner))
+        super().__init__(config, name, runner)
         self.producer = Producer(config=self.config)
         self.inbox: Inbox[Job] = Inbox(self.runner.run_sync_soon)
         self._end_of_batch = end_of_batch
@@ -125,8 +111,6 @@ class HostedProducer:
         self._core = PublishCore()
         #: jobs given their outcome so far (read by ``end_of_batch``)
         self.completed = 0
-        self._close_requested: trio.Event | None = None
-        self._served: trio.Event | None = None
 
     @property
     def stats(self) -> ProducerStats:
@@ -135,24 +119,7 @@ class HostedProducer:
 
     # --- life (called from the front end's thread) ---
 
-    def start(self) -> None:
-        """Start the thread and the producer; blocks until it is ready."""
-        self.runner.start()
-        try:
-            self.runner.start_service(self._serve)
-        except BaseException:
-            self.runner.close()
-            raise
-
-    def launch(
-        self,
-        on_started: Callable[[BaseException | None], None],
-        on_exit: Callable[[], None] | None = None,
-    ) -> None:
-        """Start without blocking; ``on_started(error)`` is called from the loop's
-        thread once the producer is ready (``None``) or failed to start, and
-        ``on_exit()`` once the loop has ended."""
-        self.runner.launch_service(self._serve, on_started, on_exit)
+    # (start, launch and aclose: HostedService's)
 
     def close(self, timeout: float | None = None) -> None:
         """Finish the jobs put so far (up to ``close_timeout``), close, join the thread.
@@ -167,12 +134,6 @@ class HostedProducer:
         finally:
             self.runner.close(timeout)
             self.fail_leftovers()
-
-    async def aclose(self) -> None:
-        """In the loop: ask the service to finish and wait until it has."""
-        if self._close_requested is not None and self._served is not None:
-            self._close_requested.set()
-            await self._served.wait()
 
     def request_close(self) -> None:
         """From any thread, without waiting (the asyncio front end's close)."""
