@@ -16,7 +16,7 @@ import trio
 
 from ..config import Config
 from ..consumer import ConsumerStats
-from ..hosting.consumer import HandedMessage, HostedConsumer
+from ..hosting.consumer import HandedMessage, HostedConsumer, check_requeue_delay
 from ..hosting.handover import LoopPost
 from ..hosting.producer import ClientClosedError
 from ..hosting.trio_thread import ForkedError, LoopStoppedError
@@ -94,10 +94,7 @@ class Message(HandedMessage):
         if not self._settles_here():
             HandedMessage._requeue(self, delay, backoff)
             return
-        if delay is not None and (
-            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
-        ):
-            raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
+        check_requeue_delay(delay)
         if self._claim("requeued"):
             self._delay = delay
             self._backoff = backoff
@@ -502,21 +499,9 @@ class Consumer(AsyncClient):
     @property
     def stats(self) -> ConsumerStats:
         """A snapshot of the underlying Consumer's counters."""
-        runner = self._hosted.runner
-        if runner.alive:
-            try:
-                return runner.run_sync(lambda: self._hosted.consumer.stats)
-            except LoopStoppedError:
-                pass
-        return self._hosted.consumer.stats
+        return self._hosted.stats
 
     @property
     def connections(self) -> list[str]:
         """Addresses of the nsqds currently subscribed to."""
-        runner = self._hosted.runner
-        if runner.alive:
-            try:
-                return runner.run_sync(lambda: self._hosted.consumer.connections)
-            except LoopStoppedError:
-                pass
-        return []
+        return self._hosted.connections

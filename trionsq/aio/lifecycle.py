@@ -87,16 +87,8 @@ class LoopCalls(LoopPost[LoopCall]):
 class DirectPost(LoopPost[T]):
     """A :class:`~trionsq.hosting.handover.LoopPost` for a guest run: items put from the
     asyncio loop's thread (where the guest run's Trio code runs) are handed to
-    ``on_items`` at once; from another thread, as a LoopPost does."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        on_items: Callable[[deque[T]], None],
-        items: deque[T] | None = None,
-    ) -> None:
-        LoopPost.__init__(self, loop, on_items, items)
-        self._ident = threading.get_ident()
+    ``on_items`` at once; from another thread, as a LoopPost does.  It is made
+    in the loop's thread (:attr:`LoopPost.made_in`)."""
 
     def put(self, item: T) -> None:
         self._items.append(item)
@@ -107,7 +99,7 @@ class DirectPost(LoopPost[T]):
         self.schedule()
 
     def schedule(self) -> None:
-        if threading.get_ident() == self._ident:
+        if threading.get_ident() == self.made_in:
             self._on_items(self._items)
         else:
             super().schedule()

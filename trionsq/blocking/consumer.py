@@ -437,21 +437,9 @@ class Consumer(BlockingClient):
     @property
     def stats(self) -> ConsumerStats:
         """A snapshot of the underlying Consumer's counters."""
-        runner = self._hosted.runner
-        if runner.alive and not runner.in_loop_thread:
-            try:
-                return runner.run_sync(lambda: self._hosted.consumer.stats)
-            except LoopStoppedError:
-                pass
-        return self._hosted.consumer.stats
+        return self._hosted.stats
 
     @property
     def connections(self) -> list[str]:
         """Addresses of the nsqds currently subscribed to."""
-        runner = self._hosted.runner
-        if runner.alive and not runner.in_loop_thread:
-            try:
-                return runner.run_sync(lambda: self._hosted.consumer.connections)
-            except LoopStoppedError:
-                pass
-        return []
+        return self._hosted.connections

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -34,9 +34,11 @@ from .handover import Inbox
 from .service import HostedService
 from .trio_thread import LoopStoppedError, TrioThread
 
-__all__ = ["HandedMessage", "HostedConsumer"]
+__all__ = ["HandedMessage", "HostedConsumer", "check_requeue_delay"]
 
 # (the logger keeps its name from before the hosting package: configurations stay valid)
+T = TypeVar("T")
+
 log = logging.getLogger("trionsq.hosted")
 
 
@@ -45,6 +47,16 @@ _DRAIN = 512
 
 #: what ``_out.pop`` returns for a message claimed already
 _UNCLAIMED: Any = object()
+
+
+def check_requeue_delay(delay: float | None) -> None:
+    """Raise ``ValueError`` unless ``delay`` is None or a number >= 0 (not a
+    bool, not NaN): a front end's requeue() checks in the caller's thread, so
+    the error is the caller's, not the loop's."""
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+    ):
+        raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
 
 
 class _Touch:
@@ -160,10 +172,7 @@ class HandedMessage:
                 log.info("could not answer %r: %s", self, exc)
 
     def _requeue(self, delay: float | None, backoff: bool) -> None:
-        if delay is not None and (
-            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
-        ):
-            raise ValueError(f"requeue delay must be a number >= 0, got {delay!r}")
+        check_requeue_delay(delay)
         if self._claim("requeued"):
             # Read by the loop once the message reaches it, after these stores.
             self._delay = delay
@@ -420,9 +429,29 @@ class HostedConsumer(HostedService):
 
     # --- state ---
 
+    # Read from a front end's thread: in the loop while it runs (the core
+    # consumer's state is the loop's), as it was left once the loop ended.
+
     @property
     def stats(self) -> ConsumerStats:
-        return self.consumer.stats
+        """A snapshot of the core Consumer's counters."""
+        return self._read(lambda: self.consumer.stats, lambda: self.consumer.stats)
+
+    @property
+    def connections(self) -> list[str]:
+        """Addresses of the nsqds currently subscribed to (none once it ended)."""
+        return self._read(lambda: self.consumer.connections, list)
+
+    def _read(self, get: Callable[[], T], ended: Callable[[], T]) -> T:
+        runner = self.runner
+        if runner.alive:
+            if runner.in_loop_thread:  # (a guest run's host thread: the loop's own)
+                return get()
+            try:
+                return runner.run_sync(get)
+            except LoopStoppedError:
+                pass
+        return ended()
 
     @property
     def unsettled(self) -> int:

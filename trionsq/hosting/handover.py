@@ -245,6 +245,9 @@ class LoopPost(Generic[T]):
         #: the items not flushed yet (``items.append`` is :meth:`add`, without a call)
         self._items: deque[T] = deque() if items is None else items
         self._scheduled = False
+        #: the thread that made it (``threading.get_ident()``): an asyncio
+        #: front end makes its posts in its loop's thread
+        self.made_in = threading.get_ident()
 
     def put(self, item: T) -> None:
         self._items.append(item)
