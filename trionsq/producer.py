@@ -16,8 +16,7 @@ from .connection import Connection
 from .lifecycle import OPEN
 from .protocol import commands
 from .protocol.errors import NSQError
-from .protocol.frames import OK
-from .publishing import ProducerStats, PublishCore, Rotation, unexpected
+from .publishing import ProducerStats, PublishCore, Rotation
 
 __all__ = ["Producer", "ProducerStats"]
 
@@ -199,12 +198,7 @@ class Producer:
                 trio.lowlevel.reschedule(self._window_waiters.popleft())
             else:
                 self._in_flight -= 1
-        if response != OK:
-            core.errors += 1
-            raise unexpected(response)
-        core.published += batch or 1
-        if batch:
-            core.batches += 1
+        core.answered(response, batch)
 
     def check_topic(self, verb: str, topic: str) -> None:
         """Raise what publishing to ``topic`` raises before sending anything
