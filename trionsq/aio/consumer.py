@@ -15,8 +15,12 @@ import outcome
 import trio
 
 from ..config import Config
-from ..consumer import ConsumerStats
-from ..hosting.consumer import HandedMessage, HostedConsumer, check_requeue_delay
+from ..hosting.consumer import (
+    HandedMessage,
+    HostedConsumer,
+    HostedConsumerState,
+    check_requeue_delay,
+)
 from ..hosting.handover import LoopPost
 from ..hosting.producer import ClientClosedError
 from ..hosting.trio_thread import ForkedError, LoopStoppedError
@@ -141,7 +145,7 @@ MOVES = Moves(
 )
 
 
-class Consumer(AsyncClient):
+class Consumer(HostedConsumerState, AsyncClient):
     """Consumes ``topic`` on ``channel`` from asyncio code.
 
     ::
@@ -495,13 +499,3 @@ class Consumer(AsyncClient):
         """See :meth:`trionsq.Consumer.is_starved`."""
         self._check_open()
         return self._hosted.runner.run_sync(self._hosted.consumer.is_starved)
-
-    @property
-    def stats(self) -> ConsumerStats:
-        """A snapshot of the underlying Consumer's counters."""
-        return self._hosted.stats
-
-    @property
-    def connections(self) -> list[str]:
-        """Addresses of the nsqds currently subscribed to."""
-        return self._hosted.connections

@@ -13,8 +13,7 @@ from typing import Any
 from sniffio import thread_local as _sniffio
 
 from ..config import Config
-from ..consumer import ConsumerStats
-from ..hosting.consumer import HandedMessage, HostedConsumer
+from ..hosting.consumer import HandedMessage, HostedConsumer, HostedConsumerState
 from ..hosting.handover import Handout
 from ..hosting.producer import ClientClosedError
 from ..hosting.trio_thread import ForkedError, LoopStoppedError, check_not_in_trio
@@ -104,7 +103,7 @@ MOVES = Moves(
 )
 
 
-class Consumer(BlockingClient):
+class Consumer(HostedConsumerState, BlockingClient):
     """Consumes ``topic`` on ``channel``, for synchronous code.
 
     Iterate it (from any thread)::
@@ -433,13 +432,3 @@ class Consumer(BlockingClient):
         """See :meth:`trionsq.Consumer.is_starved`."""
         self._check_open()
         return self._hosted.runner.run_sync(self._hosted.consumer.is_starved)
-
-    @property
-    def stats(self) -> ConsumerStats:
-        """A snapshot of the underlying Consumer's counters."""
-        return self._hosted.stats
-
-    @property
-    def connections(self) -> list[str]:
-        """Addresses of the nsqds currently subscribed to."""
-        return self._hosted.connections

@@ -34,7 +34,7 @@ from .handover import Inbox
 from .service import HostedService
 from .trio_thread import LoopStoppedError, TrioThread
 
-__all__ = ["HandedMessage", "HostedConsumer", "check_requeue_delay"]
+__all__ = ["HandedMessage", "HostedConsumer", "HostedConsumerState", "check_requeue_delay"]
 
 # (the logger keeps its name from before the hosting package: configurations stay valid)
 T = TypeVar("T")
@@ -456,3 +456,20 @@ class HostedConsumer(HostedService):
     @property
     def unsettled(self) -> int:
         return len(self._out)
+
+
+class HostedConsumerState:
+    """A front end Consumer's state, read from its hosted consumer: the
+    properties the blocking and the asyncio Consumer share."""
+
+    _hosted: HostedConsumer
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the underlying Consumer's counters."""
+        return self._hosted.stats
+
+    @property
+    def connections(self) -> list[str]:
+        """Addresses of the nsqds currently subscribed to."""
+        return self._hosted.connections
