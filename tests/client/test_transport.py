@@ -169,8 +169,11 @@ async def test_a_real_socket_lost_during_the_handshake(how: str) -> None:
         with trio.fail_after(10), pytest.raises(trionsq.NSQConnectionError) as caught:
             await Connection.open(f"127.0.0.1:{port}", Config())
     text = str(caught.value)
-    if how == "close":
-        assert text == f"cannot connect to nsqd 127.0.0.1:{port}: connection closed during handshake"
+    if how == "close":  # before a byte of an answer: no nsqd closes so
+        assert text == (
+            f"cannot connect to nsqd 127.0.0.1:{port}: closed without answering the "
+            "protocol's greeting (is this a nsqd TCP endpoint? nsqd's HTTPS port closes so)"
+        )
     else:
         assert text == f"cannot connect to nsqd 127.0.0.1:{port}: connection reset by peer"
 
