@@ -160,7 +160,7 @@ class DirectConnection:
                 wake.acquire()
             # The slot first: the reader may read the answer once it is written.
             self.answers.waiting.append((slot, batch))
-            self._write(data, slot)
+            self._write(data, slot, reader=lead)
         except BaseException as exc:
             # Whatever cut this short (an error, an interrupt between two
             # steps) ends the connection, unless it ended already: no reading
@@ -183,19 +183,45 @@ class DirectConnection:
 
     # --- writing (under the lock) ---
 
-    def _write(self, data: bytes, slot: _Slot | None = None) -> None:
+    def _write(self, data: bytes, slot: _Slot | None = None, reader: bool = False) -> None:
         """Write a command; cut short (an error, an interrupt), what reached
         the socket is part of a command at most, which nsqd never executes
         once the connection ends: it ends now, before anybody writes after
-        it, ``slot`` failing with NotWrittenError."""
+        it, ``slot`` failing with NotWrittenError, or with nsqd's refusal
+        when the writer is the connection's ``reader`` and finds it (see
+        :meth:`_answers_left`)."""
         try:
             self.link.send(data)
         except BaseException as exc:
+            refusal = self._answers_left() if reader and isinstance(exc, OSError) else None
             self._end_locked(
-                NotWrittenError(f"{self.address}: the write failed ({reason(exc)})"), exc, slot
+                NotWrittenError(f"{self.address}: the write failed ({reason(exc)})"),
+                refusal or exc,
+                slot,
             )
             raise
         self.writes += 1
+
+    def _answers_left(self) -> Exception | None:
+        """After a write failed, by the connection's reader: the answers nsqd
+        sent before it ended the connection, as far as they can be read now.
+        nsqd answers a command it refuses before reading its body (a body
+        over --max-msg-size: E_BAD_MESSAGE) and closes; the body's bytes it
+        never read make its close a reset, which fails the write, while its
+        answer waits to be read.  Returns the error an error frame raised
+        (its publish failed with it), else None."""
+        link = self.link
+        try:
+            while link.readable_now():
+                data = link.receive()
+                if not data:
+                    if link.transformed and not link.closed_by_peer:
+                        continue
+                    return None
+                self.answers.received(data)
+        except Exception as exc:  # nsqd's error (its publish failed), or the end
+            return exc if isinstance(exc, NSQErrorResponse) else None
+        return None
 
     def _idle(self) -> bool:
         return time.monotonic() - self._last_read > _IDLE_CHECK
