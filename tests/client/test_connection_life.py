@@ -4,7 +4,6 @@ WRITER_MOVES, LOAN_MOVES; trionsq.consumer's MOVES)."""
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from trionsq.connection import (
 from trionsq.lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, Lifecycle, LifecycleError, Moves
 from trionsq.protocol import commands
 
+from ..support.tables import reachable
 from ..support.waiting import wait_until
 from .minisrv import MiniNSQD
 
@@ -35,16 +35,6 @@ TABLES: dict[str, Moves[Any]] = {
     "loan": LOAN_MOVES,
     "consumer": consumer_module.MOVES,
 }
-
-
-def reachable(moves: Moves[Any], start: enum.Enum) -> set[enum.Enum]:
-    seen, todo = {start}, [start]
-    while todo:
-        for target in moves.table.get(todo.pop(), ()):
-            if target not in seen:
-                seen.add(target)
-                todo.append(target)
-    return seen
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))

@@ -17,6 +17,7 @@ from trionsq.hosting.producer import ClientClosedError
 from trionsq.lifecycle import CLOSED, NEW, OPEN, OPENING, Life, Lifecycle, LifecycleError, Moves
 
 from ..support.nodes import BlockingNode
+from ..support.tables import reachable
 
 #: every front end's table
 TABLES = {
@@ -24,16 +25,6 @@ TABLES = {
     "aio.Consumer": aio_consumer.MOVES,
     "aio.Producer": aio_producer.MOVES,
 }
-
-
-def reachable(moves: Moves[Life], start: Life) -> set[Life]:
-    seen, todo = {start}, [start]
-    while todo:
-        for target in moves.table.get(todo.pop(), ()):
-            if target not in seen:
-                seen.add(target)
-                todo.append(target)
-    return seen
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
