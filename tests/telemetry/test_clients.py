@@ -287,6 +287,35 @@ async def test_timed_out_messages_and_fin_failed(daemons: Daemons, otel: Otel) -
     ] == [1]
 
 
+async def test_a_touched_message_is_not_timed_out(daemons: Daemons, otel: Otel) -> None:
+    """nsqd's timeout starts again at each TOUCH: a handler that takes twice
+    msg_timeout and touches the message meanwhile finishes it, and its span
+    says so (timed_out counted from the last TOUCH, not the span's start)."""
+    nsqd = await daemons.nsqd("--msg-timeout=1s")
+    await nsqd.scanned_channel(TOPIC, "chan")
+    async with trionsq.Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(TOPIC, b"long")
+    done = trio.Event()
+
+    async def handle(message: trionsq.Message) -> None:
+        for _ in range(5):
+            await trio.sleep(0.4)
+            await message.touch()
+        done.set()
+
+    async with consumer(nsqd, otel, handler=handle):
+        with trio.fail_after(20):
+            await done.wait()
+        await wait_until(lambda: len(otel.spans()) == 1)
+    (span,) = otel.spans()
+    attributes = dict(span.attributes or {})
+    assert (
+        attributes["messaging.nsq.message.attempts"],
+        attributes["messaging.nsq.message.outcome"],
+    ) == (1, "finished")
+    assert telemetry.counters.errors[nsqd.tcp_address, "E_FIN_FAILED"] == 0
+
+
 async def test_reconnects_are_counted(daemons: Daemons, otel: Otel) -> None:
     nsqd = await daemons.nsqd()
     quick = trionsq.BackoffPolicy(base=0.05, max=0.1)

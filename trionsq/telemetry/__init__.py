@@ -17,7 +17,7 @@ See docs/observability.md for the spans, metrics and attributes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import counters
 from .consuming import ConsumerTelemetry
@@ -26,7 +26,6 @@ from .producing import ProducerTelemetry
 if TYPE_CHECKING:
     from ..config import Config
     from ..consumer import ConsumerStats
-    from ..message import Message
     from .otel import Instruments
 
 __all__ = [
@@ -55,7 +54,7 @@ def for_consumer(
     topic: str,
     channel: str,
     *,
-    msg_timeout: Callable[[Message], float] | None = None,
+    msg_timeout: Callable[[Any], float] | None = None,
     stats: Callable[[], ConsumerStats] | None = None,
     ahead: bool = False,
 ) -> ConsumerTelemetry | None:

@@ -50,12 +50,14 @@ _perf_counter = time.perf_counter
 class _Open:
     """A process span under way (or, with no tracer, its start time only)."""
 
-    __slots__ = ("error", "span", "started", "token")
+    __slots__ = ("error", "span", "started", "token", "touched")
 
     def __init__(self, span: Span | None, token: object, started: float) -> None:
         self.span = span
         self.token = token
         self.started = started
+        #: when nsqd's timeout for the message last started again (TOUCH)
+        self.touched = started
         self.error: str | None = None
 
 
@@ -76,7 +78,7 @@ class ConsumerTelemetry:
         *,
         trace_context: bool,
         attributes: Mapping[str, Any] | None = None,
-        msg_timeout: Callable[[Message], float] | None = None,
+        msg_timeout: Callable[[Any], float] | None = None,
         stats: Callable[[], ConsumerStats] | None = None,
         ahead: bool = False,
     ) -> None:
@@ -198,11 +200,18 @@ class ConsumerTelemetry:
         message (or the consumer is left)."""
         return _Iteration(self, messages)
 
-    def requeued(self, message: Message, delay: float) -> None:
+    def requeued(self, message: Any, delay: float) -> None:
         """The consumer sends REQ for ``message`` with ``delay`` seconds."""
         opened = self._open.get(message)
         if opened is not None and opened.span is not None:
             opened.span.set_attribute(sc.REQUEUE_DELAY, delay)
+
+    def touched(self, message: Any) -> None:
+        """The consumer sends TOUCH for ``message``: nsqd's timeout starts
+        again (a span is ``timed_out`` only if it passed since)."""
+        opened = self._open.get(message)
+        if opened is not None:
+            opened.touched = _perf_counter()
 
     def close(self) -> None:
         """The consumer is leaving: end every span under way and stop
@@ -321,12 +330,15 @@ class ConsumerTelemetry:
         opened = self._open.pop(message, None)
         if opened is None:
             return
-        elapsed = _perf_counter() - opened.started
+        now = _perf_counter()
+        elapsed = now - opened.started
         if outcome is None:
             outcome = {"finished": sc.FINISHED, "requeued": sc.REQUEUED}.get(
                 message.responded or "", sc.UNANSWERED
             )
-            if elapsed >= self._msg_timeout(message):
+            # (measured from the span's start: nsqd's clock started earlier,
+            # at delivery, so a span said timed out surely was)
+            if now - opened.touched >= self._msg_timeout(message):
                 outcome = sc.TIMED_OUT
         span = opened.span
         if span is not None:
