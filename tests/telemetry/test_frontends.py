@@ -13,6 +13,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+import trionsq
 from trionsq import aio, blocking
 
 from ..support.nodes import BlockingDaemons, BlockingNode
@@ -248,3 +249,54 @@ def test_the_front_ends_report_timed_out_and_the_requeue_delay(
         b"late",
         b"later",
     ]
+
+
+@pytest.mark.parametrize("guest", [True, False], ids=["guest", "thread"])
+def test_an_asyncio_publish_span_ends_with_its_answer(
+    daemon: BlockingNode, otel: Otel, guest: bool
+) -> None:
+    """The traced asyncio publish methods stay plain methods returning the
+    future (a gather makes no Task); each span starts at the call and ends
+    when the answer comes, with nsqd's or the client's error."""
+
+    async def main() -> tuple[int, int, int]:
+        async with aio.Producer([daemon.tcp_address], guest=guest, **otel.options) as producer:
+            await producer.publish(TOPIC, b"warm")
+            loop = asyncio.get_running_loop()
+            made = 0
+
+            def factory(loop: asyncio.AbstractEventLoop, coro: object, **kw: object) -> object:
+                nonlocal made
+                made += 1
+                return asyncio.Task(coro, loop=loop, **kw)  # type: ignore[arg-type]
+
+            loop.set_task_factory(factory)  # type: ignore[arg-type]
+            future = producer.publish(TOPIC, b"timed")
+            returned = time.time_ns()
+            assert isinstance(future, asyncio.Future)
+            assert len(otel.spans()) == 1  # the warm one only: not ended at the call
+            await future
+            answered = time.time_ns()
+            results = await asyncio.gather(
+                producer.publish("bad topic!", b"x"),
+                producer.multi_publish(TOPIC, []),
+                producer.deferred_publish(TOPIC, b"later", 0.01),
+                return_exceptions=True,
+            )
+            assert isinstance(results[0], trionsq.BadTopicError)
+            assert isinstance(results[1], trionsq.BadBodyError)
+            assert results[2] is None
+        return made, returned, answered
+
+    made, returned, answered = asyncio.run(main())
+    assert made == 0
+    _, timed = sorted(otel.spans(f"publish {TOPIC}"), key=lambda s: s.start_time or 0)
+    assert timed.start_time is not None and timed.end_time is not None
+    assert timed.start_time <= returned < timed.end_time <= answered
+    errors = {
+        s.name: dict(s.attributes or {}).get("error.type")
+        for s in otel.spans()
+        if s.status.status_code is StatusCode.ERROR
+    }
+    assert errors == {"publish bad topic!": "E_BAD_TOPIC", f"multi_publish {TOPIC}": "E_BAD_BODY"}
+    assert len(otel.spans()) == 5

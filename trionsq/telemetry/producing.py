@@ -12,11 +12,12 @@ OpenTelemetry unless a tracer or meters exist.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import CancelledError, Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import tracecontext
 from ..protocol.errors import NSQErrorResponse
@@ -37,6 +38,20 @@ _perf_counter = time.perf_counter
 PUBLISH = "publish"
 MULTI_PUBLISH = "multi_publish"
 DEFERRED_PUBLISH = "deferred_publish"
+
+
+class _Answer(Protocol):
+    """A publish's future (:class:`concurrent.futures.Future` or
+    :class:`asyncio.Future`), as the wrappers read it once done."""
+
+    def cancelled(self) -> bool: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+
+
+AnswerT = TypeVar("AnswerT", bound=_Answer)
 
 
 def error_type(exc: BaseException) -> str:
@@ -186,8 +201,8 @@ class ProducerTelemetry:
     # --- the wrappers ---
 
     def instrument(self, producer: Any) -> None:
-        """Replace ``producer``'s publish methods (async: trionsq.Producer,
-        trionsq.aio.Producer) on the instance."""
+        """Replace a :class:`trionsq.Producer`'s publish methods (async) on
+        the instance."""
         publish = producer.publish
         multi_publish = producer.multi_publish
         deferred_publish = producer.deferred_publish
@@ -231,7 +246,21 @@ class ProducerTelemetry:
         for name in ("publish", "multi_publish", "deferred_publish"):
             setattr(producer, name, self._blocking(name, getattr(producer, name)))
             method = getattr(producer, f"{name}_async")
-            setattr(producer, f"{name}_async", self._future(name, method))
+            setattr(
+                producer,
+                f"{name}_async",
+                self._future(name, method, concurrent.futures.CancelledError),
+            )
+
+    def instrument_aio(self, producer: Any) -> None:
+        """Replace a :class:`trionsq.aio.Producer`'s publish methods (plain
+        methods returning an :class:`asyncio.Future`) on the instance: the
+        wrappers return the future as it is, and the span ends when it
+        completes (nsqd's answer), not when the call returns; no coroutine
+        or task is added around the publish."""
+        for name in ("publish", "multi_publish", "deferred_publish"):
+            method = getattr(producer, name)
+            setattr(producer, name, self._future(name, method, asyncio.CancelledError))
 
     def _prepare(self, operation: str, args: tuple[Any, ...]) -> tuple[_Publish, tuple[Any, ...]]:
         """Start the span of ``operation(*args)``; the arguments with the
@@ -257,9 +286,16 @@ class ProducerTelemetry:
         return traced_call
 
     def _future(
-        self, operation: str, method: Callable[..., Future[None]]
-    ) -> Callable[..., Future[None]]:
-        def traced_call(*args: Any) -> Future[None]:
+        self,
+        operation: str,
+        method: Callable[..., AnswerT],
+        cancelled: type[BaseException],
+    ) -> Callable[..., AnswerT]:
+        """A wrapper of ``method`` (which returns the publish's future): the
+        span starts at the call and ends when the future completes;
+        ``cancelled`` is the error recorded for a future cancelled."""
+
+        def traced_call(*args: Any) -> AnswerT:
             traced, args = self._prepare(operation, args)
             try:
                 future = method(*args)
@@ -267,8 +303,8 @@ class ProducerTelemetry:
                 self.end(traced, exc)
                 raise
 
-            def done(future: Future[None]) -> None:
-                error = CancelledError() if future.cancelled() else future.exception()
+            def done(future: AnswerT) -> None:
+                error = cancelled() if future.cancelled() else future.exception()
                 self.end(traced, error)
 
             future.add_done_callback(done)
