@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import counters
-from .consuming import ConsumerTelemetry
-from .producing import ProducerTelemetry
+from .consuming import ConsumerTelemetry, creation_context
+from .producing import ProducerTelemetry, carrying
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ConsumerTelemetry",
     "ProducerTelemetry",
+    "carrying",
     "counters",
+    "creation_context",
     "for_consumer",
     "for_producer",
     "instruments",

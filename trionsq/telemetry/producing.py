@@ -16,7 +16,9 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import tracecontext
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
     from .otel import Instruments
 
-__all__ = ["ProducerTelemetry"]
+__all__ = ["ProducerTelemetry", "carrying"]
 
 log = logging.getLogger("trionsq.telemetry")
 
@@ -54,6 +56,26 @@ class _Answer(Protocol):
 AnswerT = TypeVar("AnswerT", bound=_Answer)
 
 
+#: the contexts the bodies of the publish under way in this task carry on
+_carried: ContextVar[Sequence[tracecontext.Unwrapped | None] | None] = ContextVar(
+    "trionsq_carried_contexts", default=None
+)
+
+
+@contextmanager
+def carrying(contexts: Sequence[tracecontext.Unwrapped | None]) -> Iterator[None]:
+    """The publishes made in this block (in this task or thread) carry on
+    the trace contexts their bodies came with, one each, in order (None: a
+    body with none): with ``trace_context``, a body's envelope holds its own
+    context instead of the publish span's, and the span links to each
+    (:func:`trionsq.telemetry.creation_context` gives a consumed message's)."""
+    token = _carried.set(contexts)
+    try:
+        yield
+    finally:
+        _carried.reset(token)
+
+
 def error_type(exc: BaseException) -> str:
     """``error.type``: nsqd's error code for its refusals, else the class."""
     if isinstance(exc, NSQErrorResponse):
@@ -70,10 +92,23 @@ def _is_body(body: object) -> bool:
 class _Publish:
     """One publish under way: its span (if any), start time, envelope context."""
 
-    __slots__ = ("attributes", "count", "span", "started", "traceparent", "tracestate")
+    __slots__ = (
+        "attributes",
+        "carried",
+        "count",
+        "span",
+        "started",
+        "traceparent",
+        "tracestate",
+        "wrapped",
+    )
 
     def __init__(self) -> None:
         self.span: Span | None = None
+        #: the bodies' own contexts (see :func:`carrying`), and how many of
+        #: the bodies were wrapped so far
+        self.carried: Sequence[tracecontext.Unwrapped | None] | None = None
+        self.wrapped = 0
         self.traceparent = ""
         self.tracestate = ""
         self.count = 1
@@ -113,6 +148,7 @@ class ProducerTelemetry:
             self._sdk_failed()
             publish = _Publish()
             publish.count = count
+            publish.carried = _carried.get()
             publish.started = _perf_counter()
             return publish
 
@@ -142,6 +178,7 @@ class ProducerTelemetry:
         address = self._address()
         if address is not None:
             attributes.update(sc.server_attributes(address))
+        carried = publish.carried = _carried.get()
         tracer = self.tracer
         if tracer is not None:
             from opentelemetry import trace
@@ -151,8 +188,17 @@ class ProducerTelemetry:
                 span_attributes[sc.BATCH_MESSAGE_COUNT] = count
             elif isinstance(delay, int | float):
                 span_attributes[sc.DEFER_DELAY] = delay
+            links = None
+            if carried:
+                from .consuming import link
+
+                found = {c.traceparent: c for c in carried if c is not None and c.traceparent}
+                links = [link(c) for c in found.values()]
             publish.span = span = tracer.start_span(
-                f"{operation} {topic}", kind=trace.SpanKind.PRODUCER, attributes=span_attributes
+                f"{operation} {topic}",
+                kind=trace.SpanKind.PRODUCER,
+                attributes=span_attributes,
+                links=links,
             )
             context = span.get_span_context()
         elif self.trace_context and self._otel:
@@ -171,9 +217,22 @@ class ProducerTelemetry:
         return publish
 
     def wrap(self, publish: _Publish, body: Any) -> Any:
-        if not self.trace_context or not _is_body(body):
+        """``body`` (the publish's next one) in the envelope, with
+        ``trace_context``: its own context when it carries one (see
+        :func:`carrying`), else the publish span's (or the caller's)."""
+        if not self.trace_context:
             return body
-        return tracecontext.wrap(bytes(body), publish.traceparent, publish.tracestate)
+        parent, state = publish.traceparent, publish.tracestate
+        carried = publish.carried
+        if carried is not None:
+            index = publish.wrapped
+            publish.wrapped = index + 1
+            own = carried[index] if index < len(carried) else None
+            if own is not None and own.traceparent:
+                parent, state = own.traceparent, own.tracestate
+        if not _is_body(body):
+            return body
+        return tracecontext.wrap(bytes(body), parent, state)
 
     def _end(self, publish: _Publish, exc: BaseException | None) -> None:
         elapsed = _perf_counter() - publish.started
