@@ -28,12 +28,17 @@ connection nsqd saw came from an executor's agent (``user_agent`` names its
 executor and pid, and no pid is the driver's).  The per-executor rates come from
 nsqd's ``/stats`` (FINs per client), sampled during the run.
 
+``--phases`` records when each step of the query's start happened, in every
+process it crosses (the driver's source process, the tasks, the agents: see
+``trionsq/spark/_phases.py``), and prints the first batch's timeline.
+
 ``--scaling`` adds the same Spark query on ``local-cluster[1,1,1024]`` and
 ``local-cluster[3,1,1024]`` (one and three executors of one core each).
 
     python benchmarks/bench_spark.py [--messages 200000] [--nsqds 3] [--rounds 1]
         [--master 'local-cluster[2,1,1024]'] [--scaling] [--json results.json]
         [--option connections_per_nsqd=8 ...]   # experiments; the defaults otherwise
+        [--phases]                              # the first batch's timeline
 
 The real binaries come from ``NSQ_BIN`` or ``shared/reference/nsq-bin`` above the
 checkout (see ``tests/reference.py``); without them the script says so and stops.
@@ -71,6 +76,8 @@ BODY_SIZE = 100
 GO_IN_FLIGHT = 2500
 RUN_LIMIT = 900.0
 _USER_AGENT = re.compile(r"spark-agent executor=(\S+) pid=(\d+)")
+#: --phases: the file every process of the query appends its steps to
+PHASES: Path | None = None
 
 
 @dataclass
@@ -359,6 +366,7 @@ def spark_session(master: str) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", str(ROOT)))
+        .config("spark.executorEnv.TRIONSQ_SPARK_PHASES", str(PHASES or ""))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -401,8 +409,11 @@ def run_spark(
 ) -> Result:
     tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     try:
+        if PHASES is not None:
+            PHASES.write_text("")
         with ClientSampler(daemons) as sampler:
             started = time.perf_counter()
+            started_wall = time.time()
             query = (
                 spark.readStream.format("nsq")
                 .option("topic", TOPIC)
@@ -419,6 +430,7 @@ def run_spark(
             while query.isActive:
                 if first_commit is None and any(p["numInputRows"] for p in query.recentProgress):
                     first_commit = time.perf_counter()
+                    first_commit_wall = time.time()
                 if time.perf_counter() - started > RUN_LIMIT:
                     query.stop()
                     raise TimeoutError("the Spark query did not finish")
@@ -426,6 +438,9 @@ def run_spark(
             query.awaitTermination()
             elapsed = time.perf_counter() - started
         progress = [p for p in query.recentProgress if p["numInputRows"]]
+        if PHASES is not None and first_commit is not None:
+            print_phases(PHASES, started_wall, first_commit_wall, query.recentProgress)
+            print(f"  {elapsed:+8.3f}  the query ended (awaitTermination returned)")
         read = sum(p["numInputRows"] for p in progress)
         assert read == total, f"the query read {read} rows, expected {total}"
         rows = spark.read.parquet(str(tmp / "out"))
@@ -457,6 +472,41 @@ def run_spark(
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_phases(
+    path: Path, started: float, first_commit: float, progress: list[dict[str, Any]]
+) -> None:
+    """The first batch's timeline: each step's first time in each process, in
+    seconds from ``start()``, then Spark's own phases of the first batches."""
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line]
+    print(f"\n  phases (s from start(); first commit seen at +{first_commit - started:.3f}):")
+    seen: set[tuple[str, int, str]] = set()
+    for entry in sorted(entries, key=lambda e: e["t"]):
+        if entry["t"] > first_commit + 0.5:
+            break
+        details = {
+            k: v for k, v in entry.items() if k not in ("t", "pid", "step", "process_started")
+        }
+        key = (entry["step"], entry["pid"], json.dumps(details, sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        if entry.get("process_started"):
+            print(
+                f"  {entry['process_started'] - started:+8.3f}  pid {entry['pid']:>7}  "
+                "(process started)"
+            )
+        text = " ".join(f"{k}={v}" for k, v in details.items())
+        print(f"  {entry['t'] - started:+8.3f}  pid {entry['pid']:>7}  {entry['step']} {text}")
+    for p in progress[:3]:
+        print(f"  Spark batch {p['batchId']}: {p['numInputRows']} rows, ms {p['durationMs']}")
+    print("  ... the end:")
+    for entry in [e for e in entries if e["t"] > first_commit + 0.5][-8:]:
+        text = " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("t", "pid", "step"))
+        print(f"  {entry['t'] - started:+8.3f}  pid {entry['pid']:>7}  {entry['step']} {text}")
+    for p in progress[-3:]:
+        print(f"  Spark batch {p['batchId']}: {p['numInputRows']} rows, ms {p['durationMs']}")
 
 
 # --- main --------------------------------------------------------------------------
@@ -506,7 +556,15 @@ def main() -> None:
         help="also run the query with these source options, in the same round",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip Spark's floor")
+    parser.add_argument(
+        "--phases", action="store_true", help="print the first batch's timeline (each step)"
+    )
     args = parser.parse_args()
+    if args.phases:
+        global PHASES
+        PHASES = Path(tempfile.mkdtemp(prefix="bench-phases-")) / "phases.jsonl"
+        PHASES.touch()
+        os.environ["TRIONSQ_SPARK_PHASES"] = str(PHASES)
     options = dict(option.split("=", 1) for option in args.option)
     if reference.binary("nsqd") is None or reference.binary("nsq_to_file") is None:
         sys.exit(f"no real NSQ binaries: {reference.skip_reason()}")

@@ -27,6 +27,7 @@ from ._executor import ExecutorIdentity, process_start_time
 from ._framing import Limits, receive_sync, send_sync
 from ._held import ipc_limit
 from ._options import SourceOptions
+from ._phases import mark
 
 __all__ = ["AgentUnavailableError", "agent_socket_path", "read_from_agent"]
 
@@ -106,13 +107,17 @@ def connect_agent(identity: ExecutorIdentity, timeout: float) -> socket.socket:
             return _connect(path, timeout)
         except OSError:
             pass
+        mark("task.agent_spawn")
         process = _start(identity, path)
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
-                return _connect(path, timeout)
+                sock = _connect(path, timeout)
             except OSError:
                 pass
+            else:
+                mark("task.agent_answered")
+                return sock
             code = process.poll()
             if code is not None:
                 raise AgentUnavailableError(

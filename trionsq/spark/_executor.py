@@ -19,6 +19,7 @@ from pathlib import Path
 __all__ = [
     "ExecutorIdentity",
     "driver_settings",
+    "executor_cores",
     "identify",
     "parent_of",
     "process_alive",
@@ -154,6 +155,34 @@ def _properties(path: str) -> dict[str, str]:
 
 #: ``name=value``, ``name: value`` or ``name value`` (Java's properties files)
 _PROPERTY = re.compile(r"(spark\.[^\s=:]+)\s*[=:\s]\s*(.*)")
+
+
+#: ``local``, ``local[4]``, ``local[*]``, ``local[4,2]`` (retries), ``local-cluster[2,1,1024]``
+_LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
+
+
+def executor_cores(settings: dict[str, str] | None) -> int | None:
+    """How many tasks the application's executors run at once, as far as the
+    driver's settings (:func:`driver_settings`) say: the master's own count in
+    local and local-cluster mode, else ``spark.executor.instances`` times
+    ``spark.executor.cores`` when both are set; None when unknown (dynamic
+    allocation, a standalone worker's cores, ...)."""
+    settings = settings or {}
+    master = settings.get("spark.master", "").strip()
+    if match := _LOCAL.match(master):
+        count = match[1]
+        if count is None:
+            return 1
+        return (os.cpu_count() or 1) if count == "*" else max(1, int(count))
+    if match := _LOCAL_CLUSTER.match(master):
+        return max(1, int(match[1]) * int(match[2]))
+    try:
+        instances = int(settings["spark.executor.instances"])
+        cores = int(settings["spark.executor.cores"])
+    except (KeyError, ValueError):
+        return None
+    return instances * cores if instances > 0 and cores > 0 else None
 
 
 def driver_settings(pid: int | None = None) -> dict[str, str] | None:

@@ -11,14 +11,18 @@ half-open connections hold little, and not for long.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import socket
+import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import trio
 
-__all__ = ["Gate", "serve"]
+__all__ = ["Gate", "bind_unix", "same_user", "serve"]
 
 log = logging.getLogger("trionsq.spark")
 
@@ -78,3 +82,40 @@ async def serve(
             await trio.aclose_forcefully(stream)
 
     await trio.serve_listeners(guarded, listeners)
+
+
+def same_user(sock: trio.socket.SocketType) -> bool:
+    """Whether the peer of a Unix socket runs as this user (Linux's SO_PEERCRED;
+    elsewhere the socket's folder, mode 0700, is the only guard)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return True
+    try:
+        credentials = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    except OSError:
+        return True
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return bool(uid == os.getuid())
+
+
+def bind_unix(path: str) -> socket.socket:
+    """Bind the task socket; a stale file (its agent died) is replaced, a live agent wins."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody answers: a dead agent's file
+            sock.bind(path)
+        else:
+            probe.close()
+            sock.close()
+            raise SystemExit(0) from None  # another agent serves this executor
+    os.chmod(path, 0o600)
+    sock.listen(256)
+    return sock

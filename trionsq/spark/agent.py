@@ -24,7 +24,6 @@ any of its sockets ends its own connection, nothing else (:mod:`._peers`).
 from __future__ import annotations
 
 import argparse
-import errno
 import hmac
 import importlib
 import json
@@ -36,11 +35,9 @@ import secrets
 import signal
 import socket
 import ssl
-import struct
 import sys
 from typing import Any
 
-import httpx
 import trio
 
 from .. import __version__
@@ -50,7 +47,8 @@ from ._framing import FramingError, Limits, receive, send
 from ._held import Held, ipc_limit, to_ipc
 from ._link import Link, ReadError
 from ._options import SourceOptions
-from ._peers import Gate, serve
+from ._peers import Gate, bind_unix, same_user, serve
+from ._phases import mark
 from ._secure import QueryKeys, accept, connect
 from ._slot import NoConnectionError, Slot
 
@@ -126,10 +124,13 @@ class QueryRun:
         try:
             # This query's own peer port: only its agents (its TLS key) get past the
             # handshake, and it closes with the query.
+            mark("query.starting")
             listeners = await trio.open_tcp_listeners(0, host=self.agent.peer_host)
             self.peer_port = listeners[0].socket.getsockname()[1]
             link = self.link = await self._connect()
+            mark("query.coordinator_connected")
             if link is not None and await self._hello(link):
+                mark("query.linked")
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     what = f"query {self.token[:8]} peers"
@@ -405,7 +406,9 @@ class QueryRun:
         )
         slot = Slot(index, self.options, user_agent, self.status_changed, identity.executor_id)
         slot.set_cutoff(self.cutoff_ns)
+        mark("slot.starting", slot=index)
         await self._nursery.start(slot.run)
+        mark("slot.started", slot=index)
         self.slots.append(slot)
         return slot
 
@@ -431,6 +434,7 @@ class QueryRun:
         )
         set_id = int(decision["set"])
         topic = self.options.topic
+        mark("agent.decided", batch=request["batch"], fresh=decision["fresh"])
         if not decision["fresh"]:
             if decision["holder"] == self.name:
                 entry = self.sets.get(set_id)
@@ -453,6 +457,7 @@ class QueryRun:
                 raise ReadError(await self._unreachable_reason()) from None
             raise
         slot, taken = held
+        mark("agent.taken", batch=request["batch"], slot=slot.index, rows=len(taken))
         self.sets[set_id] = (slot, taken)
         await link.send({"op": "ready", "set": set_id, "count": len(taken)})
         self.status_changed()
@@ -469,6 +474,7 @@ class QueryRun:
                 await slot.wait_connected()
             if not slot.connected():
                 raise NoConnectionError("no nsqd connection")
+            mark("slot.connected", slot=slot.index, connections=len(slot.connected()))
             before = slot.connected()
             taken = await slot.take(limit, self.options.max_batch_wait)
             now = slot.connected()
@@ -494,6 +500,10 @@ class QueryRun:
         for address in connection.nsqd_tcp_addresses:
             reasons.append(f"nsqd {address}: {await _probe(address, timeout)}")
         if connection.lookupd_http_addresses:
+            # Imported here: httpx (with its command line's imports) costs every
+            # agent's start a tenth of a second, and only this diagnosis needs it.
+            import httpx
+
             async with httpx.AsyncClient(timeout=timeout) as client:
                 for address in connection.lookupd_http_addresses:
                     try:
@@ -592,7 +602,8 @@ class Agent:
         self._task_gate = Gate(MAX_UNPROVEN, request_timeout)
 
     async def main(self) -> None:
-        unix = _bind_unix(self.socket_path)
+        mark("agent.main")
+        unix = bind_unix(self.socket_path)
         try:
             log.info("agent %s: tasks on %s", self.id, self.socket_path)
             async with trio.open_nursery() as nursery:
@@ -620,6 +631,7 @@ class Agent:
         """pyarrow in a thread while the first read connects: importing it in the
         event loop would stall every connection (and their TOUCHes) meanwhile."""
         await trio.to_thread.run_sync(importlib.import_module, "pyarrow")
+        mark("agent.pyarrow_imported")
         self.pyarrow_ready.set()
 
     async def _signals(self) -> None:
@@ -662,11 +674,12 @@ class Agent:
 
     async def _serve_task(self, stream: trio.SocketStream) -> None:
         """A task's read (failures end this connection only: see :func:`._peers.serve`)."""
-        if not _same_user(stream.socket):
+        if not same_user(stream.socket):
             log.warning("agent %s: refused a task connection from another user", self.id)
             return
         with self._task_gate.unproven():
             header, payload = await receive(stream, TASK_LIMITS)
+        mark("agent.task_request", batch=header.get("batch"))
         reply: dict[str, Any]
         try:
             if header.get("op") != "read":
@@ -684,6 +697,7 @@ class Agent:
             host, port = header["coordinator"]
             run = await self._query(keys, (str(host), int(port)), options)
             reply, data = await run.read(header)
+            mark("agent.reply_built", batch=header.get("batch"), rows=reply.get("rows"))
             limit = ipc_limit(options)
             if len(data) > limit:
                 raise ReadError(
@@ -698,6 +712,7 @@ class Agent:
         try:
             with trio.fail_after(REPLY_TIMEOUT):
                 await send(stream, reply, data)
+            mark("agent.reply_sent", batch=header.get("batch"))
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             log.info("a task left before its rows were sent")
 
@@ -726,43 +741,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, trio.BrokenResourceError) and cause is not None:
         return f"{exc} ({cause})"
     return str(exc) or type(exc).__name__
-
-
-def _same_user(sock: trio.socket.SocketType) -> bool:
-    """Whether the peer of a Unix socket runs as this user (Linux's SO_PEERCRED;
-    elsewhere the socket's folder, mode 0700, is the only guard)."""
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:
-        return True
-    try:
-        credentials = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
-    except OSError:
-        return True
-    _pid, uid, _gid = struct.unpack("3i", credentials)
-    return bool(uid == os.getuid())
-
-
-def _bind_unix(path: str) -> socket.socket:
-    """Bind the task socket; a stale file (its agent died) is replaced, a live agent wins."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody answers: a dead agent's file
-            sock.bind(path)
-        else:
-            probe.close()
-            sock.close()
-            raise SystemExit(0) from None  # another agent serves this executor
-    os.chmod(path, 0o600)
-    sock.listen(256)
-    return sock
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,12 +28,13 @@ from typing import Any
 
 import trio
 
-from ._executor import driver_settings
+from ._executor import driver_settings, executor_cores
 from ._framing import FramingError, Limits
 from ._ledger import LateReadError, Ledger, SetState
 from ._link import Link, ReadError
 from ._options import SourceOptions
 from ._peers import Gate, serve
+from ._phases import mark
 from ._secure import QueryKeys, accept
 
 __all__ = ["Coordinator", "default_host"]
@@ -160,13 +161,17 @@ class Coordinator:
         self._changes: dict[int, trio.Event] = {}
         self._stopped = False
         self._gate = Gate(MAX_UNPROVEN, HELLO_TIMEOUT)
+        #: the executors' task slots as the driver's settings say (None: unknown)
+        self._cores: int | None = None
 
     # --- serving ---
 
     async def serve(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        bind, host = listen_address(self.options, driver_settings())
+        settings = driver_settings()
+        self._cores = executor_cores(settings)
+        bind, host = listen_address(self.options, settings)
         listeners = await trio.open_tcp_listeners(self.options.coordinator_port, host=bind)
         port = listeners[0].socket.getsockname()[1]
         self.address = (host, port)
@@ -245,6 +250,7 @@ class Coordinator:
         )
         self.agents[agent.id] = agent
         self.ledger.agent_joined(agent.id)
+        mark("coordinator.agent_linked", agent=agent.id)
         log.info("nsq source: agent %s (executor %s) linked", agent.id, agent.executor)
         return agent
 
@@ -335,7 +341,10 @@ class Coordinator:
         return sum(a.buffered for a in self.agents.values())
 
     def partition_count(self) -> int:
-        """``num_partitions``, else one per executor core the agents reported."""
+        """``num_partitions``, else one per executor core the agents reported (before
+        any has: the cores the driver's settings give, else one per nsqd address,
+        at least 2).  A first batch with more partitions than task slots would run
+        in two waves, each reading and writing its share: a second's loss."""
         if self.options.num_partitions is not None:
             return self.options.num_partitions
         cores: dict[tuple[str, str], int] = {}
@@ -349,7 +358,7 @@ class Coordinator:
             key = (agent.executor, agent.host)
             cores[key] = max(cores.get(key, 0), slots)
         if not cores:
-            return max(2, len(self.options.connection.nsqd_tcp_addresses))
+            return self._cores or max(2, len(self.options.connection.nsqd_tcp_addresses))
         return max(1, sum(cores.values()))
 
     async def latest(self, start: int, per_trigger: int | None) -> int:
@@ -369,6 +378,7 @@ class Coordinator:
                     self._status_seen = trio.Event()
                     await self._status_seen.wait()
             if self.buffered() == 0:
+                mark("coordinator.no_batch", start=start)
                 return start
         # Messages wait on some executor, or no agent is known yet (the first batch
         # starts them; it reads what arrives within max_batch_wait).

@@ -12,7 +12,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ._options import NSQOptionError, parse_sink_options, parse_source_options
-from .sink import NSQBatchWriter, NSQStreamWriter
 from .source import SCHEMA, NSQStreamReader
 
 __all__ = ["NSQDataSource"]
@@ -64,8 +63,12 @@ class NSQDataSource(DataSource):
         options = parse_sink_options(self.options)
         if overwrite:
             raise NSQOptionError("NSQ topics are append-only: use mode('append')")
+        from .sink import NSQBatchWriter  # a query that only reads never imports the sink
+
         return NSQBatchWriter(options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         # Complete/update output modes publish each batch's rows as they are.
+        from .sink import NSQStreamWriter
+
         return NSQStreamWriter(parse_sink_options(self.options), schema)

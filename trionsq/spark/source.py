@@ -40,6 +40,7 @@ from ._executor import identify
 from ._held import arrow_schema, from_ipc
 from ._loop import LoopThread
 from ._options import NSQOptionError, SourceOptions
+from ._phases import mark
 from ._secure import QueryKeys
 from .coordinator import Coordinator
 
@@ -137,7 +138,9 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _started(self) -> tuple[LoopThread, Coordinator]:
         """The coordinator and its loop thread (started on first use)."""
         if self._loop is None or self._coordinator is None:
+            mark("coordinator.starting")
             coordinator = Coordinator(self.options)
+            mark("coordinator.keys_made")
             loop = LoopThread(f"trionsq-spark-coordinator-{self.options.topic}")
             loop.start()
             try:
@@ -145,6 +148,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except BaseException:
                 loop.close()
                 raise
+            mark("coordinator.serving")
             self._loop, self._coordinator = loop, coordinator
         return self._loop, self._coordinator
 
@@ -170,8 +174,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows = self.options.max_messages_per_trigger
         # Spark asks for the next batch only once the batch ending at ``start`` is
         # committed (and may never call commit() for it when the stream idles).
+        mark("source.latest_offset", start=begin)
         loop, coordinator = self._started()
         end: int = loop.run(coordinator.latest, begin, rows)
+        mark("source.latest_offset.done", start=begin, end=end)
         return {"batch": end}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -180,6 +186,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         loop, coordinator = self._started()
         plan = loop.run_sync(coordinator.plan, batch)
         assert coordinator.address is not None
+        mark("source.partitions", batch=batch, partitions=plan.partitions)
         return [
             NSQInputPartition(
                 coordinator.address, coordinator.keys, batch, index, plan.limit, self._cutoff_ns
@@ -188,6 +195,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
 
     def commit(self, end: dict[str, Any]) -> None:
+        mark("source.commit", batch=_batch(end, "end"))
         loop, coordinator = self._started()
         loop.run(coordinator.commit, _batch(end, "end"))
 
@@ -209,6 +217,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        mark("task.read", batch=partition.batch, partition=partition.index)
         request = {
             "op": "read",
             **partition.keys.fields(),
@@ -227,6 +236,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             header, payload = read_from_agent(identify(), request, self.options, timeout)
         except OSError as exc:
             raise NSQSourceError(f"nsq source: the executor's agent failed: {exc}") from None
+        mark("task.rows", batch=partition.batch, partition=partition.index, rows=header.get("rows"))
         if "error" in header:
             raise NSQSourceError(f"nsq source: {header['error']}")
         yield from from_ipc(payload)
