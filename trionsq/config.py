@@ -385,6 +385,11 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
+    def requeue_delay(self, attempts: int) -> float:
+        """A requeue's delay when none is given: ``default_requeue_delay``
+        times the attempts, capped at ``max_requeue_delay`` (go-nsq's)."""
+        return min(self.default_requeue_delay * attempts, self.max_requeue_delay)
+
     def identify_body(self) -> IdentifyBody:
         """The IDENTIFY JSON, with times in milliseconds as nsqd expects."""
         body: IdentifyBody = {

@@ -350,7 +350,7 @@ class Consumer(Sessions, Flow, Discovery, HandlerPool):
             self.config,
             self.topic,
             self.channel,
-            msg_timeout=self._msg_timeout,
+            msg_timeout=self.msg_timeout_of,
             stats=lambda: self.stats,
         )
         if self._telemetry is not None and self._handler is not None:
@@ -552,8 +552,9 @@ class Consumer(Sessions, Flow, Discovery, HandlerPool):
             log.debug("%s: leaving: requeueing %r (REQ 0)", session.address, message)
             self._settle(session, message, commands.req(message.id, 0), False, None)
 
-    def _msg_timeout(self, message: Message) -> float:
-        """How long nsqd gives ``message`` before redelivering it."""
+    def msg_timeout_of(self, message: Message) -> float:
+        """How long nsqd gives ``message`` (one of this consumer's) before
+        redelivering it: its connection's negotiated ``msg_timeout``."""
         session = message.responder
         timeout = session.conn.msg_timeout if isinstance(session, Session) else None
         return timeout if timeout is not None else _NSQD_MSG_TIMEOUT

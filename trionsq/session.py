@@ -161,14 +161,15 @@ class Session:
 
     def req(self, message: Message, delay: float | None, backoff: bool) -> None:
         if delay is None:
-            config = self.consumer.config
-            delay = min(config.default_requeue_delay * message.attempts, config.max_requeue_delay)
+            delay = self.consumer.config.requeue_delay(message.attempts)
         if self.consumer._telemetry is not None:
             self.consumer._telemetry.requeued(message, delay)
         data = commands.req(message.id, round(delay * 1000))
         self.consumer._settle(self, message, data, False, False if backoff else None)
 
     async def touch(self, message: Message) -> None:
+        if self.consumer._telemetry is not None:
+            self.consumer._telemetry.touched(message)
         try:
             await self.conn.send(commands.touch(message.id))
         except NSQError as exc:

@@ -6,8 +6,13 @@ memory; each message that finds the memory full goes to its *diskqueue*
 ``--max-bytes-per-file``).  :class:`DiskBackedQueue` puts each message where
 nsqd would (memory while it has room, even when older messages wait on disk),
 so that a kill loses exactly what nsqd's loses.  One difference on purpose:
-nsqd reads memory and disk in no fixed order; this queue hands messages out
-oldest first (each remembers when it was put), so tests can rely on order.
+nsqd reads memory and disk in no fixed order (its message pump selects on
+both, and Go's select picks either when both are ready); this queue hands
+messages out oldest first (each remembers when it was put), so tests can rely
+on order.  Given a :attr:`DiskBackedQueue.select` (a seeded ``random.Random``:
+the node's ``select_order``), it picks as nsqd does: memory or disk at random
+when both hold messages, so a message requeued into memory may go out before
+older ones on disk.
 
 At a clean stop (:meth:`flush`, :meth:`close`) what is in memory is written
 after what is on disk, as nsqd's flush does: after a restart everything is
@@ -55,6 +60,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -173,6 +179,9 @@ class DiskBackedQueue:
         self.clock: Callable[[], float] | None = None
         #: Closed or deleted: no more writes, syncs or ticks.
         self.closed = False
+        #: nsqd's read order (module doc): memory or disk at random when both
+        #: hold messages; None: oldest first.
+        self.select: random.Random | None = None
         self._mem: deque[Message] = deque()
         # When each message was put (a count): memory and disk are read
         # oldest first.  Records of an earlier run are older than any.
@@ -410,7 +419,12 @@ class DiskBackedQueue:
 
     def get(self) -> Message | None:
         mem = self._mem
-        if mem and (not self._has_disk() or self._mem_order.head() < self._disk_head_order()):
+        if mem and self.select is not None and self._has_disk():
+            # nsqd's select on its memory channel and its diskqueue: either.
+            older = self.select.random() < 0.5
+        else:
+            older = not self._has_disk() or self._mem_order.head() < self._disk_head_order()
+        if mem and older:
             self._mem_order.pop()
             return mem.popleft()
         msg = self._read_one()

@@ -129,7 +129,13 @@ class NSQD(ServingNode):
       consumer's connection ends, nsqd leaves its in-flight messages in flight
       until their msg-timeout expires (then they count as timed out and go back
       to the queue).  True is an opt-in kindness: they go straight back to the
-      queue, so a test need not wait out the timeout.
+      queue, so a test need not wait out the timeout;
+    - ``select_order`` (default False: oldest first, so tests can rely on
+      order): ready messages in memory and on disk (beyond
+      ``mem_queue_size``) go out in nsqd's order, memory or disk at random
+      (seeded by ``seed``) when both hold some, as nsqd's select picks: a
+      message requeued into memory may overtake older ones on disk.  The
+      pytest plugin's fault runs turn it on (:mod:`fakensq.testing.pytest_faults`).
 
     With a ``data_path``, ``run`` restores the topics and channels ``nsqd.dat``
     lists there, each with its disk queue, and, when it ends cleanly
@@ -149,6 +155,7 @@ class NSQD(ServingNode):
         ssl_context: ssl.SSLContext | None = None,
         requeue_on_disconnect: bool = False,
         exact_timers: bool = False,
+        select_order: bool = False,
         **fields: Any,
     ) -> None:
         base = options if options is not None else NSQDOptions()
@@ -159,6 +166,7 @@ class NSQD(ServingNode):
         self.auth_handler = auth_handler
         self.requeue_on_disconnect = requeue_on_disconnect
         self.exact_timers = exact_timers
+        self.select_order = select_order
         # The trio time nsqd's queue scan loop starts (its tickers' origin).
         self._scan_epoch: float | None = None
         self.rng = random.Random(self.options.seed)
@@ -420,6 +428,8 @@ class NSQD(ServingNode):
             now = 0.0
         queue.next_sync = now + opts.sync_timeout if opts.sync_timeout > 0 else math.inf
         queue.clock = _trio_time
+        if self.select_order:
+            queue.select = self.rng
         self._disk_queues.add(queue)
         return queue
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from ..faultkinds import KINDS, Direction, Level, Needs, kinds_for
-from .schedule import DEFAULT_REDELIVERIES
+from .schedule import DEFAULT_REDELIVERIES, draw_faults
 
 __all__ = [
     "DEFAULT_HORIZON",
@@ -238,20 +238,15 @@ def draw_flow_schedule(
     ]
     if lookupd < 1:
         allowed = [k for k in allowed if k != "lookupd_outage"]
-    count = _poisson(rng, rate)
-    faults: list[FlowFault] = []
-    budget = redeliveries
-    for i in range(count):
-        usable = [
-            k for k in allowed if budget > 0 or not KINDS[k].redelivers or _publish_only(k, level)
-        ]
-        if not usable:
-            break
-        weights = [KINDS[k].flow_weight or KINDS[k].weight for k in usable]
-        kind = rng.choices(usable, weights)[0]
-        fault = _draw(rng, i + 1, kind, level, nsqd, lookupd, horizon, budget)
-        budget -= fault.redelivers
-        faults.append(fault)
+    faults = draw_faults(
+        rng,
+        rate,
+        allowed,
+        redeliveries,
+        usable=lambda k, budget: budget > 0 or not KINDS[k].redelivers or _publish_only(k, level),
+        weight=lambda k: KINDS[k].flow_weight or KINDS[k].weight,
+        make=lambda i, kind, budget: _draw(rng, i, kind, level, nsqd, lookupd, horizon, budget),
+    )
     return FlowSchedule(tuple(faults))
 
 
@@ -316,18 +311,6 @@ def _draw(
         gap=gap,
         withhold=withhold,
     )
-
-
-def _poisson(rng: random.Random, mean: float) -> int:
-    # Knuth's method: fine for the small means used here.
-    if mean <= 0:
-        return 0
-    limit, k, p = math.exp(-min(mean, 50.0)), 0, 1.0
-    while True:
-        p *= rng.random()
-        if p <= limit:
-            return k
-        k += 1
 
 
 def parse_only(text: str) -> dict[str, frozenset[int]] | None:

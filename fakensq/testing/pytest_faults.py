@@ -47,7 +47,7 @@ import random
 import shlex
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +86,9 @@ __all__ = [
 
 #: The TCP fixtures' nsqds' msg_timeout under ``--nsq-faults`` (seconds).
 FAULTS_MSG_TIMEOUT: Final = 2.0
+#: ... their memory queues (``--mem-queue-size``), the rest of what waits on
+#: disk: see :meth:`TestFaults.tune_nsqd_options`.
+FAULTS_MEM_QUEUE: Final = 4
 #: ... and how often fakensq's nsqds look for new channels' timeouts (nsqd's
 #: queue scan refresh: 5 s).
 FAULTS_SCAN_REFRESH: Final = 0.25
@@ -272,13 +275,23 @@ class TestFaults:
     def tune_nsqd_options(self, options: dict[str, Any], *, real: bool = False) -> None:
         """The TCP fixtures' nsqd options under faults, where the test sets
         none: the messages a dropped consumer held come back within the
-        test's patience (``msg_timeout``), and fakensq looks at a new channel's
+        test's patience (``msg_timeout``); fakensq looks at a new channel's
         timeouts from its next scan, not the next refresh 5 s on (a real nsqd
-        has no flag for that: there they wait for it)."""
+        has no flag for that: there they wait for it).
+
+        And nsqd's order, not fakensq's oldest-first: a memory queue of
+        :data:`FAULTS_MEM_QUEUE` messages (``--mem-queue-size``), the rest on
+        disk, read as nsqd's select reads them (memory or disk at random,
+        seeded by the test's seed: fakensq's ``select_order``), so a message
+        that comes back (into memory) may go out before older ones still on
+        disk, while the test still counts, as on a busy nsqd."""
         if self.msg_timeout is not None:
             options.setdefault("msg_timeout", self.msg_timeout)
+        options.setdefault("mem_queue_size", FAULTS_MEM_QUEUE)
         if not real:
             options.setdefault("queue_scan_refresh_interval", FAULTS_SCAN_REFRESH)
+            options.setdefault("select_order", True)
+            options.setdefault("seed", self.seed)
 
     def schedule(self, label: str, *, nsqd: int, lookupd: int, virtual: bool) -> FaultSchedule:
         """The clock-placed schedule of the fixture ``label`` (a sim_cluster):
@@ -501,27 +514,19 @@ def report_section(item: pytest.Item) -> str | None:
         players = list(faults.players)
         flow_players = list(faults.flows)
     if flow_players:
-        lines.append("placed by the message flow, counted per nsqd:")
-        lines += [m.describe() for m in flows] or ["  (none: the flow reached no fault's point)"]
         left = [
             f"  #{f.id} [{p.label}] {f.describe(p.nsqd_of(f), p.lookupd_of(f))}: {why}"
             for p in flow_players
             for f, why in p.not_met()
         ]
-        if left:
-            lines.append("scheduled, not reached (the flow ended first):")
-            lines += left
+        lines += _listed(_FLOW_PARTS, [m.describe() for m in flows], left)
     if players:
-        lines.append("placed by the clock, seconds since the fixture started:")
-        lines += [m.describe() for m in clock] or ["  (none: no fault was due before the end)"]
         left = [
             f"{e.at:8.3f}s  [{p.label}] {e.describe().replace(e.target(), p.target_of(e), 1)}"
             for p in players
             for e in not_yet_met(p.schedule, p.met)
         ]
-        if left:
-            lines.append("scheduled, not met (the test was over, or the fault still running):")
-            lines += left
+        lines += _listed(_CLOCK_PARTS, [m.describe() for m in clock], left)
     lines.append("replay this test with the same faults:")
     lines.append("  " + replay_command(item, faults.settings))
     if flows and faults.settings.only is None:
@@ -529,6 +534,27 @@ def report_section(item: pytest.Item) -> str | None:
         lines.append("or with only the faults it met:")
         lines.append("  " + replay_command(item, faults.settings, only))
     return "\n".join(lines)
+
+
+#: A report's titles for the faults placed by the flow, and by the clock:
+#: those met, the line when none was, those left.
+_FLOW_PARTS: Final = (
+    "placed by the message flow, counted per nsqd:",
+    "  (none: the flow reached no fault's point)",
+    "scheduled, not reached (the flow ended first):",
+)
+_CLOCK_PARTS: Final = (
+    "placed by the clock, seconds since the fixture started:",
+    "  (none: no fault was due before the end)",
+    "scheduled, not met (the test was over, or the fault still running):",
+)
+
+
+def _listed(parts: tuple[str, str, str], met: list[str], left: list[str]) -> list[str]:
+    """A report's part for one way of placing faults: those met, then those
+    left (under their own title, when there are some)."""
+    title, none, left_title = parts
+    return [title, *(met or [none]), *([left_title, *left] if left else [])]
 
 
 def record_outcome(item: pytest.Item, report: pytest.TestReport) -> None:
@@ -587,30 +613,33 @@ def is_virtual_clock() -> bool:
 
 
 @asynccontextmanager
+async def _running(run: Callable[..., Awaitable[None]]) -> AsyncIterator[None]:
+    """A player's ``run`` (started: watching) while inside, cancelled after."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run)
+        try:
+            yield
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
 async def playing(
     faults: TestFaults, label: str, target: Any, *, nsqd: int | list[str], lookupd: int
 ) -> AsyncIterator[FaultPlayer]:
     """Play ``label``'s clock-placed schedule on ``target`` (a ``Faults``)
     while inside; ``nsqd``: how many nsqds (named ``nsqd-N``), or their names."""
     player = faults.player(label, target, nsqd=nsqd, lookupd=lookupd)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(player.run)
-        try:
-            yield player
-        finally:
-            nursery.cancel_scope.cancel()
+    async with _running(player.run):
+        yield player
 
 
 @asynccontextmanager
 async def flowing(player: FlowPlayer) -> AsyncIterator[FlowPlayer]:
     """``player`` watching the flow while inside; it heals what it started
     and starts what it took down when it ends."""
-    async with trio.open_nursery() as nursery:
-        await nursery.start(player.run)
-        try:
-            yield player
-        finally:
-            nursery.cancel_scope.cancel()
+    async with _running(player.run):
+        yield player
     with trio.CancelScope(shield=True):
         await player.settle()
 

@@ -34,10 +34,11 @@ events with hypothesis, which shrinks a failing schedule to a short one.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from ..faultkinds import KINDS as _REGISTRY
 from ..faultkinds import (
@@ -62,6 +63,7 @@ __all__ = [
     "FaultSchedule",
     "Level",
     "build_event",
+    "draw_faults",
     "draw_schedule",
     "kinds_for",
     "parse_kinds",
@@ -328,26 +330,65 @@ def draw_schedule(
     if lookupd < 1:
         allowed.discard("lookupd_outage")
     candidates = sorted(allowed, key=KINDS.index)
-    count = _poisson(rng, rate)
-    events: list[FaultEvent] = []
-    budget = redeliveries
-    for _ in range(count):
-        usable = [k for k in candidates if k not in REDELIVERING or budget > 0]
-        if not usable:
-            break
-        kind = rng.choices(usable, [_REGISTRY[k].weight for k in usable])[0]
-        draw = _RandomDraw(rng, horizon, budget)
-        event = build_event(kind, draw, level=level, nsqd=nsqd, lookupd=lookupd)
-        budget -= event.redelivers
-        events.append(event)
+    events = draw_faults(
+        rng,
+        rate,
+        candidates,
+        redeliveries,
+        usable=lambda kind, budget: kind not in REDELIVERING or budget > 0,
+        weight=lambda kind: _REGISTRY[kind].weight,
+        make=lambda i, kind, budget: build_event(
+            kind, _RandomDraw(rng, horizon, budget), level=level, nsqd=nsqd, lookupd=lookupd
+        ),
+    )
     return FaultSchedule(tuple(events))
+
+
+class Redelivering(Protocol):
+    """A drawn fault: how many redeliveries it may cause."""
+
+    @property
+    def redelivers(self) -> int: ...
+
+
+_F = TypeVar("_F", bound=Redelivering)
+
+
+def draw_faults(
+    rng: random.Random,
+    rate: float,
+    kinds: Sequence[str],
+    redeliveries: int,
+    *,
+    usable: Callable[[str, int], bool],
+    weight: Callable[[str], float],
+    make: Callable[[int, str, int], _F],
+) -> list[_F]:
+    """The draw loop of a clock-placed and a flow-placed schedule alike:
+    about ``rate`` faults (a Poisson count with that mean), each of a kind of
+    ``kinds`` drawn by ``weight`` among those ``usable`` with the redelivery
+    budget left, made by ``make(number, kind, budget)``; what each may
+    redeliver is taken from the budget (``redeliveries`` at first).  It stops
+    early when no kind is usable."""
+    count = _poisson(rng, rate)
+    faults: list[_F] = []
+    budget = redeliveries
+    for i in range(count):
+        fits = [k for k in kinds if usable(k, budget)]
+        if not fits:
+            break
+        kind = rng.choices(fits, [weight(k) for k in fits])[0]
+        fault = make(i + 1, kind, budget)
+        budget -= fault.redelivers
+        faults.append(fault)
+    return faults
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
     # Knuth's method: fine for the small means used here.
     if mean <= 0:
         return 0
-    limit, k, p = pow(2.718281828459045, -min(mean, 50.0)), 0, 1.0
+    limit, k, p = math.exp(-min(mean, 50.0)), 0, 1.0
     while True:
         p *= rng.random()
         if p <= limit:

@@ -109,22 +109,26 @@ def test_each_publish_of_a_batch_gets_its_own_answer(nodes: BlockingDaemons, gue
 @GUEST
 def test_a_waiter_cancelled_in_a_batch(daemon: BlockingNode, guest: bool) -> None:
     """Cancelling a task awaiting a publish stops its wait; the publish, handed
-    over when the task ran, goes on; the others of its batch are unaffected."""
+    over at the call, goes on; the others of its batch are unaffected.  A
+    publish's future is a task's coroutine as well (create_task takes it)."""
 
     async def main() -> None:
         async with aio.Producer([daemon.tcp_address], guest=guest) as producer:
             await producer.publish("topic", b"warm")
             tasks = [asyncio.create_task(producer.publish("cut", b"%d" % i)) for i in range(10)]
-            never = asyncio.create_task(producer.publish("cut", b"never"))
-            never.cancel()  # before it ran: its coroutine never starts
-            await asyncio.sleep(0)  # the others ran: their publishes are handed over
+            early = asyncio.create_task(producer.publish("cut", b"early"))
+            early.cancel()  # before the task ran: its publish was handed over at the call
+            await asyncio.sleep(0)
             tasks[4].cancel()
-            await asyncio.wait([*tasks, never])
-            assert tasks[4].cancelled() and never.cancelled()
+            direct = producer.publish("cut", b"direct")
+            direct.cancel()  # the future itself: its wait is over, not the publish
+            await asyncio.wait([*tasks, early])
+            assert tasks[4].cancelled() and early.cancelled() and direct.cancelled()
             assert all(t.result() is None for i, t in enumerate(tasks) if i != 4)
+            await producer.publish("cut", b"last")  # nsqd answers in order: all answered
 
     asyncio.run(main())
-    wait_until_blocking(lambda: message_count(daemon, "cut") == 10)
+    wait_until_blocking(lambda: message_count(daemon, "cut") == 13)
 
 
 @GUEST
@@ -147,3 +151,86 @@ def test_publishes_awaited_as_the_producer_closes(daemon: BlockingNode, guest: b
     assert all(r is None or isinstance(r, ConnectionClosedError) for r in results), results
     assert results == [None] * 20
     wait_until_blocking(lambda: message_count(daemon, "closing") == 20)
+
+
+class TaskCount:
+    """Counts the asyncio Tasks the running loop makes (its task factory)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        loop = asyncio.get_running_loop()
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Any, **options: Any
+        ) -> asyncio.Task[Any]:
+            self.count += 1
+            return asyncio.Task(coro, loop=loop, **options)
+
+        loop.set_task_factory(factory)
+
+
+@GUEST
+def test_a_gather_of_publishes_makes_no_task(daemon: BlockingNode, guest: bool) -> None:
+    """The publish methods return futures, not coroutines: ``asyncio.gather``
+    takes them as they are, with no Task per publish."""
+
+    async def main() -> int:
+        async with aio.Producer([daemon.tcp_address], guest=guest) as producer:
+            await producer.publish("topic", b"warm")
+            tasks = TaskCount()
+            await asyncio.gather(
+                *(producer.publish("topic", b"p%d" % i) for i in range(100)),
+                *(producer.multi_publish("topic", [b"m%d" % i, b"n"]) for i in range(50)),
+                *(producer.deferred_publish("topic", b"d%d" % i, 0.01) for i in range(50)),
+            )
+            made = tasks.count
+            assert producer.stats.published == 1 + 100 + 100 + 50
+        return made
+
+    assert asyncio.run(main()) == 0
+    wait_until_blocking(lambda: message_count(daemon, "topic") == 251)
+
+
+@GUEST
+def test_a_publish_starts_at_the_call(daemon: BlockingNode, guest: bool) -> None:
+    """Handed over at the call: a future never awaited publishes all the same
+    (nsqd answers in order, so it is done once a later one is); the state
+    errors raise at the call, with nothing to await."""
+
+    async def main() -> None:
+        producer = aio.Producer([daemon.tcp_address], guest=guest)
+        with pytest.raises(RuntimeError, match="inside 'async with'"):
+            producer.publish("topic", b"not entered")  # no await: raised at the call
+        async with producer:
+            first = producer.publish("topic", b"never awaited")
+            assert isinstance(first, asyncio.Future) and not first.done()
+            producer.multi_publish("topic", [b"m1", b"m2"])  # dropped at once
+            producer.deferred_publish("topic", b"d", 0.01)
+            await producer.publish("topic", b"awaited")
+            assert first.done() and first.result() is None
+        with pytest.raises(aio.ClientClosedError):
+            producer.publish("topic", b"closed")
+        with pytest.raises(aio.ClientClosedError):
+            producer.multi_publish("topic", [b"closed"])
+
+    asyncio.run(main())
+    wait_until_blocking(lambda: message_count(daemon, "topic") == 5)
+
+
+@GUEST
+def test_a_task_group_takes_publishes_as_coroutines(daemon: BlockingNode, guest: bool) -> None:
+    """``TaskGroup.create_task`` and ``asyncio.create_task`` take only
+    coroutines: a publish's future is one too, its task's result the answer."""
+
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address], guest=guest) as producer:
+            async with asyncio.TaskGroup() as group:
+                ok = group.create_task(producer.publish("topic", b"ok"))
+                both = group.create_task(producer.multi_publish("topic", [b"a", b"b"]))
+            assert ok.result() is None and both.result() is None
+            refused = asyncio.create_task(producer.publish("bad topic!", b"x"))
+            with pytest.raises(trionsq.BadTopicError):
+                await refused
+
+    asyncio.run(main())
+    wait_until_blocking(lambda: message_count(daemon, "topic") == 3)

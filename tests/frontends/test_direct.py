@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -54,6 +55,8 @@ class Script:
     refuse: int | None = None
     #: send a heartbeat before answering these publishes
     heartbeats_before: frozenset[int] = frozenset()
+    #: hold every answer until this is set (the commands are read and executed)
+    gate: threading.Event | None = None
 
 
 @dataclass
@@ -99,6 +102,8 @@ class Server:
                         self.sock.sendall(encode_frame(FRAME_TYPE_RESPONSE, HEARTBEAT))
                     self.executed.append(command)
                     count += 1
+                    if self.script.gate is not None:
+                        self.script.gate.wait(LIMIT)
                     self.sock.sendall(OK_FRAME)
         except OSError:
             return
@@ -213,24 +218,38 @@ def test_interleaved_threads_and_a_connection_that_dies_anywhere(
 
 
 class CutLink:
-    """A link whose n-th write sends part of the command, then fails with
-    ``error`` (an OSError, or an interrupt such as KeyboardInterrupt)."""
+    """A link whose n-th write (of one command or many) sends part of its
+    bytes, then fails with ``error`` (an OSError, or an interrupt such as
+    KeyboardInterrupt)."""
 
     def __init__(self, link: Link, at: int, part: int, error: BaseException) -> None:
         self.link, self.at, self.part, self.error = link, at, part, error
         self.writes = 0
         self.send_whole = link.send
-        link.send = self.send
+        link.send = self.send  # type: ignore[method-assign]
 
-    def send(self, data: bytes) -> None:
+    def send(self, commands: list[bytes]) -> None:
         self.writes += 1
         if self.writes == self.at:
             # An error of the socket leaves bytes unsent; an interrupt may come
-            # after the last (sendall checks signals after each send).
+            # after the last (a signal is looked at once a send returned).
+            data = b"".join(commands)
             whole = isinstance(self.error, Exception)
-            self.send_whole(data[: min(self.part, len(data) - 1) if whole else self.part])
+            cut = min(self.part, len(data) - 1) if whole else self.part
+            self.send_whole([data[:cut]])
+            self.link.sent_whole = sent_whole(commands, cut)
             raise self.error
-        self.send_whole(data)
+        self.send_whole(commands)
+
+
+def sent_whole(commands: list[bytes], sent: int) -> int:
+    count = 0
+    for command in commands:
+        sent -= len(command)
+        if sent < 0:
+            break
+        count += 1
+    return count
 
 
 @settings(max_examples=60, deadline=None)
@@ -246,7 +265,7 @@ def test_a_write_cut_short_ends_the_connection_before_anybody_writes_after_it(
 ) -> None:
     conn, server, server_thread = connected(Script())
     error: BaseException = KeyboardInterrupt() if interrupt else OSError("cut")
-    CutLink(conn.link, at, part, error)
+    cut_link = CutLink(conn.link, at, part, error)
     outcomes: dict[bytes, Outcome] = {}
     interrupted: list[bytes] = []
 
@@ -267,8 +286,7 @@ def test_a_write_cut_short_ends_the_connection_before_anybody_writes_after_it(
     # An interrupted publish may have been written whole before the interrupt
     # (then nsqd may execute it): no claim on it, but it is never retried.
     assert len(interrupted) <= 1
-    total = threads * per_thread
-    if at <= total:
+    if cut_link.writes >= at:  # (publishes queued at once share a write: fewer writes)
         assert conn.over is not None
         # The publish cut short and every later one on this connection: not written.
         cut = [body for body, outcome in outcomes.items() if outcome == "not"]
@@ -431,13 +449,12 @@ def test_an_idle_connection_closed_by_nsqd_is_replaced_before_the_next_publish(
         assert producer.stats.errors == 0
 
 
-def test_threads_publishing_at_once_share_a_bounded_set_of_connections(
-    daemon: BlockingNode,
-) -> None:
-    from trionsq.blocking.direct import MAX_CONNECTIONS
-
+def test_threads_publishing_at_once_share_one_connection(daemon: BlockingNode) -> None:
     with blocking.Producer([daemon.tcp_address]) as producer:
         producer.publish("spread", b"warm")
+        direct = producer._direct
+        assert direct is not None
+        conn = direct.conn
         start = threading.Barrier(8)
 
         def work() -> None:
@@ -446,8 +463,200 @@ def test_threads_publishing_at_once_share_a_bounded_set_of_connections(
                 producer.publish("spread", b"%d" % i, timeout=LIMIT)
 
         run_threads([work] * 8)
-        direct = producer._direct
-        assert direct is not None
-        assert 1 + len(direct.spares) <= MAX_CONNECTIONS
+        assert direct.connections() == [conn]
+        assert conn is not None and conn.writes <= 401
         stats = producer.stats
         assert (stats.published, stats.errors, stats.in_flight) == (401, 0, 0)
+
+
+# --- commands queued while the leader reads go out together ---------------------
+
+
+class CountingLink:
+    """Records how many commands each write of a link carried."""
+
+    def __init__(self, link: Link) -> None:
+        self.writes: list[int] = []
+        self.send = link.send
+        link.send = self.record  # type: ignore[method-assign]
+
+    def record(self, commands: list[bytes]) -> None:
+        self.writes.append(len(commands))
+        self.send(commands)
+
+
+def queue_behind_a_held_answer(
+    conn: DirectConnection, server: Server, followers: int, outcomes: dict[bytes, Outcome]
+) -> list[threading.Thread]:
+    """A leader's publish written and its answer held; then ``followers``
+    threads' publishes queued behind it (not written: the leader reads)."""
+    threads = [threading.Thread(target=publish_all(conn, [b"lead"], outcomes))]
+    threads[0].start()
+    wait_until_blocking(lambda: server.executed == [b"lead"], limit=LIMIT)
+    for i in range(followers):
+        thread = threading.Thread(target=publish_all(conn, [b"follower-%d" % i], outcomes))
+        thread.start()
+        threads.append(thread)
+    wait_until_blocking(lambda: len(conn.answers.waiting) == 1 + followers, limit=LIMIT)
+    return threads
+
+
+def test_commands_queued_while_the_leader_reads_go_out_in_one_write() -> None:
+    gate = threading.Event()
+    conn, server, server_thread = connected(Script(gate=gate))
+    writes = CountingLink(conn.link)
+    outcomes: dict[bytes, Outcome] = {}
+    threads = queue_behind_a_held_answer(conn, server, 5, outcomes)
+    assert writes.writes == [1]  # the leader's own; the others wait for its next
+    gate.set()
+    for thread in threads:
+        thread.join(LIMIT)
+        assert not thread.is_alive()
+    assert writes.writes == [1, 5]
+    assert set(outcomes.values()) == {"ok"} and len(outcomes) == 6
+    assert conn.answers.counters.published == 6
+    conn.close(ConnectionClosedError("test over"))
+    server_thread.join(LIMIT)
+    check(server, outcomes)
+
+
+@pytest.mark.parametrize("cut_into", [0, 1, 2])
+def test_a_write_of_several_commands_failing_part_way(cut_into: int) -> None:
+    """The write of three followers' commands fails inside the ``cut_into``-th:
+    those before it were written (answered, or may have been published), it
+    and those after it were not (NotWrittenError: the publisher sends them
+    again elsewhere), and the server never executes a command cut short."""
+    gate = threading.Event()
+    conn, server, server_thread = connected(Script(gate=gate))
+    outcomes: dict[bytes, Outcome] = {}
+    command = len(PublishCore().pub("t", b"follower-0"))
+    CutLink(conn.link, 2, cut_into * command + 5, OSError("cut"))
+    threads = queue_behind_a_held_answer(conn, server, 3, outcomes)
+    gate.set()
+    for thread in threads:
+        thread.join(LIMIT)
+        assert not thread.is_alive()
+    assert outcomes[b"lead"] == "ok"
+    for i in range(3):
+        expected = {"ok", "maybe"} if i < cut_into else {"not"}
+        assert outcomes[b"follower-%d" % i] in expected, (i, outcomes)
+    assert conn.over is not None
+    server_thread.join(LIMIT)
+    check(server, outcomes)
+    # (The server may stop before executing the whole ones: the client ended it.)
+    written = [b"lead"] + [b"follower-%d" % i for i in range(cut_into)]
+    assert server.executed == written[: len(server.executed)]
+
+
+def test_a_connection_ended_while_commands_are_queued_fails_them_not_written() -> None:
+    gate = threading.Event()
+    conn, server, server_thread = connected(Script(gate=gate))
+    outcomes: dict[bytes, Outcome] = {}
+    threads = queue_behind_a_held_answer(conn, server, 3, outcomes)
+    conn.close(ConnectionClosedError("closed while queued"))
+    gate.set()
+    for thread in threads:
+        thread.join(LIMIT)
+        assert not thread.is_alive()
+    # The leader's was written (may have been published); the queued ones not.
+    assert outcomes == {
+        b"lead": "maybe",
+        **{b"follower-%d" % i: "not" for i in range(3)},
+    }
+    server_thread.join(LIMIT)
+    check(server, outcomes)
+
+
+# --- flush and close wait for the blocking publishes of other threads ------------
+
+
+@contextmanager
+def scripted_nsqd(script: Script) -> Iterator[tuple[str, list[Server]]]:
+    """A TCP server answering the handshake (IDENTIFY: OK), then a
+    :class:`Server` for each connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    servers: list[Server] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            buffer = b""
+            while True:  # the magic, IDENTIFY's line, its body's size and body
+                head = buffer[4:].partition(b"\n")
+                if head[1] and len(head[2]) >= 4:
+                    size = int.from_bytes(head[2][:4], "big")
+                    if len(head[2]) >= 4 + size:
+                        break
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                buffer += chunk
+            sock.sendall(OK_FRAME)
+            server = Server(sock, script)
+            servers.append(server)
+            threading.Thread(target=server.serve, daemon=True).start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}", servers
+    finally:
+        listener.close()
+        if script.gate is not None:
+            script.gate.set()
+        acceptor.join(LIMIT)
+
+
+def test_flush_waits_for_blocking_publishes_of_other_threads() -> None:
+    gate = threading.Event()
+    with scripted_nsqd(Script(gate=gate)) as (address, servers):
+        with blocking.Producer([address], heartbeat_interval=None) as producer:
+            assert producer.flush(timeout=0)  # nothing in flight
+            done = threading.Event()
+
+            def held() -> None:
+                producer.publish("t", b"held", timeout=LIMIT)
+                done.set()
+
+            thread = threading.Thread(target=held)
+            thread.start()
+            wait_until_blocking(lambda: servers and servers[0].executed == [b"held"])
+            assert producer.stats.in_flight == 1
+            assert not producer.flush(timeout=0.05)  # its answer is held
+            gate.set()
+            assert producer.flush(timeout=LIMIT)
+            assert producer.stats.in_flight == 0
+            thread.join(LIMIT)
+            assert done.is_set()
+
+
+def test_close_waits_for_a_blocking_publish_in_flight() -> None:
+    gate = threading.Event()
+    with scripted_nsqd(Script(gate=gate)) as (address, servers):
+        producer = blocking.Producer([address], heartbeat_interval=None).start()
+        outcome: list[str] = []
+
+        def held() -> None:
+            try:
+                producer.publish("t", b"held", timeout=LIMIT)
+                outcome.append("ok")
+            except ConnectionClosedError as exc:
+                outcome.append(str(exc))
+
+        thread = threading.Thread(target=held)
+        thread.start()
+        wait_until_blocking(lambda: servers and servers[0].executed == [b"held"])
+        direct = producer._direct
+        assert direct is not None and direct.conn is not None
+        conn = direct.conn
+        closer = threading.Thread(target=producer.close, kwargs={"timeout": LIMIT})
+        closer.start()
+        wait_until_blocking(lambda: conn._watchers)  # close waits for the answer
+        gate.set()
+        closer.join(LIMIT)
+        thread.join(LIMIT)
+        assert not closer.is_alive() and outcome == ["ok"]
+        assert conn.over is not None

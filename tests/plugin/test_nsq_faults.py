@@ -5,8 +5,9 @@ a correct consumer test and two with planted bugs (a consumer that counts
 deliveries, a running total: each counts a redelivered order twice), passes
 without the flag; with ``--nsq-faults=SEED`` on the ``nsqd`` fixture (real
 TCP, real time: the faults placed by the message flow) the planted bugs fail
-for most seeds of 1..20, the command a report prints fails again, and the
-correct test passes for every seed.
+for most seeds of 1..8, the command a report prints fails again, and the
+correct test passes for every seed (seeds 1..20, and more planted bugs:
+tests/plugin/test_nsq_fault_zoo.py and benchmarks/bench_fault_zoo.py).
 """
 
 from __future__ import annotations
@@ -126,13 +127,20 @@ def test_nothing_changes_without_the_flag(orders: pytest.Pytester) -> None:
     assert "fakensq faults" not in result.stdout.str()
 
 
+#: The suite's seeds (the acceptance counts over seeds 1..20, with the zoo of
+#: other planted bugs, are benchmarks/bench_fault_zoo.py's): most must find
+#: each bug, and most of their replays fail again.
+SEEDS = range(1, 9)
+REPLAYS = 6
+
+
 def test_seeds_find_the_planted_bugs_and_their_replays_fail_again(
     orders: pytest.Pytester,
 ) -> None:
     found: dict[str, list[int]] = {test: [] for test in BUGGY}
     replays: list[tuple[int, str, list[str]]] = []
     seconds: list[float] = []
-    for seed in range(1, 21):
+    for seed in SEEDS:
         result = orders.runpytest_inprocess(
             "-p", "no:cacheprovider", "-rA", "--durations=0", "--durations-min=0",
             f"--nsq-faults={seed}",
@@ -150,23 +158,23 @@ def test_seeds_find_the_planted_bugs_and_their_replays_fail_again(
     # The faults met, each with the point of the flow it was tied to.
     assert re.search(r"^\s+#\d+ \[nsqd-0\] \w+ nsqd-0.* (FIN|message)", report, re.M), report
     counts = {test: len(seeds) for test, seeds in found.items()}
-    print(f"seeds of 1..20 that find each planted bug: {counts}")
+    print(f"seeds of {SEEDS} that find each planted bug: {counts}")
     print(f"median seconds a test with faults: {statistics.median(seconds):.2f}")
     for test, seeds in found.items():
-        assert len(seeds) >= 10, (test, seeds)
+        assert len(seeds) > len(SEEDS) / 2, (test, seeds)
     # The printed command fails again: one verbatim, in a new process ...
     seed, test, command = replays[0]
     assert command[:3] == ["python", "-m", "pytest"]
     assert f"--nsq-faults={seed}" in command and command[-1] == test
     again = orders.run(sys.executable, *command[1:], "-rA")
     assert outcomes(again) == {test: "failed"}, again.stdout.str()
-    # ... and the first 15 (their arguments, in this process).
+    # ... and the first few (their arguments, in this process).
     failed_again = sum(
         outcomes(orders.runpytest_inprocess(*command[3:], "-rA")) == {test: "failed"}
-        for seed, test, command in replays[:15]
+        for seed, test, command in replays[:REPLAYS]
     )
-    print(f"replays that fail again: {failed_again} of {len(replays[:15])}")
-    assert failed_again >= 14 * len(replays[:15]) / 15
+    print(f"replays that fail again: {failed_again} of {len(replays[:REPLAYS])}")
+    assert failed_again >= len(replays[:REPLAYS]) - 1
 
 
 # The same pair on a simulated cluster, in virtual time: a minute of msg_timeout

@@ -92,3 +92,67 @@ def test_bad_replay_options_are_one_line_usage_errors(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.errlines if line.strip()]
     assert len(errors) == 1 and error in errors[0], result.errlines
+
+
+# A test whose flow is shorter from its second run on: 40 messages the first
+# time, 1 after (a file beside it counts the runs), so a replay cannot reach
+# the faults placed beyond its first message.
+SHRINKING_FLOW = """
+import pathlib
+
+import pytest
+import trio
+import trionsq
+
+RUNS = pathlib.Path(__file__).with_name("runs.txt")
+
+
+@pytest.mark.nsq_faults(kinds=["time_out"], rate=4, horizon=40)
+async def test_flow_changes(nsqd):
+    first = not RUNS.exists()
+    RUNS.write_text("ran")
+    bodies = [b"%d" % i for i in range(40 if first else 1)]
+    async with trionsq.Producer(nsqd_tcp_addresses=[nsqd.tcp_address]) as producer:
+        await producer.multi_publish("t", bodies)
+    seen = set()
+
+    async def handle(message):
+        seen.add(message.body)
+
+    async with trionsq.Consumer(
+        "t", "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=4
+    ):
+        with trio.fail_after(30):
+            while len(seen) < len(bodies):
+                await trio.sleep(0.02)
+    assert False, "always fails"
+"""
+
+
+def test_a_replay_that_does_not_reproduce_names_the_fault_not_reached(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_flow=SHRINKING_FLOW)
+    pytester.makeini(PROJECT_INI)
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--nsq-faults=3", "--nsq-faults-check"
+    )
+    text = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    # The first run met faults past the 1st message; the replay (1 message) did not.
+    met = re.findall(
+        r"^\s+#(\d+) \[nsqd-0\] time_out nsqd-0 (?:after|at) the (\d+)\w\w ", text, re.M
+    )
+    beyond = [n for n, count in met if int(count) > 1]
+    assert beyond, text
+    assert "test_flow.py::test_flow_changes: did not reproduce:" in text, text
+    for number in beyond:
+        assert re.search(
+            rf"^\s+fault nsqd-0:{number} was not reached this time: time_out nsqd-0 "
+            r"(after the \d+\w\w message sent to a consumer|at the \d+\w\w FIN \(before nsqd "
+            r"reads it\)): not reached, nsqd-0 saw \d+ (message\(s\) sent to consumers|FIN\(s\))$",
+            text,
+            re.M,
+        ), text
+    # The test failed the same way both times: only the faults differ.
+    assert re.search(r"^\s+failed the same way \(AssertionError at test_flow.py:\d+", text, re.M)

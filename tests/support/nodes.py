@@ -371,6 +371,12 @@ class BlockingNode:
     def kill(self) -> None:
         self._background.call(self.node.kill)
 
+    def scanned_channel(self, topic: str, channel: str) -> None:
+        """See :meth:`Nsqd.scanned_channel`."""
+        node = self.node
+        assert isinstance(node, Nsqd)
+        self._background.call(functools.partial(node.scanned_channel, topic, channel))
+
 
 class BlockingDaemons:
     """:class:`Daemons` served on a thread of their own (a

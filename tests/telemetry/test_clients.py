@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import trionsq
 from trionsq import telemetry
-from trionsq.tracecontext import MAGIC
+from trionsq.tracecontext import MAGIC, unwrap, wrap
 
 from ..client.daemons import nothing_in_flight
 from ..support.nodes import Daemons, Nsqd
@@ -285,6 +285,81 @@ async def test_timed_out_messages_and_fin_failed(daemons: Daemons, otel: Otel) -
         for a, v in metrics["messaging.nsq.client.errors"]
         if a.get("server.port") == server(nsqd)["server.port"]
     ] == [1]
+
+
+async def test_a_touched_message_is_not_timed_out(daemons: Daemons, otel: Otel) -> None:
+    """nsqd's timeout starts again at each TOUCH: a handler that takes twice
+    msg_timeout and touches the message meanwhile finishes it, and its span
+    says so (timed_out counted from the last TOUCH, not the span's start)."""
+    nsqd = await daemons.nsqd("--msg-timeout=1s")
+    await nsqd.scanned_channel(TOPIC, "chan")
+    async with trionsq.Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(TOPIC, b"long")
+    done = trio.Event()
+
+    async def handle(message: trionsq.Message) -> None:
+        for _ in range(5):
+            await trio.sleep(0.4)
+            await message.touch()
+        done.set()
+
+    async with consumer(nsqd, otel, handler=handle):
+        with trio.fail_after(20):
+            await done.wait()
+        await wait_until(lambda: len(otel.spans()) == 1)
+    (span,) = otel.spans()
+    attributes = dict(span.attributes or {})
+    assert (
+        attributes["messaging.nsq.message.attempts"],
+        attributes["messaging.nsq.message.outcome"],
+    ) == (1, "finished")
+    assert telemetry.counters.errors[nsqd.tcp_address, "E_FIN_FAILED"] == 0
+
+
+async def test_a_relay_keeps_each_messages_trace_context(daemons: Daemons, otel: Otel) -> None:
+    """creation_context() in a handler is the context its message came with;
+    publishes under carrying(contexts) envelope each body with its own (the
+    publish span's for a body with none) and link their span to them."""
+    nsqd = await daemons.nsqd()
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with trionsq.Producer([nsqd.tcp_address]) as plain:
+        await plain.multi_publish(TOPIC, [wrap(b"a", parent, "k=v"), wrap(b"b")])
+    seen: list[tuple[bytes, Any]] = []
+
+    async def handle(message: trionsq.Message) -> None:
+        seen.append((message.body, telemetry.creation_context()))
+
+    async with consumer(nsqd, otel, handler=handle, trace_context=True, max_in_flight=2):
+        await wait_until(lambda: len(seen) == 2)
+    assert telemetry.creation_context() is None  # not outside a handler
+    seen.sort()
+    assert [(body, c and (c.traceparent, c.tracestate)) for body, c in seen] == [
+        (b"a", (parent, "k=v")),
+        (b"b", None),
+    ]
+    otel.exporter.clear()
+    async with trionsq.Producer([nsqd.tcp_address], trace_context=True, **otel.options) as producer:
+        with telemetry.carrying([c for _, c in seen]):
+            await producer.multi_publish("relayed", [body for body, _ in seen])
+    (span,) = otel.spans()
+    links = [(f"{k.context.trace_id:032x}", f"{k.context.span_id:016x}") for k in span.links]
+    assert links == [tuple(parent.split("-")[1:3])]
+    got: list[Any] = []
+    async with trionsq.Consumer(
+        "relayed", "chan", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=2
+    ) as raw:
+        async for message in raw:
+            got.append(unwrap(message.body))
+            await message.finish()
+            if len(got) == 2:
+                break
+    got.sort(key=lambda found: found.body)
+    assert (got[0].body, got[0].traceparent, got[0].tracestate) == (b"a", parent, "k=v")
+    ids = got[1].traceparent.split("-")[1:3]
+    assert (got[1].body, ids) == (
+        b"b",
+        [f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"],
+    )
 
 
 async def test_reconnects_are_counted(daemons: Daemons, otel: Otel) -> None:

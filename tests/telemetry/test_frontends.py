@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+import trionsq
 from trionsq import aio, blocking
 
-from ..support.nodes import BlockingNode
+from ..support.nodes import BlockingDaemons, BlockingNode
 from .conftest import Otel
 
 TOPIC = "orders"
@@ -150,3 +152,151 @@ def test_the_asyncio_producer_and_consumer(daemon: BlockingNode, otel: Otel, mod
     spans = producer_spans(otel)
     assert len(spans) == 6 and len({parent for _, parent, _ in spans}) == 1
     check_processed(otel, "feed", 6, current)
+
+
+@pytest.mark.parametrize("front", ["blocking", "aio"])
+def test_the_front_ends_report_timed_out_and_the_requeue_delay(
+    nodes: BlockingDaemons, otel: Otel, front: str
+) -> None:
+    """As the Trio Consumer: a handler that outlives nsqd's msg_timeout
+    (1 s here) is ``timed_out`` (nsqd redelivered the message), one that
+    TOUCHes the message meanwhile is not; a requeue's span carries its delay
+    (the default one, from the attempts, when none is given)."""
+    nsqd = nodes.nsqd("--msg-timeout=1s")
+    nsqd.scanned_channel(TOPIC, "slow")  # timeouts scanned at once
+    with blocking.Producer([nsqd.tcp_address]) as producer:
+        producer.multi_publish(TOPIC, [b"late", b"touching", b"failing", b"later"])
+    options = {
+        "nsqd_tcp_addresses": [nsqd.tcp_address],
+        "max_in_flight": 4,
+        "backoff": False,
+        "default_requeue_delay": 0.05,
+        **otel.options,
+    }
+    done = threading.Event()
+    seen: list[tuple[bytes, int]] = []
+
+    def plan(message: blocking.Message | aio.Message) -> tuple[str, float]:
+        """What the handler does: ('sleep'|'touch'|'raise'|'requeue'|'ok', seconds)."""
+        seen.append((message.body, message.attempts))
+        if len(seen) >= 7:
+            done.set()
+        if message.attempts > 1:
+            return "ok", 0
+        return {
+            b"late": ("sleep", 2.5),
+            b"touching": ("touch", 2.0),
+            b"failing": ("raise", 0),
+            b"later": ("requeue", 0.07),
+        }[message.body]
+
+    if front == "blocking":
+
+        def handle(message: blocking.Message) -> None:
+            what, seconds = plan(message)
+            if what == "sleep":
+                time.sleep(seconds)
+            elif what == "touch":
+                for _ in range(5):
+                    time.sleep(seconds / 5)
+                    message.touch()
+            elif what == "raise":
+                raise RuntimeError("failing")
+            elif what == "requeue":
+                message.requeue(seconds)
+
+        with blocking.Consumer(TOPIC, "slow", handler=handle, concurrency=4, **options):
+            assert done.wait(30)
+    else:
+
+        async def ahandle(message: aio.Message) -> None:
+            what, seconds = plan(message)
+            if what == "sleep":
+                await asyncio.sleep(seconds)
+            elif what == "touch":
+                for _ in range(5):
+                    await asyncio.sleep(seconds / 5)
+                    await message.touch()
+            elif what == "raise":
+                raise RuntimeError("failing")
+            elif what == "requeue":
+                await message.requeue(seconds)
+
+        async def main() -> None:
+            async with aio.Consumer(TOPIC, "slow", handler=ahandle, **options):
+                await asyncio.to_thread(done.wait, 30)
+
+        asyncio.run(main())
+    assert done.is_set()
+    outcomes = sorted(
+        (
+            a["messaging.nsq.message.attempts"],
+            a["messaging.nsq.message.outcome"],
+            a.get("messaging.nsq.message.requeue_delay"),
+        )
+        for a in (dict(s.attributes or {}) for s in otel.spans(f"process {TOPIC}"))
+        if a["messaging.nsq.message.attempts"] == 1
+    )
+    assert outcomes == [
+        (1, "finished", None),  # touching
+        (1, "requeued", 0.05),  # failing: the default delay, 0.05 x 1 attempt
+        (1, "requeued", 0.07),  # later
+        (1, "timed_out", None),  # late
+    ]
+    # late, failing and later came again
+    assert sorted(body for body, attempts in seen if attempts == 2) == [
+        b"failing",
+        b"late",
+        b"later",
+    ]
+
+
+@pytest.mark.parametrize("guest", [True, False], ids=["guest", "thread"])
+def test_an_asyncio_publish_span_ends_with_its_answer(
+    daemon: BlockingNode, otel: Otel, guest: bool
+) -> None:
+    """The traced asyncio publish methods stay plain methods returning the
+    future (a gather makes no Task); each span starts at the call and ends
+    when the answer comes, with nsqd's or the client's error."""
+
+    async def main() -> tuple[int, int, int]:
+        async with aio.Producer([daemon.tcp_address], guest=guest, **otel.options) as producer:
+            await producer.publish(TOPIC, b"warm")
+            loop = asyncio.get_running_loop()
+            made = 0
+
+            def factory(loop: asyncio.AbstractEventLoop, coro: object, **kw: object) -> object:
+                nonlocal made
+                made += 1
+                return asyncio.Task(coro, loop=loop, **kw)  # type: ignore[arg-type]
+
+            loop.set_task_factory(factory)  # type: ignore[arg-type]
+            future = producer.publish(TOPIC, b"timed")
+            returned = time.time_ns()
+            assert isinstance(future, asyncio.Future)
+            assert len(otel.spans()) == 1  # the warm one only: not ended at the call
+            await future
+            answered = time.time_ns()
+            results = await asyncio.gather(
+                producer.publish("bad topic!", b"x"),
+                producer.multi_publish(TOPIC, []),
+                producer.deferred_publish(TOPIC, b"later", 0.01),
+                return_exceptions=True,
+            )
+            assert isinstance(results[0], trionsq.BadTopicError)
+            assert isinstance(results[1], trionsq.BadBodyError)
+            assert results[2] is None
+        return made, returned, answered
+
+    made, returned, answered = asyncio.run(main())
+    assert made == 0
+    _, timed = sorted(otel.spans(f"publish {TOPIC}"), key=lambda s: s.start_time or 0)
+    assert timed.start_time is not None and timed.end_time is not None
+    assert timed.start_time <= returned < timed.end_time <= answered
+    errors = {
+        s.name: dict(s.attributes or {}).get("error.type")
+        for s in otel.spans()
+        if s.status.status_code is StatusCode.ERROR
+    }
+    assert errors == {"publish bad topic!": "E_BAD_TOPIC", f"multi_publish {TOPIC}": "E_BAD_BODY"}
+    assert len(otel.spans()) == 5

@@ -14,7 +14,7 @@ from ..hosting.producer import ClientClosedError
 from ..hosting.trio_thread import ForkedError
 from .consumer import Consumer, GiveUp, Handler, Message
 from .guest import GuestUnavailableError
-from .producer import Producer
+from .producer import Producer, PublishFuture
 
 __all__ = [
     "ClientClosedError",
@@ -25,4 +25,5 @@ __all__ = [
     "Handler",
     "Message",
     "Producer",
+    "PublishFuture",
 ]

@@ -102,6 +102,7 @@ class Message(HandedMessage):
         if self._claim("requeued"):
             self._delay = delay
             self._backoff = backoff
+            self._requeued(delay)
             self._apply_here(lambda core: core.requeue_now(delay, backoff))
 
     def finish(self) -> Awaitable[None]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Generator, Iterable, Sequence
 from typing import Any
 
 from .. import producer as _core
@@ -15,7 +15,43 @@ from ..lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncClient, Lifecy
 from .guest import GuestRunner
 from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "PublishFuture"]
+
+
+class PublishFuture(asyncio.Future[None], Coroutine[Any, Any, None]):
+    """The answer to one publish of an asyncio :class:`Producer`: an
+    :class:`asyncio.Future`, completed with ``None`` once nsqd acknowledged the
+    publish, or with the error the publish raises.
+
+    The publish was handed over when the method was called: awaiting the
+    future only waits for its answer.  ``asyncio.gather`` takes the future as
+    it is (no :class:`asyncio.Task` per publish, which costs more than the
+    publish itself); ``asyncio.create_task`` and ``TaskGroup.create_task``,
+    which take only coroutines, take it too: it has a coroutine's methods
+    (``send``, ``throw``, ``close``), which wait for the answer as ``await``
+    does.
+    """
+
+    __slots__ = ("_steps",)
+    _steps: Generator[Any, None, None]  # made by the first send or throw
+
+    def _awaiting(self) -> Generator[Any, None, None]:
+        try:
+            return self._steps
+        except AttributeError:
+            steps = self._steps = self.__await__()
+            return steps
+
+    def send(self, value: None, /) -> Any:
+        return self._awaiting().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None, /) -> Any:
+        if val is None and tb is None:
+            return self._awaiting().throw(typ)
+        return self._awaiting().throw(typ, val, tb)
+
+    def close(self) -> None:
+        """Nothing to close: a publish, once handed over, is not taken back."""
 
 
 class _Reply:
@@ -71,12 +107,14 @@ MOVES = Moves(
 
 
 class Producer(HostedProducerState, AsyncClient):
-    """Publishes to nsqd from asyncio code; each call returns once nsqd acknowledged.
+    """Publishes to nsqd from asyncio code; each call's future completes once
+    nsqd acknowledged.
 
     ::
 
         async with trionsq.aio.Producer(["127.0.0.1:4150"]) as producer:
             await producer.publish("topic", b"body")
+            await asyncio.gather(*(producer.publish("topic", b) for b in bodies))
 
     It takes the options of :class:`trionsq.Producer` and keeps its guarantees:
     one trionsq Producer does the work, in the Trio guest run of the asyncio
@@ -86,9 +124,16 @@ class Producer(HostedProducerState, AsyncClient):
     Concurrent publishes (from any tasks of the asyncio loop) share the
     connection and are pipelined, at most ``publish_window`` awaiting nsqd's
     answer at once.  nsqd's refusals raise their typed errors; a call on a closed
-    producer raises :class:`~trionsq.hosting.producer.ClientClosedError`.  Cancelling a
-    task that awaits a publish stops the wait; the publish itself, handed over
-    already, is not taken back.
+    producer raises :class:`~trionsq.hosting.producer.ClientClosedError`.
+
+    ``publish``, ``multi_publish`` and ``deferred_publish`` are plain methods:
+    each hands its publish over at the call and returns a
+    :class:`PublishFuture` (``await producer.publish(...)`` reads as it would
+    with a coroutine).  The publish starts at the call, not at the ``await``:
+    a future never awaited still publishes; cancelling its await (or the
+    future) stops the wait, and the publish, handed over already, is not
+    taken back.  A call on a producer not entered, closed or forked raises at
+    once.
 
     Leaving the ``async with`` (also by cancellation) lets the publishes in
     flight get their answers (up to ``close_timeout``), closes the connection and
@@ -136,7 +181,7 @@ class Producer(HostedProducerState, AsyncClient):
         self._loop, self._calls, self._hosted = loop, calls, hosted
         traced = telemetry.for_producer(self.config, lambda: self.address)
         if traced is not None:
-            traced.instrument(self)  # its publish methods, on this instance
+            traced.instrument_aio(self)  # its publish methods, on this instance
 
     async def _close(self, interrupted: bool) -> None:
         """Let the publishes in flight get their answers (up to
@@ -155,7 +200,7 @@ class Producer(HostedProducerState, AsyncClient):
         state = self._life.state
         return state is CLOSED or state is CLOSING
 
-    def _job(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[None]:
+    def _job(self, method: str, args: tuple[Any, ...]) -> PublishFuture:
         hosted, calls, loop = self._hosted, self._calls, self._loop
         state = self._life.state
         if state is not OPEN or hosted is None or calls is None or loop is None:
@@ -164,7 +209,7 @@ class Producer(HostedProducerState, AsyncClient):
             raise RuntimeError("use the Producer inside 'async with'")
         if hosted.runner.forked:
             raise ForkedError("this Producer was opened before a fork(); open one in this process")
-        future: asyncio.Future[None] = loop.create_future()
+        future = PublishFuture(loop=loop)
         reply = _DirectReply(future) if self._guest else _Reply(calls, future)
         try:
             hosted.inbox.put((method, args, reply))
@@ -172,14 +217,19 @@ class Producer(HostedProducerState, AsyncClient):
             raise ClientClosedError("the Producer's loop has stopped") from exc
         return future
 
-    async def publish(self, topic: str, body: bytes) -> None:
-        """PUB one message; returns once nsqd acknowledged it."""
-        await self._job("publish", (topic, body))
+    # Plain methods, not coroutines: a coroutine would cost an asyncio Task
+    # each in asyncio.gather, more than the publish itself.
 
-    async def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> None:
-        """MPUB several messages atomically."""
-        await self._job("multi_publish", (topic, list(bodies)))
+    def publish(self, topic: str, body: bytes) -> PublishFuture:
+        """PUB one message, handed over now; the future completes once nsqd
+        acknowledged it (``await producer.publish(topic, body)``)."""
+        return self._job("publish", (topic, body))
 
-    async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
-        """DPUB: the message becomes visible after ``delay`` seconds."""
-        await self._job("deferred_publish", (topic, body, delay))
+    def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> PublishFuture:
+        """MPUB several messages atomically (see :meth:`publish`)."""
+        return self._job("multi_publish", (topic, list(bodies)))
+
+    def deferred_publish(self, topic: str, body: bytes, delay: float) -> PublishFuture:
+        """DPUB: the message becomes visible after ``delay`` seconds (see
+        :meth:`publish`)."""
+        return self._job("deferred_publish", (topic, body, delay))

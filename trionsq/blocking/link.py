@@ -33,9 +33,9 @@ _RECEIVE_SIZE = 64 * 1024
 class Link:
     """One nsqd connection on a blocking socket, handshaken (see :meth:`open`).
 
-    :meth:`send` is called under the owner's lock (one writer at a time);
-    :meth:`receive` by one reader at a time.  Under TLS the two share the
-    :class:`ssl.SSLObject` through a short lock of its own (no I/O under it).
+    :meth:`send` is called by one writer at a time, :meth:`receive` by one
+    reader at a time.  Under TLS the two share the :class:`ssl.SSLObject`
+    through a short lock of its own (no I/O under it).
     """
 
     def __init__(self, sock: socket.socket, address: str, config: Config) -> None:
@@ -54,8 +54,11 @@ class Link:
         self.negotiated = handshake.Negotiated()
         self.auth_response: dict[str, Any] | None = None
         # The plain path (no TLS, no compression): the socket's own methods.
-        self.send: Callable[[bytes], None] = sock.sendall
         self.receive: Callable[[], bytes] = self._receive_plain
+        self._transform: Callable[[bytes], bytes] | None = None
+        #: how many of the commands given to the last :meth:`send` went out
+        #: whole (read after it raised; a lower bound when an interrupt cut it)
+        self.sent_whole = 0
         #: whether a read may complete nothing yet (TLS, compression): an empty
         #: read is the end of the stream only with :attr:`closed_by_peer`
         self.transformed = False
@@ -142,7 +145,7 @@ class Link:
             self._write_handshake(commands.auth(config.auth_secret))
             self.auth_response = handshake.parse_auth(self._answer())
         if self._tls is not None or self._encoder is not None:
-            self.send = self._send_transformed
+            self._transform = self._transformed
             self.receive = self._receive_transformed
             self.transformed = True
 
@@ -182,6 +185,30 @@ class Link:
 
     # --- bytes out and in ---
 
+    def send(self, commands: list[bytes]) -> None:
+        """Write ``commands`` (whole ones, in order) in one write where the
+        socket takes them at once (one system call for many publishes).
+        Raises what the socket raises; :attr:`sent_whole` then says how many
+        commands went out whole (each transformed, TLS or compression, by
+        itself: a command's wire bytes all sent are the command sent)."""
+        self.sent_whole = 0
+        transform = self._transform
+        wire = commands if transform is None else [transform(part) for part in commands]
+        data = wire[0] if len(wire) == 1 else b"".join(wire)
+        send = self.sock.send
+        total = len(data)
+        sent = 0
+        try:
+            sent = send(data)
+            if sent < total:
+                view = memoryview(data)
+                while sent < total:
+                    sent += send(view[sent:])
+        except BaseException:
+            self.sent_whole = _whole(wire, sent)
+            raise
+        self.sent_whole = len(wire)
+
     def _receive_plain(self) -> bytes:
         leftover = self._leftover
         if leftover:
@@ -189,7 +216,8 @@ class Link:
             return leftover
         return self.sock.recv(_RECEIVE_SIZE)
 
-    def _send_transformed(self, data: bytes) -> None:
+    def _transformed(self, data: bytes) -> bytes:
+        """``data`` as it goes on the wire: compressed, encrypted."""
         if self._encoder is not None:
             data = self._encoder.encode(data)
         tls = self._tls
@@ -197,7 +225,10 @@ class Link:
             with self._tls_lock:
                 tls.write(data)
                 data = self._outgoing.read()
-        self.sock.sendall(data)
+        return data
+
+    def _send_transformed(self, data: bytes) -> None:
+        self.sock.sendall(self._transformed(data))
 
     def _receive_transformed(self) -> bytes:
         """What the peer sent next, decrypted and decompressed; ``b""`` with
@@ -264,6 +295,17 @@ class Link:
         except OSError:
             pass
         self.sock.close()
+
+
+def _whole(parts: list[bytes], sent: int) -> int:
+    """How many of ``parts``, written one after the other, fit whole in ``sent`` bytes."""
+    count = 0
+    for part in parts:
+        sent -= len(part)
+        if sent < 0:
+            break
+        count += 1
+    return count
 
 
 def _set_receive_timeout(sock: socket.socket, seconds: float) -> None:

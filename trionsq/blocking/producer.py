@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
@@ -68,7 +69,8 @@ class Producer(HostedProducerState, BlockingClient):
     done by the calling thread itself: it writes the command on the shared
     connection and reads answers there (:mod:`trionsq.blocking.direct`: no hop
     to the loop's thread, a round trip and little more; threads publishing at
-    once are pipelined, one of them reading the answers for all).  What a
+    once are pipelined, one of them writing their commands together and
+    reading the answers for all).  What a
     caller may assume when the connection dies during a call is said there:
     a publish never written whole is retried once on a new connection (failing
     over), one written whole and not answered raises
@@ -360,9 +362,21 @@ class Producer(HostedProducerState, BlockingClient):
         return self._call_async("deferred_publish", (topic, body, delay))
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until no publish is awaiting its answer (every place of the
-        window is free); returns False if ``timeout`` passed first."""
+        """Wait until every publish handed to the producer before this call
+        has its outcome (nsqd's answer, or its failure): the ``*_async`` ones
+        and the blocking calls of other threads queued on the connection by
+        then (one still connecting is not among them); returns False if
+        ``timeout`` passed first."""
         check_not_in_trio("blocking.Producer.flush()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        direct = self._direct
+        marks = direct.marks() if direct is not None else []
+        if not self._flush_async(timeout):
+            return False
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        return direct is None or direct.flush(marks, left)
+
+    def _flush_async(self, timeout: float | None) -> bool:
         if self._hosted is None or self._taken <= self._released:
             return True
         idle = threading.Lock()

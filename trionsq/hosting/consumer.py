@@ -177,10 +177,22 @@ class HandedMessage:
             # Read by the loop once the message reaches it, after these stores.
             self._delay = delay
             self._backoff = backoff
+            self._requeued(delay)
             self._send(self)
+
+    def _requeued(self, delay: float | None) -> None:
+        """(claimed for a requeue) Its span, if any, gets the delay."""
+        traced = self._hosted.telemetry
+        if traced is not None:
+            if delay is None:
+                delay = self._hosted.config.requeue_delay(self._core.attempts)
+            traced.requeued(self, delay)
 
     def _touch(self) -> None:
         if self.responded is None:
+            traced = self._hosted.telemetry
+            if traced is not None:
+                traced.touched(self)
             self._send(_Touch(self))
 
     async def _apply(self) -> None:
@@ -230,7 +242,12 @@ class HostedConsumer(HostedService):
             rng=rng,
         )
         self.telemetry = telemetry.for_consumer(
-            config, topic, channel, stats=lambda: self.consumer.stats, ahead=True
+            config,
+            topic,
+            channel,
+            stats=lambda: self.consumer.stats,
+            msg_timeout=lambda message: self.consumer.msg_timeout_of(message._core),
+            ahead=True,
         )
         self._unwrap = (
             self.telemetry.unwrap_ahead

@@ -17,22 +17,23 @@ See docs/observability.md for the spans, metrics and attributes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import counters
-from .consuming import ConsumerTelemetry
-from .producing import ProducerTelemetry
+from .consuming import ConsumerTelemetry, creation_context
+from .producing import ProducerTelemetry, carrying
 
 if TYPE_CHECKING:
     from ..config import Config
     from ..consumer import ConsumerStats
-    from ..message import Message
     from .otel import Instruments
 
 __all__ = [
     "ConsumerTelemetry",
     "ProducerTelemetry",
+    "carrying",
     "counters",
+    "creation_context",
     "for_consumer",
     "for_producer",
     "instruments",
@@ -55,7 +56,7 @@ def for_consumer(
     topic: str,
     channel: str,
     *,
-    msg_timeout: Callable[[Message], float] | None = None,
+    msg_timeout: Callable[[Any], float] | None = None,
     stats: Callable[[], ConsumerStats] | None = None,
     ahead: bool = False,
 ) -> ConsumerTelemetry | None:

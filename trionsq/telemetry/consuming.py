@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import tracecontext
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from ..message import Message
     from .otel import Instruments
 
-__all__ = ["ConsumerTelemetry"]
+__all__ = ["ConsumerTelemetry", "creation_context", "link"]
 
 #: a message of trionsq's, or of a front end's
 M = TypeVar("M")
@@ -46,16 +47,32 @@ log = logging.getLogger("trionsq.telemetry")
 
 _perf_counter = time.perf_counter
 
+#: the trace context the message processed in this task (thread) came with
+_creation: ContextVar[tracecontext.Unwrapped | None] = ContextVar(
+    "trionsq_creation_context", default=None
+)
+
+
+def creation_context() -> tracecontext.Unwrapped | None:
+    """The trace context envelope's context (``traceparent``, ``tracestate``)
+    of the message being processed here: in a handler call or the body of an
+    ``async for``/``for`` iteration of a consumer with ``trace_context=True``
+    whose message carried one; None otherwise.  (``trionsq to-nsq`` keeps a
+    message's context on its copy with it.)"""
+    return _creation.get()
+
 
 class _Open:
     """A process span under way (or, with no tracer, its start time only)."""
 
-    __slots__ = ("error", "span", "started", "token")
+    __slots__ = ("error", "span", "started", "token", "touched")
 
     def __init__(self, span: Span | None, token: object, started: float) -> None:
         self.span = span
         self.token = token
         self.started = started
+        #: when nsqd's timeout for the message last started again (TOUCH)
+        self.touched = started
         self.error: str | None = None
 
 
@@ -76,7 +93,7 @@ class ConsumerTelemetry:
         *,
         trace_context: bool,
         attributes: Mapping[str, Any] | None = None,
-        msg_timeout: Callable[[Message], float] | None = None,
+        msg_timeout: Callable[[Any], float] | None = None,
         stats: Callable[[], ConsumerStats] | None = None,
         ahead: bool = False,
     ) -> None:
@@ -198,11 +215,18 @@ class ConsumerTelemetry:
         message (or the consumer is left)."""
         return _Iteration(self, messages)
 
-    def requeued(self, message: Message, delay: float) -> None:
+    def requeued(self, message: Any, delay: float) -> None:
         """The consumer sends REQ for ``message`` with ``delay`` seconds."""
         opened = self._open.get(message)
         if opened is not None and opened.span is not None:
             opened.span.set_attribute(sc.REQUEUE_DELAY, delay)
+
+    def touched(self, message: Any) -> None:
+        """The consumer sends TOUCH for ``message``: nsqd's timeout starts
+        again (a span is ``timed_out`` only if it passed since)."""
+        opened = self._open.get(message)
+        if opened is not None:
+            opened.touched = _perf_counter()
 
     def close(self) -> None:
         """The consumer is leaving: end every span under way and stop
@@ -275,10 +299,13 @@ class ConsumerTelemetry:
     def _begin(self, message: Any, attach: bool) -> _Open:
         if not self.trace_context:
             found = None
-        elif self._ahead is not None:
-            found = self._ahead.pop((message.address, message.id), None)
         else:
-            found = self.unwrap(message)
+            if self._ahead is not None:
+                found = self._ahead.pop((message.address, message.id), None)
+            else:
+                found = self.unwrap(message)
+            if attach:
+                _creation.set(found if found is not None and found.traceparent else None)
         tracer = self.tracer
         if tracer is None:
             opened = _Open(None, None, _perf_counter())
@@ -299,7 +326,7 @@ class ConsumerTelemetry:
             if found.problem is not None:
                 attributes[sc.ENVELOPE_PROBLEM] = found.problem.value
             elif found.traceparent:
-                links = _links(found.traceparent, found.tracestate)
+                links = [link(found)]
         span = tracer.start_span(
             self._name, kind=trace.SpanKind.CONSUMER, attributes=attributes, links=links
         )
@@ -321,12 +348,17 @@ class ConsumerTelemetry:
         opened = self._open.pop(message, None)
         if opened is None:
             return
-        elapsed = _perf_counter() - opened.started
+        if self.trace_context:
+            _creation.set(None)
+        now = _perf_counter()
+        elapsed = now - opened.started
         if outcome is None:
             outcome = {"finished": sc.FINISHED, "requeued": sc.REQUEUED}.get(
                 message.responded or "", sc.UNANSWERED
             )
-            if elapsed >= self._msg_timeout(message):
+            # (measured from the span's start: nsqd's clock started earlier,
+            # at delivery, so a span said timed out surely was)
+            if now - opened.touched >= self._msg_timeout(message):
                 outcome = sc.TIMED_OUT
         span = opened.span
         if span is not None:
@@ -377,11 +409,13 @@ class ConsumerTelemetry:
         self.meters.observe(self, sc.BACKOFF_LEVEL, backoff)
 
 
-def _links(traceparent: str, tracestate: str) -> list[Any]:
-    """The link to the producer's span (the creation context)."""
+def link(found: tracecontext.Unwrapped) -> Any:
+    """The link to a message's creation context (its producer's span), from
+    an envelope's valid ``traceparent``."""
     from opentelemetry.trace import Link, SpanContext, TraceFlags, TraceState
 
-    _version, trace_id, span_id, flags = traceparent.split("-")[:4]
+    _version, trace_id, span_id, flags = found.traceparent.split("-")[:4]
+    tracestate = found.tracestate
     state = TraceState.from_header([tracestate]) if tracestate else None
     context = SpanContext(
         int(trace_id, 16),
@@ -390,7 +424,7 @@ def _links(traceparent: str, tracestate: str) -> list[Any]:
         trace_flags=TraceFlags(int(flags, 16)),
         trace_state=state,
     )
-    return [Link(context)]
+    return Link(context)
 
 
 class _Iteration(Generic[M]):

@@ -12,11 +12,14 @@ OpenTelemetry unless a tracer or meters exist.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import CancelledError, Future
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import tracecontext
 from ..protocol.errors import NSQErrorResponse
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
 
     from .otel import Instruments
 
-__all__ = ["ProducerTelemetry"]
+__all__ = ["ProducerTelemetry", "carrying"]
 
 log = logging.getLogger("trionsq.telemetry")
 
@@ -37,6 +40,40 @@ _perf_counter = time.perf_counter
 PUBLISH = "publish"
 MULTI_PUBLISH = "multi_publish"
 DEFERRED_PUBLISH = "deferred_publish"
+
+
+class _Answer(Protocol):
+    """A publish's future (:class:`concurrent.futures.Future` or
+    :class:`asyncio.Future`), as the wrappers read it once done."""
+
+    def cancelled(self) -> bool: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+
+
+AnswerT = TypeVar("AnswerT", bound=_Answer)
+
+
+#: the contexts the bodies of the publish under way in this task carry on
+_carried: ContextVar[Sequence[tracecontext.Unwrapped | None] | None] = ContextVar(
+    "trionsq_carried_contexts", default=None
+)
+
+
+@contextmanager
+def carrying(contexts: Sequence[tracecontext.Unwrapped | None]) -> Iterator[None]:
+    """The publishes made in this block (in this task or thread) carry on
+    the trace contexts their bodies came with, one each, in order (None: a
+    body with none): with ``trace_context``, a body's envelope holds its own
+    context instead of the publish span's, and the span links to each
+    (:func:`trionsq.telemetry.creation_context` gives a consumed message's)."""
+    token = _carried.set(contexts)
+    try:
+        yield
+    finally:
+        _carried.reset(token)
 
 
 def error_type(exc: BaseException) -> str:
@@ -55,10 +92,23 @@ def _is_body(body: object) -> bool:
 class _Publish:
     """One publish under way: its span (if any), start time, envelope context."""
 
-    __slots__ = ("attributes", "count", "span", "started", "traceparent", "tracestate")
+    __slots__ = (
+        "attributes",
+        "carried",
+        "count",
+        "span",
+        "started",
+        "traceparent",
+        "tracestate",
+        "wrapped",
+    )
 
     def __init__(self) -> None:
         self.span: Span | None = None
+        #: the bodies' own contexts (see :func:`carrying`), and how many of
+        #: the bodies were wrapped so far
+        self.carried: Sequence[tracecontext.Unwrapped | None] | None = None
+        self.wrapped = 0
         self.traceparent = ""
         self.tracestate = ""
         self.count = 1
@@ -98,6 +148,7 @@ class ProducerTelemetry:
             self._sdk_failed()
             publish = _Publish()
             publish.count = count
+            publish.carried = _carried.get()
             publish.started = _perf_counter()
             return publish
 
@@ -127,6 +178,7 @@ class ProducerTelemetry:
         address = self._address()
         if address is not None:
             attributes.update(sc.server_attributes(address))
+        carried = publish.carried = _carried.get()
         tracer = self.tracer
         if tracer is not None:
             from opentelemetry import trace
@@ -136,8 +188,17 @@ class ProducerTelemetry:
                 span_attributes[sc.BATCH_MESSAGE_COUNT] = count
             elif isinstance(delay, int | float):
                 span_attributes[sc.DEFER_DELAY] = delay
+            links = None
+            if carried:
+                from .consuming import link
+
+                found = {c.traceparent: c for c in carried if c is not None and c.traceparent}
+                links = [link(c) for c in found.values()]
             publish.span = span = tracer.start_span(
-                f"{operation} {topic}", kind=trace.SpanKind.PRODUCER, attributes=span_attributes
+                f"{operation} {topic}",
+                kind=trace.SpanKind.PRODUCER,
+                attributes=span_attributes,
+                links=links,
             )
             context = span.get_span_context()
         elif self.trace_context and self._otel:
@@ -156,9 +217,22 @@ class ProducerTelemetry:
         return publish
 
     def wrap(self, publish: _Publish, body: Any) -> Any:
-        if not self.trace_context or not _is_body(body):
+        """``body`` (the publish's next one) in the envelope, with
+        ``trace_context``: its own context when it carries one (see
+        :func:`carrying`), else the publish span's (or the caller's)."""
+        if not self.trace_context:
             return body
-        return tracecontext.wrap(bytes(body), publish.traceparent, publish.tracestate)
+        parent, state = publish.traceparent, publish.tracestate
+        carried = publish.carried
+        if carried is not None:
+            index = publish.wrapped
+            publish.wrapped = index + 1
+            own = carried[index] if index < len(carried) else None
+            if own is not None and own.traceparent:
+                parent, state = own.traceparent, own.tracestate
+        if not _is_body(body):
+            return body
+        return tracecontext.wrap(bytes(body), parent, state)
 
     def _end(self, publish: _Publish, exc: BaseException | None) -> None:
         elapsed = _perf_counter() - publish.started
@@ -186,8 +260,8 @@ class ProducerTelemetry:
     # --- the wrappers ---
 
     def instrument(self, producer: Any) -> None:
-        """Replace ``producer``'s publish methods (async: trionsq.Producer,
-        trionsq.aio.Producer) on the instance."""
+        """Replace a :class:`trionsq.Producer`'s publish methods (async) on
+        the instance."""
         publish = producer.publish
         multi_publish = producer.multi_publish
         deferred_publish = producer.deferred_publish
@@ -231,7 +305,21 @@ class ProducerTelemetry:
         for name in ("publish", "multi_publish", "deferred_publish"):
             setattr(producer, name, self._blocking(name, getattr(producer, name)))
             method = getattr(producer, f"{name}_async")
-            setattr(producer, f"{name}_async", self._future(name, method))
+            setattr(
+                producer,
+                f"{name}_async",
+                self._future(name, method, concurrent.futures.CancelledError),
+            )
+
+    def instrument_aio(self, producer: Any) -> None:
+        """Replace a :class:`trionsq.aio.Producer`'s publish methods (plain
+        methods returning an :class:`asyncio.Future`) on the instance: the
+        wrappers return the future as it is, and the span ends when it
+        completes (nsqd's answer), not when the call returns; no coroutine
+        or task is added around the publish."""
+        for name in ("publish", "multi_publish", "deferred_publish"):
+            method = getattr(producer, name)
+            setattr(producer, name, self._future(name, method, asyncio.CancelledError))
 
     def _prepare(self, operation: str, args: tuple[Any, ...]) -> tuple[_Publish, tuple[Any, ...]]:
         """Start the span of ``operation(*args)``; the arguments with the
@@ -257,9 +345,16 @@ class ProducerTelemetry:
         return traced_call
 
     def _future(
-        self, operation: str, method: Callable[..., Future[None]]
-    ) -> Callable[..., Future[None]]:
-        def traced_call(*args: Any) -> Future[None]:
+        self,
+        operation: str,
+        method: Callable[..., AnswerT],
+        cancelled: type[BaseException],
+    ) -> Callable[..., AnswerT]:
+        """A wrapper of ``method`` (which returns the publish's future): the
+        span starts at the call and ends when the future completes;
+        ``cancelled`` is the error recorded for a future cancelled."""
+
+        def traced_call(*args: Any) -> AnswerT:
             traced, args = self._prepare(operation, args)
             try:
                 future = method(*args)
@@ -267,8 +362,8 @@ class ProducerTelemetry:
                 self.end(traced, exc)
                 raise
 
-            def done(future: Future[None]) -> None:
-                error = CancelledError() if future.cancelled() else future.exception()
+            def done(future: AnswerT) -> None:
+                error = cancelled() if future.cancelled() else future.exception()
                 self.end(traced, error)
 
             future.add_done_callback(done)

@@ -20,6 +20,12 @@ and a message without the field is requeued); ``--whitelist-json-field F``
 (repeatable) keeps only those fields.  A message that is not a JSON object is
 then finished unsent.
 
+``--output-trace-context`` wraps each published body in the trace context
+envelope (docs/observability.md) and unwraps the consumed ones (unless
+``--consumer-opt=trace_context=false``): a message that came with a context
+keeps it on its copy, the others get the publish span's; the publish span
+links to the contexts the batch came with.
+
 SIGINT/SIGTERM: no new message is taken; what is being published gets a
 second to be acknowledged, the rest is requeued.
 """
@@ -41,6 +47,8 @@ from ..message import Message
 from ..producer import Producer
 from ..protocol.errors import NSQError, NSQErrorResponse
 from ..protocol.names import is_valid_topic_name
+from ..telemetry import carrying, creation_context
+from ..tracecontext import Unwrapped
 from .common import (
     STOP_GRACE,
     ToolError,
@@ -105,6 +113,13 @@ def configure(flags: FlagSet) -> None:
     flags.strings(
         "whitelist-json-field", "for JSON messages: pass this field (may be given multiple times)"
     )
+    flags.bool(
+        "output-trace-context",
+        False,
+        "wrap each published body in trionsq's trace context envelope, keeping the context a "
+        "consumed message came with (trionsq; unwraps the input unless "
+        "--consumer-opt=trace_context=false; see docs/observability.md)",
+    )
     add_status_every(flags, default=250, per="per destination")
 
 
@@ -135,11 +150,16 @@ def prepare(args: argparse.Namespace) -> Prepared:
     if args.mode not in MODES:
         raise ToolError(f"invalid --mode {args.mode!r} (round-robin, hostpool, epsilon-greedy)")
     options = consumer_options(args)
+    if args.output_trace_context:
+        # the input's envelopes are taken off, not wrapped in a second one
+        options.setdefault("trace_context", True)
     try:
         Consumer(args.topics[0], args.channel, **options)
     except (ValueError, TypeError) as exc:
         raise ToolError(str(exc)) from None
     producer = producer_options(args)
+    if args.output_trace_context:
+        producer["trace_context"] = True
     configs = [
         Config(nsqd_tcp_addresses=(address,), **producer)
         for address in dict.fromkeys(args.destination_nsqd_tcp_address)
@@ -249,6 +269,10 @@ async def run(args: argparse.Namespace, prepared: Prepared, stop: trio.Event) ->
     return 0
 
 
+#: a message taken, the body to publish, the trace context it came with
+_Item = tuple[Message, bytes, Unwrapped | None]
+
+
 @dataclass
 class _Destinations:
     """Where the copies go: a producer for each destination nsqd (its
@@ -271,7 +295,7 @@ async def _copy(
 ) -> None:
     """Copy one topic: take messages, filter them, publish them in batches."""
     progress = destinations.progress
-    send, receive = trio.open_memory_channel[tuple[Message, bytes]](math.inf)
+    send, receive = trio.open_memory_channel[_Item](math.inf)
     json_filter = prepared.json_filter
 
     async def take(consumer: Consumer) -> None:
@@ -288,7 +312,7 @@ async def _copy(
                         progress.add("requeued")
                         await message.requeue()
                         continue
-                send.send_nowait((message, body))
+                send.send_nowait((message, body, creation_context()))
 
     async def publish_batches() -> None:
         while True:
@@ -336,13 +360,13 @@ async def _copy(
             work.cancel_scope.cancel()
         # Taken but never published (stopped, or cancelled): back to nsqd.
         with trio.CancelScope(shield=True):
-            for message, _ in _drain(receive):
+            for message, *_ in _drain(receive):
                 await message.requeue(0, backoff=False)
 
 
 def _drain(
-    receive: trio.MemoryReceiveChannel[tuple[Message, bytes]],
-) -> list[tuple[Message, bytes]]:
+    receive: trio.MemoryReceiveChannel[_Item],
+) -> list[_Item]:
     left = []
     while True:
         try:
@@ -351,9 +375,7 @@ def _drain(
             return left
 
 
-async def _publish(
-    batch: list[tuple[Message, bytes]], topic: str, destinations: _Destinations
-) -> None:
+async def _publish(batch: list[_Item], topic: str, destinations: _Destinations) -> None:
     """Publish a batch: each message goes where the router sends it (as
     nsq_to_nsq routes every message), one MPUB per destination."""
     router = destinations.router
@@ -373,7 +395,7 @@ async def _publish(
 
 
 async def _publish_to(
-    index: int, batch: list[tuple[Message, bytes]], topic: str, destinations: _Destinations
+    index: int, batch: list[_Item], topic: str, destinations: _Destinations
 ) -> None:
     """Publish to one destination; FIN on success, requeue on failure.  A
     batch refused as a whole goes again one by one."""
@@ -383,10 +405,12 @@ async def _publish_to(
     started = trio.current_time()
     try:
         try:
-            if len(batch) == 1:
-                await producer.publish(topic, batch[0][1])
-            else:
-                await producer.multi_publish(topic, [body for _, body in batch])
+            # (each copy keeps the trace context its message came with)
+            with carrying([context for *_, context in batch]):
+                if len(batch) == 1:
+                    await producer.publish(topic, batch[0][1])
+                else:
+                    await producer.multi_publish(topic, [body for _, body, _ in batch])
         except NSQErrorResponse as exc:
             if len(batch) == 1:
                 raise
@@ -401,18 +425,18 @@ async def _publish_to(
         progress.add("requeued", len(batch))
         progress.info["last error"] = f"{address}: {exc}"
         with trio.CancelScope(shield=True):
-            for message, _ in batch:
+            for message, *_ in batch:
                 await message.requeue()
         return
     except BaseException:
         with trio.CancelScope(shield=True):
-            for message, _ in batch:
+            for message, *_ in batch:
                 await message.requeue(0, backoff=False)
         raise
     elapsed = trio.current_time() - started
     router.mark(index, True, elapsed)
     with trio.CancelScope(shield=True):
-        for message, _ in batch:
+        for message, *_ in batch:
             await message.finish()
     progress.time(elapsed)
     progress.add("published", len(batch))

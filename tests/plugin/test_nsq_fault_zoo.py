@@ -1,0 +1,46 @@
+"""``pytest --nsq-faults=SEED`` on the zoo of planted bugs (tests/plugin/fault_zoo.py).
+
+Each planted bug is a habit that breaks under nsqd's at-least-once delivery:
+counting deliveries, stopping after as many deliveries as published, a side
+effect per delivery, assuming order, skipping redeliveries, a publisher that
+publishes again when an answer is late.  The suite runs a few seeds (the
+correct tests pass, every planted bug fails for at least one of them);
+``benchmarks/bench_fault_zoo.py`` counts seeds 1..20 for each (the figures in
+docs/faults-tutorial.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .fault_zoo import BUGGY, CORRECT, ZOO_PROJECT
+from .test_nsq_faults import PROJECT_INI, outcomes
+
+#: Seeds whose schedules reach every planted bug of the zoo (measured with
+#: benchmarks/bench_fault_zoo.py; each alone finds most of them).
+SEEDS = (6, 7, 9)
+
+
+def test_every_planted_bug_is_found_and_the_correct_tests_pass(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_zoo=ZOO_PROJECT)
+    pytester.makeini(PROJECT_INI)
+    # Without faults every test passes: the bugs are latent.
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(
+        passed=len(CORRECT) + len(BUGGY)
+    )
+    found: dict[str, list[int]] = {test: [] for test in BUGGY}
+    for seed in SEEDS:
+        result = pytester.runpytest_inprocess(
+            "-p", "no:cacheprovider", "-rA", f"--nsq-faults={seed}"
+        )
+        seen = outcomes(result)
+        for test in CORRECT:
+            assert seen[test] == "passed", (seed, result.stdout.str())
+        for test in BUGGY:
+            if seen[test] == "failed":
+                found[test].append(seed)
+    print(f"seeds of {SEEDS} that find each planted bug: {found}")
+    missed = [test for test, seeds in found.items() if not seeds]
+    assert not missed, found
