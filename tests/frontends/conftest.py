@@ -18,11 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from tests.support.authserver import AuthServer, running_auth_server
 from tests.support.nodes import KINDS, BlockingDaemons, BlockingNode
 from tests.support.stats import channel_entry, nsqd_stats, topic_entry
 from trionsq import BackoffPolicy
+from trionsq.transport import tcp_connector
+
+
+async def own_connector(host: str, port: int) -> trio.abc.Stream:
+    """A connector of one's own (a Trio stream): an asyncio Producer given one
+    has the Trio Producer publish, in the loop's guest run."""
+    return await tcp_connector(host, port)
+
 
 #: Reconnect quickly after a restart (the default waits seconds).
 FAST_RECONNECT = BackoffPolicy(base=0.05, max=0.2, multiplier=2.0, jitter=0.0)

@@ -20,7 +20,7 @@ from trionsq.aio import guest
 from ..support.nodes import BlockingDaemons, BlockingNode
 from ..support.tls import Pki
 from ..support.waiting import wait_until_asyncio, wait_until_blocking
-from .conftest import FAST_RECONNECT, AuthServer, registered_nsqds, stats
+from .conftest import FAST_RECONNECT, AuthServer, own_connector, registered_nsqds, stats
 
 pytestmark = pytest.mark.usefixtures("no_threads_left")
 
@@ -357,20 +357,27 @@ def test_no_thread_or_trio_run_outlives_the_block(daemon: BlockingNode, guest: b
 
 
 def test_clients_of_one_loop_share_its_guest_run(daemon: BlockingNode) -> None:
+    # (producers given a connector of their own: the Trio Producer publishes,
+    # in the guest run; by default the loop publishes itself, with no run)
+    hosted = {"connector": own_connector}
+
     async def main() -> None:
-        async with aio.Producer([daemon.tcp_address]) as first:
+        async with aio.Producer([daemon.tcp_address], **hosted) as first:
             token = trio.lowlevel.current_trio_token()  # the guest run's, on this thread
-            async with aio.Producer([daemon.tcp_address]) as second:
+            async with aio.Producer([daemon.tcp_address], **hosted) as second:
                 assert trio.lowlevel.current_trio_token() is token
                 await second.publish("topic", b"2")
             await first.publish("topic", b"1")  # the run outlived the second client
         assert not trio.lowlevel.in_trio_run()
-        async with aio.Producer([daemon.tcp_address]) as third:  # a new run
+        async with aio.Producer([daemon.tcp_address]) as own:  # publishes with no run
+            await own.publish("topic", b"own")
+            assert not trio.lowlevel.in_trio_run()
+        async with aio.Producer([daemon.tcp_address], **hosted) as third:  # a new run
             assert trio.lowlevel.current_trio_token() is not token
             await third.publish("topic", b"3")
 
     run(main)
-    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 3)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 4)
 
 
 def test_discovery_and_failover(nodes: BlockingDaemons) -> None:
@@ -398,7 +405,9 @@ def test_discovery_and_failover(nodes: BlockingDaemons) -> None:
                 await wait_until_asyncio(lambda: producer.address is None)
                 await producer.publish("topic", b"two")  # failed over
                 assert producer.address == second
-            await wait_until_asyncio(lambda: consumer.connections == [second])  # found through lookupd
+            await wait_until_asyncio(
+                lambda: consumer.connections == [second]
+            )  # found through lookupd
             await wait_until_asyncio(lambda: sorted(received) == [b"one", b"two"])
         return received
 
@@ -476,16 +485,19 @@ def test_a_loop_hosting_a_trio_guest_run_of_its_own_needs_guest_false(daemon: Bl
         token = trio.lowlevel.current_trio_token()
         try:
             with pytest.raises(aio.GuestUnavailableError, match="guest=False"):
-                async with aio.Producer([daemon.tcp_address]):
+                async with aio.Producer([daemon.tcp_address], connector=own_connector):
                     pass
             async with aio.Producer([daemon.tcp_address], guest=False) as producer:
                 await producer.publish("topic", b"x")
+            # The loop's own publishing needs no Trio run at all.
+            async with aio.Producer([daemon.tcp_address]) as producer:
+                await producer.publish("topic", b"y")
         finally:
             token.run_sync_soon(stop.set)
             await ended
 
     run(main)
-    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 1)
+    wait_until_blocking(lambda: stats(daemon, "topic").get("message_count") == 2)
 
 
 def test_clients_of_one_run_come_and_go_independently(daemon: BlockingNode) -> None:
@@ -493,13 +505,13 @@ def test_clients_of_one_run_come_and_go_independently(daemon: BlockingNode) -> N
         published = asyncio.Event()
 
         async def short_lived(hold: bool) -> None:
-            async with aio.Producer([daemon.tcp_address]) as producer:
+            async with aio.Producer([daemon.tcp_address], connector=own_connector) as producer:
                 await producer.publish("topic", b"short")
                 published.set()
                 if hold:
                     await asyncio.sleep(3600)
 
-        async with aio.Producer([daemon.tcp_address]) as keeper:
+        async with aio.Producer([daemon.tcp_address], connector=own_connector) as keeper:
             task = asyncio.create_task(short_lived(hold=True))
             await asyncio.wait_for(published.wait(), 20)
             await keeper.publish("topic", b"keeper")

@@ -6,8 +6,10 @@ per asyncio loop, on the loop's own thread, shared by the clients entered on it,
 started by the first ``async with`` and ended by the last.  Messages and answers
 cross between Trio and asyncio code by plain calls, never by a thread switch.
 ``guest=False`` runs a client's Trio loop on a thread of its own instead (results
-come back through ``call_soon_threadsafe``, in batches).  Named ``aio`` (as in
-``grpc.aio``) so that it never shadows the standard library's ``asyncio``.
+come back through ``call_soon_threadsafe``, in batches).  The Producer needs no
+Trio by default: the asyncio loop publishes itself (:mod:`trionsq.aio.direct`).
+Named ``aio`` (as in ``grpc.aio``) so that it never shadows the standard
+library's ``asyncio``.
 """
 
 from ..hosting.producer import ClientClosedError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Coroutine, Generator, Iterable, Sequence
 from typing import Any
 
@@ -12,10 +13,21 @@ from ..config import Config
 from ..hosting.producer import ClientClosedError, HostedProducer, HostedProducerState
 from ..hosting.trio_thread import ForkedError, LoopStoppedError
 from ..lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncClient, Lifecycle, Moves
+from ..publishing import ProducerStats
+from ..transport import tcp_connector
+from .direct import AioPublisher
 from .guest import GuestRunner
 from .lifecycle import LoopCalls, calls_for, enter, leave, new_runner, settle_future
 
 __all__ = ["Producer", "PublishFuture"]
+
+#: forks seen by this process (a producer opened before one is the parent's)
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+def _closed_error() -> ClientClosedError:
+    return ClientClosedError("the Producer is closed")
 
 
 class PublishFuture(asyncio.Future[None], Coroutine[Any, Any, None]):
@@ -116,11 +128,14 @@ class Producer(HostedProducerState, AsyncClient):
             await producer.publish("topic", b"body")
             await asyncio.gather(*(producer.publish("topic", b) for b in bodies))
 
-    It takes the options of :class:`trionsq.Producer` and keeps its guarantees:
-    one trionsq Producer does the work, in the Trio guest run of the asyncio
-    loop (see :mod:`trionsq.aio`), or with ``guest=False`` in a Trio loop on a
-    thread this object starts when the ``async with`` is entered and joins
-    before it is left.
+    It takes the options of :class:`trionsq.Producer` and keeps its guarantees.
+    By default the asyncio loop publishes itself (:mod:`trionsq.aio.direct`:
+    it writes the commands and reads the answers on a socket it watches, no
+    Trio run).  With a ``connector`` of one's own (a Trio stream factory) a
+    trionsq Producer does the work, in the Trio guest run of the asyncio loop
+    (see :mod:`trionsq.aio`); with ``guest=False``, in a Trio loop on a thread
+    this object starts when the ``async with`` is entered and joins before it
+    is left.
     Concurrent publishes (from any tasks of the asyncio loop) share the
     connection and are pipelined, at most ``publish_window`` awaiting nsqd's
     answer at once.  nsqd's refusals raise their typed errors; a call on a closed
@@ -151,6 +166,10 @@ class Producer(HostedProducerState, AsyncClient):
         self.config = _core.Producer(nsqd_tcp_addresses, config=config, **options).config
         self._guest = guest
         self._hosted: HostedProducer | None = None
+        #: the loop's own publishing (trionsq.aio.direct), and it while open
+        self._publisher: AioPublisher | None = None
+        self._direct: AioPublisher | None = None
+        self._forks = 0
         self._calls: LoopCalls | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exited: asyncio.Future[None] | None = None
@@ -164,6 +183,20 @@ class Producer(HostedProducerState, AsyncClient):
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._guest and self.config.connector is tcp_connector:
+            # The loop does the publishing itself (trionsq.aio.direct).
+            self._publisher = AioPublisher(loop, self.config, _closed_error)
+            self._loop, self._forks = loop, _forks[0]
+            self._direct = self._publisher
+        else:
+            await self._open_hosted(loop)
+        traced = telemetry.for_producer(self.config, lambda: self.address)
+        if traced is not None:
+            traced.instrument_aio(self)  # its publish methods, on this instance
+
+    async def _open_hosted(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A Trio Producer publishes: in the loop's guest run (a connector of
+        one's own, a Trio stream), or on a thread of its own (guest=False)."""
         name = "trionsq-asyncio-producer"
         runner = new_runner(name, self._guest)
         calls = calls_for(runner, loop) if runner is not None else LoopCalls(loop)
@@ -179,13 +212,17 @@ class Producer(HostedProducerState, AsyncClient):
         )
         self._exited = await enter(hosted, calls)
         self._loop, self._calls, self._hosted = loop, calls, hosted
-        traced = telemetry.for_producer(self.config, lambda: self.address)
-        if traced is not None:
-            traced.instrument_aio(self)  # its publish methods, on this instance
 
     async def _close(self, interrupted: bool) -> None:
         """Let the publishes in flight get their answers (up to
         ``close_timeout``), then close (see the class doc)."""
+        publisher, self._direct = self._publisher, None
+        if publisher is not None:
+            if _forks[0] != self._forks:
+                publisher.forget()  # the parent's connection: left alone
+                return
+            await publisher.close(self.config.close_timeout, wait=not interrupted)
+            return
         hosted, exited = self._hosted, self._exited
         if hosted is None or exited is None:
             return  # closed while it was being entered, before it started
@@ -193,6 +230,22 @@ class Producer(HostedProducerState, AsyncClient):
             await leave(hosted.runner, exited, hosted.request_close)
         finally:
             hosted.fail_leftovers()
+
+    @property
+    def stats(self) -> ProducerStats:
+        """The producer's counters (see :class:`trionsq.ProducerStats`)."""
+        publisher = self._publisher
+        if publisher is not None:
+            return publisher.stats()
+        return HostedProducerState.stats.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def address(self) -> str | None:
+        """The nsqd currently connected to, if any."""
+        publisher = self._publisher
+        if publisher is not None:
+            return publisher.address
+        return HostedProducerState.address.fget(self)  # type: ignore[attr-defined,no-any-return]
 
     @property
     def closed(self) -> bool:
@@ -203,6 +256,8 @@ class Producer(HostedProducerState, AsyncClient):
     def _job(self, method: str, args: tuple[Any, ...]) -> PublishFuture:
         hosted, calls, loop = self._hosted, self._calls, self._loop
         state = self._life.state
+        if self._direct is not None and self._forks != _forks[0]:
+            raise ForkedError("this Producer was opened before a fork(); open one in this process")
         if state is not OPEN or hosted is None or calls is None or loop is None:
             if state is CLOSED or state is CLOSING:
                 raise ClientClosedError("the Producer is closed")
@@ -223,13 +278,43 @@ class Producer(HostedProducerState, AsyncClient):
     def publish(self, topic: str, body: bytes) -> PublishFuture:
         """PUB one message, handed over now; the future completes once nsqd
         acknowledged it (``await producer.publish(topic, body)``)."""
-        return self._job("publish", (topic, body))
+        direct = self._direct
+        if direct is None or self._forks != _forks[0]:
+            return self._job("publish", (topic, body))
+        future = PublishFuture(loop=self._loop)
+        try:
+            data = direct.core.pub(topic, body)
+        except Exception as exc:  # refused before reaching nsqd: the future says it
+            future.set_exception(exc)
+            return future
+        direct.publish(data, 0, _DirectReply(future))
+        return future
 
     def multi_publish(self, topic: str, bodies: Iterable[bytes]) -> PublishFuture:
         """MPUB several messages atomically (see :meth:`publish`)."""
-        return self._job("multi_publish", (topic, list(bodies)))
+        direct = self._direct
+        if direct is None or self._forks != _forks[0]:
+            return self._job("multi_publish", (topic, list(bodies)))
+        future = PublishFuture(loop=self._loop)
+        try:
+            data, batch = direct.core.mpub(topic, list(bodies))
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+        direct.publish(data, batch, _DirectReply(future))
+        return future
 
     def deferred_publish(self, topic: str, body: bytes, delay: float) -> PublishFuture:
         """DPUB: the message becomes visible after ``delay`` seconds (see
         :meth:`publish`)."""
-        return self._job("deferred_publish", (topic, body, delay))
+        direct = self._direct
+        if direct is None or self._forks != _forks[0]:
+            return self._job("deferred_publish", (topic, body, delay))
+        future = PublishFuture(loop=self._loop)
+        try:
+            data = direct.core.dpub(topic, body, delay)
+        except Exception as exc:
+            future.set_exception(exc)
+            return future
+        direct.publish(data, 0, _DirectReply(future))
+        return future

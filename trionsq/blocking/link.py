@@ -227,6 +227,12 @@ class Link:
                 data = self._outgoing.read()
         return data
 
+    def wire(self, data: bytes) -> bytes:
+        """``data`` as it goes on the socket (compressed, encrypted), for a
+        driver that writes the socket itself (:mod:`trionsq.aio.direct`); the
+        calls' order is the bytes' order on the wire."""
+        return self._transformed(data)
+
     def _send_transformed(self, data: bytes) -> None:
         self.sock.sendall(self._transformed(data))
 

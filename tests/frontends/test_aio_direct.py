@@ -1,0 +1,253 @@
+"""trionsq.aio.direct: the asyncio Producer's publishes done by the loop itself.
+
+The scripted nsqd of test_direct (a socket pair: it executes the whole
+commands, answers them, and may end the connection after any byte, refuse a
+publish, send heartbeats) on the other end of an :class:`AioConnection`;
+hypothesis picks the tasks, their publishes, where the connection dies:
+
+- a publish whose future says OK was executed by the server, exactly once;
+- one that raised NotPublishedError was not executed;
+- one that raised a plain ConnectionClosedError may have been, or not;
+- nothing hangs, and the server never reads a command cut short followed by
+  more bytes.
+
+Then peers that lie (garbage, a huge frame length, silence) and, against
+fakensq and the real nsqd, heartbeats, an nsqd restarted under an idle
+connection, a fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trionsq import aio
+from trionsq.aio.direct import AioConnection
+from trionsq.blocking.link import Link
+from trionsq.config import Config
+from trionsq.connection import ConnectionClosedError
+from trionsq.protocol.errors import BadMessageError
+from trionsq.publishing import NotPublishedError, PublishCore
+
+from ..support.nodes import BlockingNode
+from ..support.waiting import wait_until_asyncio, wait_until_blocking
+from .conftest import stats
+from .test_direct import CONFIG, LIMIT, Outcome, Script, Server, check
+
+pytestmark = pytest.mark.usefixtures("no_threads_left")
+
+
+class Reply:
+    """A publish's answer into an asyncio future (as the Producer's)."""
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future = future
+
+    def set_result(self, value: None) -> None:
+        if not self.future.done():
+            self.future.set_result(value)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+def connection(sock: socket.socket, config: Config = CONFIG) -> tuple[AioConnection, list[str]]:
+    """An AioConnection on ``sock`` (no handshake); the list says when it ended."""
+    events: list[str] = []
+    conn = AioConnection(
+        asyncio.get_running_loop(),
+        Link(sock, "scripted:4150", config),
+        on_answers=lambda: None,
+        on_over=lambda: events.append("over"),
+    )
+    return conn, events
+
+
+def publish(conn: AioConnection, body: bytes) -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    conn.send(PublishCore().pub("t", body), Reply(future), 0)
+    return future
+
+
+async def outcome_of(future: asyncio.Future[None]) -> Outcome:
+    try:
+        await future
+    except NotPublishedError:
+        return "not"
+    except ConnectionClosedError:
+        return "maybe"
+    except BadMessageError:
+        return "refused"
+    return "ok"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tasks=st.integers(1, 6),
+    per_task=st.integers(1, 8),
+    gathered=st.booleans(),
+    cut_after=st.one_of(st.none(), st.integers(0, 1500)),
+    refuse=st.one_of(st.none(), st.integers(0, 30)),
+    heartbeats=st.frozensets(st.integers(0, 30), max_size=4),
+)
+def test_interleaved_tasks_and_a_connection_that_dies_anywhere(
+    tasks: int,
+    per_task: int,
+    gathered: bool,
+    cut_after: int | None,
+    refuse: int | None,
+    heartbeats: frozenset[int],
+) -> None:
+    client, server_side = socket.socketpair()
+    server = Server(server_side, Script(cut_after, refuse, heartbeats))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    outcomes: dict[bytes, Outcome] = {}
+
+    async def main() -> None:
+        conn, _ = connection(client)
+
+        async def task(t: int) -> None:
+            bodies = [b"%d-%d" % (t, i) for i in range(per_task)]
+            if gathered:  # all at once: one write at the end of the iteration
+                futures = [publish(conn, body) for body in bodies]
+                for body, future in zip(bodies, futures, strict=True):
+                    outcomes[body] = await outcome_of(future)
+                return
+            for body in bodies:  # in turn
+                outcomes[body] = await outcome_of(publish(conn, body))
+
+        async with asyncio.timeout(LIMIT):  # a hang fails, never blocks the suite
+            await asyncio.gather(*(task(t) for t in range(tasks)))
+        conn.end(ConnectionClosedError("test over"))
+
+    asyncio.run(main())
+    thread.join(LIMIT)
+    check(server, outcomes)
+    assert len(outcomes) == tasks * per_task
+    if cut_after is None and refuse is None:
+        assert set(outcomes.values()) == {"ok"}
+        assert server.nops == len([h for h in heartbeats if h < tasks * per_task])
+
+
+def peer(answer: bytes | None) -> tuple[socket.socket, socket.socket]:
+    """A socket pair whose far end reads what comes and answers the first
+    read with ``answer`` (None: never answers), then reads on."""
+    client, far = socket.socketpair()
+
+    def serve() -> None:
+        try:
+            data = far.recv(65536)
+            if answer is not None and data:
+                far.sendall(answer)
+            while far.recv(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            far.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return client, far
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"\x7f\xff\xff\xff\x00\x00\x00\x00",  # a frame of 2 GiB announced
+        b"HTTP/1.1 400 Bad Request\r\n\r\n",  # garbage
+        b"\x00\x00\x00\x06\x00\x00\x00\x02OK",  # a message frame to a producer
+        b"\x00\x00\x00\x06\x00\x00\x00\x00NO",  # a response that is not OK
+    ],
+    ids=["huge", "http", "message", "not-ok"],
+)
+def test_a_peer_that_lies_ends_its_connection_and_fails_its_publishes(answer: bytes) -> None:
+    async def main() -> list[Any]:
+        client, _ = peer(answer)
+        conn, events = connection(client)
+        futures = [publish(conn, b"a"), publish(conn, b"b")]
+        async with asyncio.timeout(LIMIT):
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        assert events == ["over"] and conn.over is not None
+        after = await asyncio.gather(publish(conn, b"c"), return_exceptions=True)
+        assert isinstance(after[0], NotPublishedError)  # an ended connection writes nothing
+        return results
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, Exception) for r in results), results
+
+
+def test_a_silent_peer_ends_the_connection_after_read_timeout() -> None:
+    config = Config(
+        nsqd_tcp_addresses=("127.0.0.1:4150",), read_timeout=0.3, heartbeat_interval=None
+    )
+
+    async def main() -> None:
+        client, _ = peer(None)
+        conn, events = connection(client, config)
+        future = publish(conn, b"never answered")
+        async with asyncio.timeout(LIMIT):
+            with pytest.raises(ConnectionClosedError, match=r"nothing received for 0\.3s"):
+                await future
+        assert events == ["over"]
+
+    asyncio.run(main())
+
+
+def test_heartbeats_are_answered_and_keep_the_connection(daemon: BlockingNode) -> None:
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address], heartbeat_interval=1.0) as producer:
+            await producer.publish("beats", b"first")
+            publisher = producer._publisher
+            assert publisher is not None and publisher.conn is not None
+            conn = publisher.conn
+            await wait_until_asyncio(lambda: conn.heartbeats >= 2, limit=LIMIT)
+            await producer.publish("beats", b"second")
+            assert publisher.conn is conn and conn.over is None
+
+    asyncio.run(main())
+    wait_until_blocking(lambda: stats(daemon, "beats").get("message_count") == 2)
+
+
+def test_an_idle_connection_closed_by_nsqd_is_replaced_before_the_next_publish(
+    daemon: BlockingNode,
+) -> None:
+    async def main() -> None:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.publish("direct", b"first")
+            # nsqd goes away and comes back while the connection is idle.
+            await asyncio.to_thread(daemon.kill)
+            await asyncio.to_thread(daemon.start)
+            await wait_until_asyncio(lambda: producer.address is None, limit=LIMIT)
+            await producer.publish("direct", b"second")  # a new connection, at once
+            assert producer.stats.errors == 0
+
+    asyncio.run(main())
+    wait_until_blocking(lambda: stats(daemon, "direct").get("message_count") == 1)
+
+
+def test_publishes_beyond_the_window_wait_their_turn_in_order(daemon: BlockingNode) -> None:
+    async def main() -> list[int]:
+        async with aio.Producer([daemon.tcp_address], publish_window=4) as producer:
+            await producer.publish("window", b"warm")
+            publisher = producer._publisher
+            assert publisher is not None and publisher.conn is not None
+            seen: list[int] = []
+            futures = [producer.publish("window", b"%d" % i) for i in range(50)]
+            assert len(publisher.conn.answers.waiting) == 4 and len(publisher.backlog) == 46
+            assert producer.stats.in_flight == 50
+            for i, future in enumerate(futures):
+                future.add_done_callback(lambda _, i=i: seen.append(i))
+            await asyncio.gather(*futures)
+            assert producer.stats.published == 51 and producer.stats.in_flight == 0
+            return seen
+
+    assert asyncio.run(main()) == list(range(50))
+    wait_until_blocking(lambda: stats(daemon, "window").get("message_count") == 51)
