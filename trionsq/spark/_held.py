@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..message import Message
+from ..tracecontext import Unwrapped
 from ._options import SourceOptions
 
 __all__ = ["Held", "arrow_schema", "chunks", "from_ipc", "ipc_limit", "to_arrow", "to_ipc"]
@@ -22,12 +23,14 @@ def _pyarrow() -> Any:
 class Held:
     """A message held un-FINed, with when nsqd's timeout for it last started."""
 
-    __slots__ = ("message", "touched")
+    __slots__ = ("context", "message", "touched")
 
     def __init__(self, message: Message, now: float) -> None:
         self.message = message
         #: delivery or last TOUCH, on the holder's Trio clock
         self.touched = now
+        #: what its trace context envelope held (option trace_context)
+        self.context: Unwrapped | None = None
 
 
 def arrow_schema() -> Any:

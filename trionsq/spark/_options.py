@@ -71,6 +71,7 @@ SOURCE_OPTIONS = (
     "lookupd_poll_interval",
     "coordinator_host",
     "coordinator_port",
+    "trace_context",
 )
 SINK_OPTIONS = ("value_column", "batch_size")
 
@@ -284,6 +285,8 @@ class SourceOptions:
     #: the address executors reach the driver's coordinator at (None: found)
     coordinator_host: str | None = None
     coordinator_port: int = 0
+    #: take the trace context envelope off each body (see docs/observability.md)
+    trace_context: bool = False
 
     def consumer_config(self) -> Config:
         return self.connection.config(
@@ -380,6 +383,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         lookupd_poll_interval=_seconds(options, "lookupd_poll_interval", 60.0, minimum=0.01),
         coordinator_host=_get(options, "coordinator_host") or None,
         coordinator_port=_int(options, "coordinator_port", 0, minimum=0, maximum=65535),
+        trace_context=_bool(options, "trace_context", default=False),
     )
     parsed.consumer_config()  # what trionsq itself checks (addresses, TLS files...)
     return parsed

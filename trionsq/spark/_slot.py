@@ -18,7 +18,9 @@ from contextlib import AsyncExitStack
 import trio
 
 from ..consumer import Consumer
+from ..message import Message
 from ..telemetry.semconv import SPARK_EXECUTOR_ID
+from ..tracecontext import Unwrapped
 from ._held import Held
 from ._options import SourceOptions
 
@@ -60,6 +62,8 @@ class Slot:
         self._user_agent = user_agent
         #: Spark's executor id, on the consumers' spans and metric points
         self._executor_id = executor_id
+        #: takes the trace context envelope off a body (option trace_context)
+        self.unwrap: Callable[[Message], Unwrapped | None] | None = None
         self._on_arrival = on_arrival
         self.consumers: list[Consumer] = []
         #: received, eligible for the next take, in arrival order
@@ -184,9 +188,19 @@ class Slot:
 
     async def _receive(self, consumer: Consumer) -> None:
         buffer, later = self.buffer, self.later
-        async for message in consumer:
+        unwrap = self.unwrap
+        # The consumer's own iteration, not its instrumented one: prefetching
+        # is not processing (a set's span is, see _telemetry).
+        next_message = consumer.__anext__
+        while True:
+            try:
+                message = await next_message()
+            except StopAsyncIteration:
+                return
             now = self._now
             held = Held(message, now)
+            if unwrap is not None:
+                held.context = unwrap(message)
             self._received += 1
             self._received_bytes += len(message.body)
             if self._received in _SAMPLES:

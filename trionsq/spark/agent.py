@@ -42,6 +42,7 @@ import trio
 
 from .. import __version__
 from ..lookupd import lookup
+from ..telemetry.semconv import FINISHED, REQUEUED
 from ._executor import ExecutorIdentity, process_alive
 from ._framing import FramingError, Limits, receive, send
 from ._held import Held, ipc_limit, to_ipc
@@ -51,6 +52,7 @@ from ._peers import Gate, bind_unix, same_user, serve
 from ._phases import mark
 from ._secure import QueryKeys, accept, connect
 from ._slot import NoConnectionError, Slot
+from ._telemetry import SourceTelemetry
 
 __all__ = ["Agent", "main"]
 
@@ -96,6 +98,8 @@ class QueryRun:
         self.slots: list[Slot] = []
         #: set id -> (slot, messages)
         self.sets: dict[int, tuple[Slot, list[Held]]] = {}
+        #: the sets' process spans, the bodies' envelopes taken off
+        self.telemetry = SourceTelemetry.start(options, agent.identity.executor_id)
         self.cutoff_ns: int | None = None
         #: set to end the query here; ``finished`` once everything is released
         self.ended = trio.Event()
@@ -224,10 +228,11 @@ class QueryRun:
     async def _requeue_sets(self) -> int:
         # Forget them first: a replay asked for meanwhile must not get messages
         # that are going back to nsqd.
-        entries = list(self.sets.values())
+        entries = list(self.sets.items())
         self.sets.clear()
         requeued = 0
-        for slot, held in entries:
+        for set_id, (slot, held) in entries:
+            self.telemetry.ended(set_id, REQUEUED)
             slot.in_sets -= len(held)
             for item in held:
                 await item.message.requeue(0, backoff=False)
@@ -288,6 +293,7 @@ class QueryRun:
             for set_id in header.get(key) or []:
                 entry = self.sets.pop(int(set_id), None)
                 if entry is not None:
+                    self.telemetry.ended(int(set_id), FINISHED if key == "fin" else REQUEUED)
                     slot, held = entry
                     slot.in_sets -= len(held)
                     into.extend(held)
@@ -405,6 +411,7 @@ class QueryRun:
             f"pid={os.getpid()} slot={index}"
         )
         slot = Slot(index, self.options, user_agent, self.status_changed, identity.executor_id)
+        slot.unwrap = self.telemetry.unwrapper()
         slot.set_cutoff(self.cutoff_ns)
         mark("slot.starting", slot=index)
         await self._nursery.start(slot.run)
@@ -459,6 +466,7 @@ class QueryRun:
         slot, taken = held
         mark("agent.taken", batch=request["batch"], slot=slot.index, rows=len(taken))
         self.sets[set_id] = (slot, taken)
+        self.telemetry.began(set_id, taken, request.get("batch"), request.get("partition"))
         await link.send({"op": "ready", "set": set_id, "count": len(taken)})
         self.status_changed()
         await self.agent.pyarrow_ready.wait()
