@@ -21,9 +21,9 @@ keeps its window full with ``publish_async`` futures (a blocking ``publish`` per
 message is a round trip each: shown for reference, against the async Producer
 publishing one at a time); from 8 threads, each thread does the same; 8 threads
 calling the blocking ``publish`` (8 in flight) are shown too, against the async
-Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks, in
-Trio's guest mode (its default) and with ``guest=False`` (a Trio thread per
-client; docs/frontends.md compares the two).
+Producer with 8 tasks.  The asyncio Producer runs 256 publishing tasks, on
+the asyncio loop itself (its default, :mod:`trionsq.aio.direct`) and with
+``guest=False`` (a Trio thread per client; docs/frontends.md compares them).
 Two reference cases run the async clients unchanged in Trio's guest mode on an
 asyncio loop (what an asyncio front end built on guest mode would cost at best,
 before any hand-over of its own).  A reference case publishes nothing: 8
