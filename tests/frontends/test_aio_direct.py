@@ -19,6 +19,7 @@ connection, a fork.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 from typing import Any
@@ -28,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trionsq import aio
+from trionsq.aio import direct
 from trionsq.aio.direct import AioConnection
 from trionsq.blocking.link import Link
 from trionsq.config import Config
@@ -233,6 +235,10 @@ def test_an_idle_connection_closed_by_nsqd_is_replaced_before_the_next_publish(
     wait_until_blocking(lambda: stats(daemon, "direct").get("message_count") == 1)
 
 
+def note(seen: list[int], i: int, _: object) -> None:
+    seen.append(i)
+
+
 def test_publishes_beyond_the_window_wait_their_turn_in_order(daemon: BlockingNode) -> None:
     async def main() -> list[int]:
         async with aio.Producer([daemon.tcp_address], publish_window=4) as producer:
@@ -244,10 +250,51 @@ def test_publishes_beyond_the_window_wait_their_turn_in_order(daemon: BlockingNo
             assert len(publisher.conn.answers.waiting) == 4 and len(publisher.backlog) == 46
             assert producer.stats.in_flight == 50
             for i, future in enumerate(futures):
-                future.add_done_callback(lambda _, i=i: seen.append(i))
+                future.add_done_callback(functools.partial(note, seen, i))
             await asyncio.gather(*futures)
             assert producer.stats.published == 51 and producer.stats.in_flight == 0
             return seen
 
     assert asyncio.run(main()) == list(range(50))
     wait_until_blocking(lambda: stats(daemon, "window").get("message_count") == 51)
+
+
+def test_a_peer_that_never_reads_holds_a_window_and_the_close_is_bounded() -> None:
+    """nsqd never reading: at most ``publish_window`` commands go to the socket
+    (the rest wait, each once, as handed over), the bytes held for the socket
+    are bounded by the window, and leaving gives up after ``close_timeout``:
+    every publish fails, nothing hangs."""
+    body = b"x" * 10_000
+    window = 16
+
+    async def main() -> tuple[list[Any], int, int]:
+        deaf, far = socket.socketpair()
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        loop = asyncio.get_running_loop()
+        publisher = direct.AioPublisher(
+            loop,
+            Config(nsqd_tcp_addresses=("127.0.0.1:4150",), publish_window=window),
+            lambda: aio.ClientClosedError("closed"),
+        )
+        conn = AioConnection(
+            loop, Link(deaf, "deaf:4150", publisher.config), publisher._drain, lambda: None
+        )
+        publisher.conn = conn
+        futures = []
+        for i in range(400):
+            future: asyncio.Future[None] = loop.create_future()
+            publisher.publish(publisher.core.pub("t", body + b"%d" % i), 0, Reply(future))
+            futures.append(future)
+        await asyncio.sleep(0)  # the corked ones written (as far as the socket takes)
+        held = len(conn._unsent)
+        in_flight = len(conn.answers.waiting)
+        async with asyncio.timeout(LIMIT):
+            await publisher.close(0.2)
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        far.close()
+        return results, held, in_flight
+
+    results, held, in_flight = asyncio.run(main())
+    assert in_flight == window
+    assert held <= window * (len(body) + 20)
+    assert all(isinstance(r, ConnectionClosedError) for r in results), results[:3]
