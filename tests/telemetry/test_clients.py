@@ -208,7 +208,9 @@ async def test_outcomes_requeued_failed_given_up(daemons: Daemons, otel: Otel) -
     assert errors == [2]
 
 
-async def test_bad_envelopes_are_delivered_whole(daemons: Daemons, otel: Otel) -> None:
+async def test_bad_envelopes_are_delivered_whole(
+    daemons: Daemons, otel: Otel, caplog: pytest.LogCaptureFixture
+) -> None:
     nsqd = await daemons.nsqd()
     parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     bad = {
@@ -223,6 +225,10 @@ async def test_bad_envelopes_are_delivered_whole(daemons: Daemons, otel: Otel) -
     async with consumer(nsqd, otel, handler=lambda m: got.append(m.body), trace_context=True):
         await wait_until(lambda: len(got) == 4)
     assert sorted(got) == sorted(bad)  # whole, as published
+    logged = [r.getMessage() for r in caplog.records if r.name == "trionsq.telemetry"]
+    for problem in ("truncated", "unknown_version", "malformed_context"):
+        assert any(f"unusable ({problem})" in line for line in logged), problem
+    assert sum("without a trace context envelope" in line for line in logged) == 1
     problems = sorted((s.attributes or {})["messaging.nsq.envelope.problem"] for s in otel.spans())
     assert problems == sorted(bad.values())
     assert all(not s.links for s in otel.spans())
@@ -362,6 +368,57 @@ async def test_a_relay_keeps_each_messages_trace_context(daemons: Daemons, otel:
     )
 
 
+async def test_req_failed_is_counted(daemons: Daemons, otel: Otel) -> None:
+    """A requeue after msg_timeout (nsqd gave the message out again): nsqd
+    answers E_REQ_FAILED, counted by nsqd address and code, the span timed_out."""
+    nsqd = await daemons.nsqd("--msg-timeout=1s")
+    await nsqd.scanned_channel(TOPIC, "chan")
+    async with trionsq.Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(TOPIC, b"slow")
+    done = trio.Event()
+
+    async def handle(message: trionsq.Message) -> None:
+        if message.attempts == 1:
+            await trio.sleep(2.5)
+            raise ValueError("too late")  # REQ, after nsqd's timeout
+        done.set()
+
+    address = nsqd.tcp_address
+    before = telemetry.counters.errors[address, "E_REQ_FAILED"]
+    async with consumer(nsqd, otel, handler=handle, max_in_flight=2, backoff=False):
+        with trio.fail_after(20):
+            await done.wait()
+        await wait_until(lambda: telemetry.counters.errors[address, "E_REQ_FAILED"] == before + 1)
+        await wait_until(lambda: len(otel.spans()) == 2)
+        metrics = otel.metrics()
+    found = [
+        (a["error.type"], v)
+        for a, v in metrics["messaging.nsq.client.errors"]
+        if a.get("server.port") == server(nsqd)["server.port"]
+    ]
+    assert found == [("E_REQ_FAILED", before + 1)]
+    outcomes = sorted(
+        (a["messaging.nsq.message.attempts"], a["messaging.nsq.message.outcome"])
+        for a in (dict(s.attributes or {}) for s in otel.spans())
+    )
+    assert outcomes == [(1, "timed_out"), (2, "finished")]
+
+
+async def test_the_backoff_level_is_reported(daemons: Daemons, otel: Otel) -> None:
+    nsqd = await daemons.nsqd()
+    async with trionsq.Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(TOPIC, b"fails")
+    slow = trionsq.BackoffPolicy(base=30, max=30, jitter=0)  # stays backing off
+
+    def handle(message: trionsq.Message) -> None:
+        raise ValueError("a failure: backoff")
+
+    async with consumer(nsqd, otel, handler=handle, backoff=slow) as c:
+        await wait_until(lambda: c.stats.backoff_level == 1)
+        metrics = otel.metrics()
+    assert [v for _, v in metrics["messaging.nsq.client.backoff.level"]] == [1]
+
+
 async def test_reconnects_are_counted(daemons: Daemons, otel: Otel) -> None:
     nsqd = await daemons.nsqd()
     quick = trionsq.BackoffPolicy(base=0.05, max=0.1)
@@ -414,7 +471,9 @@ class RaisingProcessor(SpanProcessor):
     ("broken", "mode"),
     [("exporter", "handler"), ("processor", "handler"), ("processor", "iterate")],
 )
-async def test_an_sdk_that_raises_loses_nothing(daemons: Daemons, broken: str, mode: str) -> None:
+async def test_an_sdk_that_raises_loses_nothing(
+    daemons: Daemons, broken: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     nsqd = await daemons.nsqd()
     provider = TracerProvider()
     provider.add_span_processor(
@@ -445,3 +504,13 @@ async def test_an_sdk_that_raises_loses_nothing(daemons: Daemons, broken: str, m
     assert sorted(got) == [b"a", b"b", b"c"]  # unwrapped, every one
     channel = await nothing_in_flight(nsqd, TOPIC, "chan")
     assert channel["requeue_count"] == 0
+    if broken == "exporter":  # the SDK's processor logs its exporter's failures
+        assert any("Exception while exporting" in r.getMessage() for r in caplog.records)
+    else:  # trionsq logs the traceback once per client, then at debug level
+        failed = [
+            r
+            for r in caplog.records
+            if r.name == "trionsq.telemetry" and r.levelname == "ERROR" and r.exc_info
+        ]
+        assert len(failed) == 2  # the producer's, the consumer's
+        assert "not affected" in failed[0].getMessage()

@@ -11,13 +11,16 @@ import time
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 import trionsq
 from trionsq import aio, blocking
 
+from ..frontends.conftest import stats
 from ..support.nodes import BlockingDaemons, BlockingNode
 from .conftest import Otel
+from .test_clients import RaisingProcessor
 
 TOPIC = "orders"
 
@@ -175,6 +178,7 @@ def test_the_front_ends_report_timed_out_and_the_requeue_delay(
     }
     done = threading.Event()
     seen: list[tuple[bytes, int]] = []
+    metrics: dict[str, list[tuple[dict[str, object], object]]] = {}
 
     def plan(message: blocking.Message | aio.Message) -> tuple[str, float]:
         """What the handler does: ('sleep'|'touch'|'raise'|'requeue'|'ok', seconds)."""
@@ -207,6 +211,7 @@ def test_the_front_ends_report_timed_out_and_the_requeue_delay(
 
         with blocking.Consumer(TOPIC, "slow", handler=handle, concurrency=4, **options):
             assert done.wait(30)
+            metrics.update(otel.metrics())  # while the consumer lives
     else:
 
         async def ahandle(message: aio.Message) -> None:
@@ -225,6 +230,7 @@ def test_the_front_ends_report_timed_out_and_the_requeue_delay(
         async def main() -> None:
             async with aio.Consumer(TOPIC, "slow", handler=ahandle, **options):
                 await asyncio.to_thread(done.wait, 30)
+                metrics.update(otel.metrics())
 
         asyncio.run(main())
     assert done.is_set()
@@ -243,6 +249,17 @@ def test_the_front_ends_report_timed_out_and_the_requeue_delay(
         (1, "requeued", 0.07),  # later
         (1, "timed_out", None),  # late
     ]
+    # the consumer's counts, as the Trio Consumer's
+    port = int(nsqd.tcp_address.rsplit(":", 1)[1])
+    (consumed,) = [v for _, v in metrics["messaging.client.consumed.messages"]]
+    assert isinstance(consumed, int) and consumed >= 7
+    assert [a["server.port"] for a, _ in metrics["messaging.nsq.client.rdy"]] == [port]
+    assert [a["server.port"] for a, _ in metrics["messaging.nsq.client.in_flight"]] == [port]
+    settled = {
+        a["messaging.nsq.message.outcome"]: v
+        for a, v in metrics["messaging.nsq.client.settled.messages"]
+    }
+    assert settled["requeued"] == 2  # failing, later
     # late, failing and later came again
     assert sorted(body for body, attempts in seen if attempts == 2) == [
         b"failing",
@@ -300,3 +317,56 @@ def test_an_asyncio_publish_span_ends_with_its_answer(
     }
     assert errors == {"publish bad topic!": "E_BAD_TOPIC", f"multi_publish {TOPIC}": "E_BAD_BODY"}
     assert len(otel.spans()) == 5
+
+
+@pytest.mark.parametrize("front", ["blocking", "aio"])
+def test_a_raising_sdk_costs_the_front_ends_nothing(
+    daemon: BlockingNode, front: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A span processor that raises at every start and end: the front ends'
+    publishes go out, their messages are delivered (unwrapped) and finished,
+    the failure logged (a traceback once per client)."""
+    provider = TracerProvider()
+    provider.add_span_processor(RaisingProcessor())
+    options = {
+        "nsqd_tcp_addresses": [daemon.tcp_address],
+        "tracer_provider": provider,
+        "trace_context": True,
+    }
+    got: list[bytes] = []
+    if front == "blocking":
+        with blocking.Producer(**options) as producer:
+            producer.multi_publish(TOPIC, [b"a", b"b"])
+            producer.publish(TOPIC, b"c")
+        three = threading.Event()
+
+        def handle(message: blocking.Message) -> None:
+            got.append(message.body)
+            if len(got) == 3:
+                three.set()
+
+        with blocking.Consumer(TOPIC, "broken", handler=handle, **options):
+            assert three.wait(20)
+    else:
+
+        async def main() -> None:
+            async with aio.Producer(**options) as producer:
+                await producer.multi_publish(TOPIC, [b"a", b"b"])
+                await producer.publish(TOPIC, b"c")
+            async with aio.Consumer(TOPIC, "broken", max_in_flight=3, **options) as consumer:
+                async for message in consumer:
+                    got.append(message.body)
+                    await message.finish()
+                    if len(got) == 3:
+                        break
+
+        asyncio.run(main())
+    assert sorted(got) == [b"a", b"b", b"c"]
+    channel = stats(daemon, TOPIC, "broken")
+    assert (channel["requeue_count"], channel["in_flight_count"]) == (0, 0)
+    failed = [
+        r
+        for r in caplog.records
+        if r.name == "trionsq.telemetry" and r.levelname == "ERROR" and r.exc_info
+    ]
+    assert len(failed) == 2  # the producer's, the consumer's
