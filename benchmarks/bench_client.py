@@ -492,7 +492,7 @@ def nsqd_daemon(
     daemon = reference.RealDaemon("nsqd", flags)
     if fake:
         assert shims is not None
-        daemon.path = shims / "nsqd"
+        daemon.binary = shims / "nsqd"
     with daemon:
         nsqd = Nsqd(daemon)
         try:

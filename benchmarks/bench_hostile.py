@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import reference
+from tests.support.ports import free_port
 from trionsq.protocol import commands as cmds
 
 MiB = 1024 * 1024
@@ -57,8 +58,8 @@ def _vm_hwm(pid: int) -> int:
 class Daemon:
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.tcp = reference.free_port()
-        self.http = reference.free_port()
+        self.tcp = free_port()
+        self.http = free_port()
         self.data = tempfile.mkdtemp(prefix="bench-hostile-")
         flags = [
             f"--tcp-address=127.0.0.1:{self.tcp}",

@@ -22,33 +22,20 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import signal
-import ssl
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 
-import httpx
 import trio
 
-from .support.ports import free_port
+from fakensq.testing.real import RealProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Why real-daemon tests skip on this machine (None once the binaries are found).
 SKIP_REASON: str | None = None
-
-#: A cold start of a Go daemon takes a few ms; a loaded machine can take far longer.
-START_TIMEOUT = 20.0
-#: How long a daemon gets to leave after SIGTERM before it is killed.
-STOP_TIMEOUT = 10.0
-
-# One TLS context for the readiness checks (httpx builds one per client
-# otherwise, loading the CA bundle: 10-150 ms a start on a loaded machine).
-_TLS_CONTEXT = ssl.create_default_context()
 
 
 @functools.cache
@@ -112,13 +99,16 @@ def require(name: str = "nsqd") -> Path:
     return path
 
 
-class RealDaemon:
-    """A real nsqd, nsqlookupd or nsqadmin on fixed loopback ports, restartable.
+class RealDaemon(RealProcess):
+    """A real nsqd, nsqlookupd or nsqadmin on fixed loopback ports, restartable:
+    the pytest plugin's :class:`fakensq.testing.real.RealProcess` (its start,
+    its flags, its retry on a port taken meanwhile), found here by name.
 
     ``flags`` are passed as they are (``"--mem-queue-size=0"``); the addresses,
     ``--broadcast-address`` and, for nsqd, ``--data-path`` are added (nsqadmin
-    gets only ``--http-address``).  Output goes to ``log_path`` (read it when a
-    test fails).
+    gets only ``--http-address``).  Without ``data_path`` it makes a folder of
+    its own, removed by :meth:`close`.  Output goes to ``log_path`` (read it
+    when a test fails).
     """
 
     def __init__(
@@ -133,130 +123,11 @@ class RealDaemon:
         path = binary(name)
         if path is None:
             raise RuntimeError(skip_reason() or f"no real {name}")
-        self.name = name
-        self.path = path
-        self.flags = list(flags)
-        self.tcp_address = f"127.0.0.1:{tcp_port or free_port()}"
-        self.http_address = f"127.0.0.1:{http_port or free_port()}"
-        # Ports chosen here may be taken by another process before the daemon
-        # binds them (free_port's race; parallel test workers): the first start
-        # then tries fresh ones.
-        self._fresh_ports = (tcp_port is None, http_port is None)
-        self._started_once = False
         self._own_dir: tempfile.TemporaryDirectory[str] | None = None
         if data_path is None:
             self._own_dir = tempfile.TemporaryDirectory(prefix=f"real-{name}-")
             data_path = Path(self._own_dir.name)
-        self.data_path = data_path
-        self.log_path = data_path / f"{name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def argv(self) -> list[str]:
-        if self.name == "nsqadmin":  # HTTP only
-            return [str(self.path), f"--http-address={self.http_address}", *self.flags]
-        argv = [
-            str(self.path),
-            f"--tcp-address={self.tcp_address}",
-            f"--http-address={self.http_address}",
-            "--broadcast-address=127.0.0.1",
-        ]
-        if self.name == "nsqd":
-            argv.append(f"--data-path={self.data_path}")
-        return argv + self.flags
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> None:
-        """Start (again, on the same ports and data) and wait until ``/ping`` answers."""
-        for _ in range(3):
-            try:
-                self._start()
-                self._started_once = True
-                return
-            except RuntimeError as exc:
-                taken = "address already in use" in str(exc)
-                if self._started_once or not taken or not any(self._fresh_ports):
-                    raise
-                if self._fresh_ports[0]:
-                    self.tcp_address = f"127.0.0.1:{free_port()}"
-                if self._fresh_ports[1]:
-                    self.http_address = f"127.0.0.1:{free_port()}"
-        self._start()
-        self._started_once = True
-
-    def _start(self) -> None:
-        if self.running:
-            raise RuntimeError(f"{self.name} is already running")
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        with httpx.Client(timeout=2.0, verify=_TLS_CONTEXT) as client:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited with {self.process.returncode}: {self.log()[-2000:]}"
-                    )
-                try:
-                    # Any answer will do: with --tls-required=true nsqd answers
-                    # plain HTTP with 403 TLS_REQUIRED.
-                    if client.get(f"http://{self.http_address}/ping").status_code < 500:
-                        if self._answering_is_ours(client):
-                            return
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise TimeoutError(f"{self.name} did not answer /ping: {self.log()[-2000:]}")
-                time.sleep(0.01)  # polling another process's readiness
-
-    def _answering_is_ours(self, client: httpx.Client) -> bool:
-        """Whether the daemon answering on our HTTP port is this one.
-
-        Free ports are picked by binding and releasing them, so a daemon that
-        another test started meanwhile can hold one of ours: this one then
-        dies at once ("address already in use"), but the other answers /ping.
-        An nsqd's /info names its TCP port; for the others, this process must
-        still be running (checked again by the caller's loop).
-        """
-        if self.name != "nsqd":
-            return self.process is not None and self.process.poll() is None
-        response = client.get(f"http://{self.http_address}/info")
-        if response.status_code != 200:
-            return True  # --tls-required: /info is refused over plain HTTP
-        port = response.json().get("tcp_port")
-        return port == int(self.tcp_address.rsplit(":", 1)[1])
-
-    def stop(self) -> int | None:
-        """SIGTERM, as an operator stops it (nsqd saves its state), then wait."""
-        return self._signal(signal.SIGTERM)
-
-    def kill(self) -> int | None:
-        """SIGKILL: nothing saved, connections cut."""
-        return self._signal(signal.SIGKILL)
-
-    def _signal(self, sig: signal.Signals) -> int | None:
-        process = self.process
-        if process is None:
-            return None
-        if process.poll() is None:
-            process.send_signal(sig)
-            try:
-                process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return process.returncode
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        super().__init__(path, flags, data_path, name, tcp_port=tcp_port, http_port=http_port)
 
     def close(self) -> None:
         """Stop it (if running) and remove the data folder it made."""

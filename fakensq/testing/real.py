@@ -18,10 +18,12 @@ nodes connect through it too.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -93,6 +95,13 @@ def find_binaries(text: str) -> RealBinaries:
     return RealBinaries(nsqd, lookupd)
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for the readiness checks: httpx would load the CA
+    bundle for every client otherwise (10-150 ms a start on a loaded machine)."""
+    return ssl.create_default_context()
+
+
 def free_port() -> int:
     """A loopback port free right now (bound, then released: a tiny race)."""
     with socket.socket() as sock:
@@ -123,28 +132,51 @@ def daemon_flags(flagset: FlagSet, options: Mapping[str, Any]) -> list[str]:
 
 
 class RealProcess:
-    """One real daemon on fixed loopback ports, restartable on them."""
+    """One real daemon (nsqd, nsqlookupd or nsqadmin, by ``binary``'s name) on
+    fixed loopback ports, restartable on them; the one way the plugin and the
+    project's own tests (``tests/reference.py``) run a real daemon.
 
-    def __init__(self, binary: Path, flags: Sequence[str], data_path: Path, name: str) -> None:
+    ``tcp_port``/``http_port`` fix a port; the others are picked free.  A port
+    picked free may be taken by another process before the daemon binds it
+    (parallel test workers): a first start then tries fresh ones.  nsqadmin
+    gets only ``--http-address``; nsqd gets ``--data-path``.  The daemon's
+    output goes to :attr:`log_path`, under ``data_path``.
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        flags: Sequence[str],
+        data_path: Path,
+        name: str,
+        *,
+        tcp_port: int | None = None,
+        http_port: int | None = None,
+    ) -> None:
         self.binary = binary
+        #: which daemon it is ("nsqd"...): the binary's name when made
+        self.kind = binary.name
         self.flags = list(flags)
         self.data_path = data_path
         self.name = name
-        self.tcp_address = f"127.0.0.1:{free_port()}"
-        self.http_address = f"127.0.0.1:{free_port()}"
+        self.tcp_address = f"127.0.0.1:{tcp_port or free_port()}"
+        self.http_address = f"127.0.0.1:{http_port or free_port()}"
+        self._fresh_ports = (tcp_port is None, http_port is None)
         self.log_path = data_path / f"{binary.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self._started = False
 
     @property
     def argv(self) -> list[str]:
+        if self.kind == "nsqadmin":  # HTTP only
+            return [str(self.binary), f"--http-address={self.http_address}", *self.flags]
         argv = [
             str(self.binary),
             f"--tcp-address={self.tcp_address}",
             f"--http-address={self.http_address}",
             "--broadcast-address=127.0.0.1",
         ]
-        if self.binary.name == "nsqd":
+        if self.kind == "nsqd":
             argv.append(f"--data-path={self.data_path}")
         return argv + self.flags
 
@@ -160,12 +192,13 @@ class RealProcess:
                 self._started = True
                 return
             except RuntimeError as exc:
-                # Ports picked free may be taken by another process meanwhile:
-                # a first start takes fresh ones.
-                if self._started or "address already in use" not in str(exc) or attempt == 2:
+                taken = "address already in use" in str(exc)
+                if self._started or not taken or not any(self._fresh_ports) or attempt == 2:
                     raise
-                self.tcp_address = f"127.0.0.1:{free_port()}"
-                self.http_address = f"127.0.0.1:{free_port()}"
+                if self._fresh_ports[0]:
+                    self.tcp_address = f"127.0.0.1:{free_port()}"
+                if self._fresh_ports[1]:
+                    self.http_address = f"127.0.0.1:{free_port()}"
 
     def _start(self) -> None:
         if self.running:
@@ -176,40 +209,66 @@ class RealProcess:
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         deadline = time.monotonic() + START_TIMEOUT
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, verify=_tls_context()) as client:
             while True:
                 if self.process.poll() is not None:
                     raise RuntimeError(
-                        f"{self.name} exited with {self.process.returncode}: {self.log()[-800:]}"
+                        f"{self.name} exited with {self.process.returncode}: {self.log()[-2000:]}"
                     )
                 try:
+                    # Any answer will do: with --tls-required=true nsqd answers
+                    # plain HTTP with 403 TLS_REQUIRED.
                     if client.get(f"http://{self.http_address}/ping").status_code < 500:
-                        return
+                        if self._answering_is_ours(client):
+                            return
                 except httpx.TransportError:
                     pass
                 if time.monotonic() > deadline:
                     self.kill()
-                    raise RuntimeError(f"{self.name} did not answer /ping in {START_TIMEOUT:g}s")
+                    raise TimeoutError(
+                        f"{self.name} did not answer /ping in {START_TIMEOUT:g}s: "
+                        f"{self.log()[-2000:]}"
+                    )
                 time.sleep(0.01)  # polling another process's readiness
 
-    def stop(self) -> None:
-        """SIGTERM, as an operator stops it (nsqd saves its state), then wait."""
-        self._signal(signal.SIGTERM)
+    def _answering_is_ours(self, client: httpx.Client) -> bool:
+        """Whether the daemon answering on our HTTP port is this one.
 
-    def kill(self) -> None:
+        Free ports are picked by binding and releasing them, so a daemon that
+        another test started meanwhile can hold one of ours: this one then
+        dies at once ("address already in use"), but the other answers /ping.
+        An nsqd's /info names its TCP port; for the others, this process must
+        still be running (checked again by the caller's loop).
+        """
+        if self.kind != "nsqd":
+            return self.running
+        response = client.get(f"http://{self.http_address}/info")
+        if response.status_code != 200:
+            return True  # --tls-required: /info is refused over plain HTTP
+        port = response.json().get("tcp_port")
+        return bool(port == int(self.tcp_address.rsplit(":", 1)[1]))
+
+    def stop(self) -> int | None:
+        """SIGTERM, as an operator stops it (nsqd saves its state), then wait;
+        its exit status (None if it never started)."""
+        return self._signal(signal.SIGTERM)
+
+    def kill(self) -> int | None:
         """SIGKILL: nothing saved, connections cut."""
-        self._signal(signal.SIGKILL)
+        return self._signal(signal.SIGKILL)
 
-    def _signal(self, sig: signal.Signals) -> None:
+    def _signal(self, sig: signal.Signals) -> int | None:
         process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(sig)
-        try:
-            process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return process.returncode
 
     def log(self) -> str:
         try:

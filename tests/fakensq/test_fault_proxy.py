@@ -24,6 +24,7 @@ import trionsq
 from fakensq.testing.proxy import FaultProxy
 from tests import reference
 
+from ..support.ports import free_port
 from ..support.tls import Pki
 from ..support.waiting import poll_until, wait_until, wait_until_asyncio
 
@@ -106,7 +107,7 @@ async def test_upgraded_connections_pass_through_and_still_drop(
         flags += [
             *pki.nsqd_flags(),
             # (with a certificate nsqd serves HTTPS too: 0.0.0.0:4152 unless told)
-            f"--https-address=127.0.0.1:{reference.free_port()}",
+            f"--https-address=127.0.0.1:{free_port()}",
         ]
         options["tls"] = pki.client_context()
     else:
@@ -334,7 +335,7 @@ def test_cli_bad_flags_exit_2_with_one_line(args: list[str], code: int, error: s
 
 
 def test_cli_unreachable_upstream_is_one_line_and_quick() -> None:
-    port = reference.free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     result = _fakensq(f"--upstream=127.0.0.1:{port}", "--connect-timeout=2s")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()

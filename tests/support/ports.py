@@ -2,9 +2,10 @@
 
 Everything listens on 127.0.0.1 only.  A port "free" now was bound and
 released: another process may take it before the caller binds it (a tiny
-race, which :class:`tests.reference.RealDaemon` answers by starting on
+race, which :class:`fakensq.testing.real.RealProcess` answers by starting on
 fresh ports).  An address that must refuse connections is held instead:
-bound, never listening, for as long as the caller needs it.
+bound, never listening, for as long as the caller needs it.  :func:`free_port`
+is the one the real daemons' runner picks its ports with.
 """
 
 from __future__ import annotations
@@ -13,15 +14,9 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from fakensq.testing.real import free_port
+
 __all__ = ["free_address", "free_port", "refused_address"]
-
-
-def free_port() -> int:
-    """A loopback port free right now (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def free_address() -> str:
