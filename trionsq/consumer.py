@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -31,7 +30,7 @@ from .connection import Connection, NegotiationError, RequestRefused
 from .discovery import Discovery
 from .flow import Flow
 from .handlers import HandlerPool
-from .lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, Lifecycle, Moves
+from .lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncContext, Lifecycle, Moves
 from .message import Message, cancel_may_be_pending
 from .multiplex import Multiplexer
 from .protocol import commands
@@ -126,7 +125,7 @@ MOVES = Moves(
 )
 
 
-class Consumer(Sessions, Flow, Discovery, HandlerPool):
+class Consumer(Sessions, Flow, Discovery, HandlerPool, AsyncContext):
     """Consumes ``topic`` on ``channel`` from nsqds given directly or found via lookupd.
 
     Either pass ``handler`` (sync or async; returning finishes the message,
@@ -367,12 +366,7 @@ class Consumer(Sessions, Flow, Discovery, HandlerPool):
         self._life.move(OPEN)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    async def _exit_block(self, exc: BaseException | None) -> None:
         assert self._stack is not None
         try:
             if exc is None or isinstance(exc, Exception):
@@ -389,7 +383,6 @@ class Consumer(Sessions, Flow, Discovery, HandlerPool):
                 self._telemetry.close()
         if self._interrupted is not None:
             raise self._interrupted
-        return False  # the block's own exception propagates unchanged
 
     async def _drain(self) -> None:
         """CLS everywhere, requeue what nobody can answer, and give handlers up

@@ -12,7 +12,8 @@ wrong move is an error where it happens, not a state nobody expected later.
 :class:`Life` is the life of the front ends' clients (the blocking and asyncio
 Consumer and Producer); each declares its own table of moves over it, and
 :class:`BlockingClient` and :class:`AsyncClient` hold what their ``with`` and
-``async with`` do with it.
+``async with`` do with it; :class:`AsyncContext`, how every client used as
+``async with`` (Trio's Consumer and Producer too) is left.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Generic, Self, TypeVar
 
-__all__ = ["AsyncClient", "BlockingClient", "Life", "Lifecycle", "LifecycleError", "Moves"]
+__all__ = [
+    "AsyncClient",
+    "AsyncContext",
+    "BlockingClient",
+    "Life",
+    "Lifecycle",
+    "LifecycleError",
+    "Moves",
+]
 
 S = TypeVar("S", bound=enum.Enum)
 
@@ -167,7 +176,25 @@ class BlockingClient(_Client):
         self._leave(exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
 
 
-class AsyncClient(_Client):
+class AsyncContext(abc.ABC):
+    """Something used as ``async with``, left in one way: leaving calls
+    :meth:`_exit_block` with the block's exception (``None`` when it ended
+    cleanly), and that exception propagates unchanged (never suppressed)."""
+
+    @abc.abstractmethod
+    async def _exit_block(self, exc: BaseException | None) -> None:
+        """Close what entering started; ``exc`` is what the block raised."""
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._exit_block(exc)
+
+
+class AsyncClient(_Client, AsyncContext):
     """An asyncio client, entered once: ``async with`` opens it (NEW, OPENING,
     OPEN; CLOSED if opening fails) and :meth:`aclose` closes it (CLOSING, then
     CLOSED; at once from a state it never opened in).  Its table must have
@@ -197,15 +224,8 @@ class AsyncClient(_Client):
         life.move(OPEN)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        interrupted = exc_type is not None and issubclass(
-            exc_type, asyncio.CancelledError | KeyboardInterrupt
-        )
+    async def _exit_block(self, exc: BaseException | None) -> None:
+        interrupted = isinstance(exc, asyncio.CancelledError | KeyboardInterrupt)
         await self.aclose(interrupted=interrupted)
 
     async def aclose(self, *, interrupted: bool = False) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from contextlib import AsyncExitStack
-from types import TracebackType
 from typing import Any
 
 import trio
@@ -13,7 +12,7 @@ import trio
 from . import telemetry
 from .config import Config
 from .connection import Connection
-from .lifecycle import OPEN
+from .lifecycle import CLOSED, NEW, OPEN, AsyncContext, Lifecycle, Moves
 from .protocol import commands
 from .protocol.errors import NSQError
 from .publishing import ProducerStats, PublishCore, Rotation
@@ -25,8 +24,17 @@ _PUB = "PUB"
 _MPUB = "MPUB"
 _DPUB = "DPUB"
 
+#: A Producer's life: entered once (OPEN inside its ``async with``), CLOSED
+#: from the first step of leaving it.
+MOVES = Moves(
+    "Producer",
+    NEW,
+    {NEW: {OPEN}, OPEN: {CLOSED}},
+    refusals={OPEN: "a Producer can be entered only once"},
+)
 
-class Producer:
+
+class Producer(AsyncContext):
     """Publishes to nsqd over TCP.
 
     ::
@@ -72,11 +80,10 @@ class Producer:
         self._window_waiters: deque[trio.lowlevel.Task] = deque()
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
-        self._closed = False
+        self._life = Lifecycle(MOVES)
 
     async def __aenter__(self) -> Producer:
-        if self._stack is not None or self._closed:
-            raise RuntimeError("a Producer can be entered only once")
+        self._life.move(OPEN)
         stack = AsyncExitStack()
         self._nursery = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
@@ -85,13 +92,8 @@ class Producer:
             traced.instrument(self)  # its publish methods, on this instance
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self._closed = True
+    async def _exit_block(self, exc: BaseException | None) -> None:
+        self._life.move(CLOSED)
         assert self._stack is not None and self._nursery is not None
         # Whatever happens, the nursery must be exited (or Trio's stack breaks).
         self._nursery.cancel_scope.cancel()
@@ -103,7 +105,6 @@ class Producer:
             # The block's exception is not the nursery's: passing it would
             # wrap it in an exception group.
             await self._stack.__aexit__(None, None, None)
-        return False  # the block's own exception propagates unchanged
 
     @property
     def stats(self) -> ProducerStats:
@@ -120,7 +121,7 @@ class Producer:
         self._rotation.lost(conn.address, conn.close_reason)
 
     async def _connection(self) -> Connection:
-        if self._nursery is None or self._closed:
+        if self._life.state is not OPEN:
             raise RuntimeError("use the Producer inside 'async with'")
         conn = self._conn
         if conn is not None and not conn.closed:
@@ -138,6 +139,7 @@ class Producer:
                     continue
                 attempt.connected(address)
                 self._conn = conn
+                assert self._nursery is not None  # (set once OPEN)
                 self._nursery.start_soon(self._run, conn)
                 return conn
             raise attempt.error()
@@ -186,7 +188,7 @@ class Producer:
         try:
             conn = self._conn
             # conn.life.state: conn.closed without a property call
-            if conn is None or conn.life.state is not OPEN or self._closed:
+            if conn is None or conn.life.state is not OPEN or self._life.state is not OPEN:
                 conn = await self._connection()
             response = await conn.request(data)
         except (NSQError, OSError):
