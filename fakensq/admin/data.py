@@ -21,6 +21,7 @@ from trionsq.tools.stat import ChannelTotals as ChannelSums
 
 __all__ = [
     "ChannelTotals",
+    "Endpoint",
     "LookupdInfo",
     "NodeInfo",
     "Reader",
@@ -35,12 +36,39 @@ RATE_WINDOW = 10.0
 
 
 @dataclass
-class NodeInfo:
-    """One nsqd, addressed by its HTTP ``host:port``."""
+class Endpoint:
+    """An HTTP API the admin reads (an nsqd's, an nsqlookupd's, a fault
+    proxy's), at its ``host:port``, as last read: up, or down and why."""
 
     address: str
     up: bool = False
+    #: why it is down ("connection refused", "HTTP 500"...), as its page says
     error: str = ""
+
+    async def read(self, client: httpx.AsyncClient, *paths: str) -> list[dict[str, Any]] | None:
+        """``GET`` each of ``paths`` on it, each a JSON object: up then, or down
+        with the reason (then None; a stalled one is down after
+        :data:`REQUEST_TIMEOUT`)."""
+        docs = []
+        try:
+            for path in paths:
+                response = await client.get(f"http://{self.address}{path}", timeout=REQUEST_TIMEOUT)
+                response.raise_for_status()
+                doc = response.json()
+                if not isinstance(doc, dict):
+                    raise ValueError(f"{path} answered {type(doc).__name__}, not an object")
+                docs.append(doc)
+        except (httpx.HTTPError, ValueError) as exc:
+            self.error = _describe(exc)
+            return None
+        self.up = True
+        return docs
+
+
+@dataclass
+class NodeInfo(Endpoint):
+    """One nsqd, addressed by its HTTP ``host:port``."""
+
     version: str = ""
     health: str = ""
     hostname: str = ""
@@ -57,12 +85,9 @@ class NodeInfo:
 
 
 @dataclass
-class LookupdInfo:
+class LookupdInfo(Endpoint):
     """One nsqlookupd, addressed by its HTTP ``host:port``."""
 
-    address: str
-    up: bool = False
-    error: str = ""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     index: int | None = None
@@ -142,11 +167,6 @@ class Reader:
         self._seen: dict[str, NodeInfo] = {}
         self._history: dict[tuple[str, ...], deque[tuple[float, int]]] = {}
 
-    async def get_json(self, url: str) -> Any:
-        response = await self.client.get(url, timeout=REQUEST_TIMEOUT)
-        response.raise_for_status()
-        return response.json()
-
     async def snapshot(
         self,
         lookupd_addresses: Iterable[str],
@@ -183,23 +203,18 @@ class Reader:
         return snap
 
     async def _read_lookupd(self, lk: LookupdInfo) -> None:
-        try:
-            nodes = await self.get_json(f"http://{lk.address}/nodes")
-            topics = await self.get_json(f"http://{lk.address}/topics")
-        except (httpx.HTTPError, ValueError) as exc:
-            lk.error = _describe(exc)
+        docs = await lk.read(self.client, "/nodes", "/topics")
+        if docs is None:
             return
-        lk.up = True
+        nodes, topics = docs
         lk.nodes = list(nodes.get("producers") or [])
         lk.topics = list(topics.get("topics") or [])
 
     async def _read_nsqd(self, node: NodeInfo) -> None:
-        try:
-            stats = await self.get_json(f"http://{node.address}/stats?format=json")
-        except (httpx.HTTPError, ValueError) as exc:
-            node.error = _describe(exc)
+        docs = await node.read(self.client, "/stats?format=json")
+        if docs is None:
             return
-        node.up = True
+        (stats,) = docs
         node.stats = stats
         node.version = str(stats.get("version", ""))
         node.health = str(stats.get("health", ""))

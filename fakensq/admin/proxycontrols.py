@@ -20,6 +20,7 @@ import httpx
 
 from ..faultkinds import KINDS, WIRE_KINDS, kinds_for
 from .actions import ActionError
+from .data import Endpoint
 
 __all__ = ["INSIDE_NSQD", "ProxyControls", "ProxyState"]
 
@@ -32,12 +33,9 @@ _PARAMS: Final = ("client", "role", "direction", "seconds", "count")
 
 
 @dataclass
-class ProxyState:
+class ProxyState(Endpoint):
     """One proxy as last read: its faults in force and the connections it relays."""
 
-    address: str
-    up: bool = False
-    error: str = ""
     upstream: str = ""
     tcp_address: str = ""
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -57,17 +55,13 @@ class ProxyControls:
         states = []
         for address in self.addresses:
             state = ProxyState(address)
-            try:
-                answer = await client.get(f"http://{address}/faults")
-                answer.raise_for_status()
-                doc = answer.json()
-                state.up = True
+            docs = await state.read(client, "/faults")
+            if docs is not None:
+                (doc,) = docs
                 state.upstream = str(doc.get("upstream", ""))
                 state.tcp_address = str(doc.get("tcp_address", ""))
                 state.faults = list(doc.get("faults") or [])
                 state.connections = list(doc.get("connections") or [])
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
-                state.error = str(exc) or type(exc).__name__
             states.append(state)
         self.states = states
         return states
