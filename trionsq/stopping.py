@@ -29,7 +29,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from types import FrameType, TracebackType
+from types import FrameType
 
 import trio
 
@@ -47,6 +47,18 @@ log = logging.getLogger("trionsq.stopping")
 
 def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _handling(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """``handler`` for :data:`SIGNALS` while inside (the main thread only, as
+    Python allows); the handlers in place before are put back on leaving."""
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class StopOnSignals:
@@ -77,23 +89,15 @@ class StopOnSignals:
         self.count = 0
         self.received: str | None = None
         self.aborted = False
-        self._previous: dict[int, object] = {}
+        self._installed = contextlib.ExitStack()
 
     def __enter__(self) -> StopOnSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handler)
+            self._installed.enter_context(_handling(self._handler))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._previous.clear()
+    def __exit__(self, *exc_info: object) -> None:
+        self._installed.close()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
@@ -127,12 +131,8 @@ class TrioStopSignals:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[TrioStopSignals]:
-        previous = {sig: signal.signal(sig, self._handler) for sig in SIGNALS}
-        try:
+        with _handling(self._handler):
             yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
