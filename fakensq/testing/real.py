@@ -326,17 +326,21 @@ class RealCluster:
             for i in range(lookupd)
         ]
         nsqd_flags = daemon_flags(nsqd_flagset(), nsqd_options or {})
-        lookups = [f"--lookupd-tcp-address={p.tcp_address}" for p in self.lookupd_processes]
+        # (the nsqlookupds' addresses are added once they run: a first start
+        # may have moved one to fresh ports)
         self.nsqd_processes = [
-            RealProcess(
-                binaries.nsqd, [*nsqd_flags, *lookups], data_root / f"nsqd-{i}", f"nsqd-{i}"
-            )
+            RealProcess(binaries.nsqd, nsqd_flags, data_root / f"nsqd-{i}", f"nsqd-{i}")
             for i in range(nsqd)
         ]
-        #: where clients connect to each nsqd (a proxy's address once set)
-        self.client_addresses = [p.tcp_address for p in self.nsqd_processes]
+        # nsqd i's proxy's address, where one fronts it (see front)
+        self._fronts: dict[int, str] = {}
 
     # -- the addresses of fakensq.Cluster --------------------------------------
+
+    @property
+    def client_addresses(self) -> list[str]:
+        """Where clients connect to each nsqd: its proxy, else itself."""
+        return [self._fronts.get(i, p.tcp_address) for i, p in enumerate(self.nsqd_processes)]
 
     @property
     def nsqds(self) -> list[RealNSQD]:
@@ -347,7 +351,7 @@ class RealCluster:
 
     @property
     def nsqd_tcp_addresses(self) -> list[str]:
-        return list(self.client_addresses)
+        return self.client_addresses
 
     @property
     def nsqd_http_addresses(self) -> list[str]:
@@ -364,7 +368,7 @@ class RealCluster:
     def front(self, i: int, address: str) -> None:
         """Clients reach nsqd ``i`` at ``address`` (its proxy), which it
         broadcasts to the nsqlookupds; call before :meth:`start`."""
-        self.client_addresses[i] = address
+        self._fronts[i] = address
         port = address.rpartition(":")[2]
         self.nsqd_processes[i].flags.append(f"--broadcast-tcp-port={port}")
 
@@ -373,7 +377,11 @@ class RealCluster:
     def start(self) -> None:
         """Start every node; return once each nsqd is registered everywhere."""
         try:
-            for process in [*self.lookupd_processes, *self.nsqd_processes]:
+            for process in self.lookupd_processes:
+                process.start()
+            lookups = [f"--lookupd-tcp-address={p.tcp_address}" for p in self.lookupd_processes]
+            for process in self.nsqd_processes:
+                process.flags += lookups
                 process.start()
             self.wait_registered()
         except BaseException:
