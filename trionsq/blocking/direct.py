@@ -110,6 +110,22 @@ class _Slot:
             _release(wake)
 
 
+_thread_wakes = threading.local()
+
+
+def _wake_lock() -> threading.Lock:
+    """The calling thread's lock to sleep on as a follower, held (one a
+    thread, reused: a thread follows one publish at a time).  A release
+    meant for a publish of its past may come late: its sleep then wakes
+    early and looks at its slot, as any wake-up does."""
+    try:
+        wake: threading.Lock = _thread_wakes.lock
+    except AttributeError:
+        wake = _thread_wakes.lock = threading.Lock()
+    wake.acquire(blocking=False)
+    return wake
+
+
 def _release(lock: threading.Lock) -> None:
     try:
         lock.release()
@@ -144,8 +160,6 @@ class DirectConnection:
         #: commands queued and not yet taken by the leader's write: the last
         #: ``len(_unsent)`` publishes of ``answers.waiting``
         self._unsent: list[bytes] = []
-        #: the commands of the write under way (the leader's, outside the lock)
-        self._sending = 0
         self._nops = 0  # heartbeats to answer at the next write
         #: (mark, lock) of threads waiting until the publishes queued before
         #: their mark have their outcome (flush, close)
@@ -160,6 +174,7 @@ class DirectConnection:
         slot = _Slot()
         lock = self._lock
         lead = False
+        nops = 0
         lock.acquire()
         try:
             if self.over is not None:
@@ -170,13 +185,16 @@ class DirectConnection:
                 if not self.answers.waiting and self._idle():
                     self._look()  # nothing read for a while: nsqd may have closed it
             else:
-                slot.wake = wake = threading.Lock()
-                wake.acquire()
+                slot.wake = _wake_lock()
             # Queued for the leader's next write (this thread's, if it leads);
             # its answer awaited in the same order.
             self.answers.waiting.append((slot, batch))
-            self._unsent.append(data)
+            unsent = self._unsent
+            unsent.append(data)
             self.queued += 1
+            if lead:  # (what it writes first, taken now: one turn of the lock)
+                self._unsent = []
+                nops, self._nops = self._nops, 0
         except BaseException as exc:
             # Whatever cut this short (an error, an interrupt between two
             # steps) ends the connection, unless it ended already: no lead
@@ -191,7 +209,7 @@ class DirectConnection:
         finally:
             lock.release()
         if lead:
-            self._lead(slot, timeout)
+            self._lead(slot, timeout, unsent, nops)
         else:
             self._follow(slot, timeout)
         if slot.error is not None:
@@ -200,9 +218,19 @@ class DirectConnection:
     # --- writing ---
 
     def _write_unsent(self) -> None:
-        """The leader's write: every command queued (its followers' with its
-        own), with the NOPs owed, in one write, outside the lock (only the
-        leader writes).  Cut short (an error, an interrupt), the connection
+        """The leader's write of every command queued (its followers' with its
+        own), with the NOPs owed (see :meth:`_write`)."""
+        with self._lock:
+            commands = self._unsent
+            self._unsent = []
+            nops, self._nops = self._nops, 0
+        if commands or nops:
+            self._write(commands, nops)
+
+    def _write(self, commands: list[bytes], nops: int) -> None:
+        """The leader's write of ``commands`` taken from the queue (with
+        ``nops`` NOPs first) in one write, outside the lock (only the leader
+        writes).  Cut short (an error, an interrupt), the connection
         ends: the commands not written whole fail with NotWrittenError (nsqd
         never executes a command cut short once the connection ends), the
         ones before them as written (unanswered: they may have been
@@ -210,19 +238,13 @@ class DirectConnection:
         all as written.  nsqd's refusal found by the leader after a failed
         write (see :meth:`_answers_left`) fails its publish with it."""
         lock = self._lock
-        with lock:
-            commands = self._unsent
-            self._unsent = []
-            self._sending = count = len(commands)
-            nops = self._nops
-            if nops:
-                self._nops = 0
-                commands = [_NOP] * nops + commands
+        count = len(commands)
+        if nops:
+            commands = [_NOP] * nops + commands
         try:
             self.link.send(commands)
         except BaseException as exc:
             with lock:
-                self._sending = 0
                 if self.over is None:
                     written = max(self.link.sent_whole - nops, 0)
                     cut = None
@@ -241,7 +263,6 @@ class DirectConnection:
                         refusal or exc,
                     )
             raise
-        self._sending = 0
         self.writes += 1
 
     def _fail_unsent(self, count: int, exc: BaseException) -> None:
@@ -352,19 +373,22 @@ class DirectConnection:
 
     # --- leading: writing what is queued and reading (one thread at a time) ---
 
-    def _lead(self, slot: _Slot, timeout: float | None) -> None:
-        """Write what is queued (the followers' commands with this one's) and
-        read answers, for every publish in flight, until ``slot``'s has come;
-        then hand the lead on.  What followers queue while the leader reads
-        goes out in its next write, all at once."""
+    def _lead(
+        self, slot: _Slot, timeout: float | None, first: list[bytes] | None = None, nops: int = 0
+    ) -> None:
+        """Write what is queued (``first``, taken from the queue already, then
+        the followers' commands) and read answers, for every publish in
+        flight, until ``slot``'s has come; then hand the lead on.  What
+        followers queue while the leader reads goes out in its next write,
+        all at once."""
         link, answers = self.link, self.answers
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while True:
-                if self._unsent or self._nops:
-                    self._write_unsent()
-                if slot.done:
-                    break
+            if first is None:  # (handed the lead: what is queued, taken now)
+                self._write_unsent()
+            else:
+                self._write(first, nops)
+            while not slot.done:
                 if deadline is not None and not _wait_readable(link, deadline):
                     raise _Deadline
                 data = link.receive()
@@ -375,6 +399,8 @@ class DirectConnection:
                 self._nops += answers.received(data)
                 if self._watchers:
                     self._wake_watchers()
+                if self._unsent or self._nops:
+                    self._write_unsent()
             self._last_read = time.monotonic()
         except _Deadline:
             slot.gone = True
