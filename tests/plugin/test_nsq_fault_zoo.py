@@ -19,6 +19,10 @@ from .test_nsq_faults import PROJECT_INI, outcomes
 #: Seeds whose schedules reach every planted bug of the zoo (measured with
 #: benchmarks/bench_fault_zoo.py; each alone finds most of them).
 SEEDS = (6, 7, 9)
+#: The zoo's bugs that tests/plugin/test_nsq_faults.py's project has too
+#: (counting deliveries, a running total) are left to it here.
+PLANTED = tuple(t for t in BUGGY if "counts_deliveries" not in t and "running_total" not in t)
+SELECT = "not counts_deliveries and not running_total"
 
 
 def test_every_planted_bug_is_found_and_the_correct_tests_pass(
@@ -27,18 +31,18 @@ def test_every_planted_bug_is_found_and_the_correct_tests_pass(
     pytester.makepyfile(test_zoo=ZOO_PROJECT)
     pytester.makeini(PROJECT_INI)
     # Without faults every test passes: the bugs are latent.
-    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(
-        passed=len(CORRECT) + len(BUGGY)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", "-k", SELECT).assert_outcomes(
+        passed=len(CORRECT) + len(PLANTED)
     )
-    found: dict[str, list[int]] = {test: [] for test in BUGGY}
+    found: dict[str, list[int]] = {test: [] for test in PLANTED}
     for seed in SEEDS:
         result = pytester.runpytest_inprocess(
-            "-p", "no:cacheprovider", "-rA", f"--nsq-faults={seed}"
+            "-p", "no:cacheprovider", "-rA", "-k", SELECT, f"--nsq-faults={seed}"
         )
         seen = outcomes(result)
         for test in CORRECT:
             assert seen[test] == "passed", (seed, result.stdout.str())
-        for test in BUGGY:
+        for test in PLANTED:
             if seen[test] == "failed":
                 found[test].append(seed)
     print(f"seeds of {SEEDS} that find each planted bug: {found}")
