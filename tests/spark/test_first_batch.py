@@ -1,13 +1,23 @@
-"""The first batch's partitions: as many as the executors run at once, before any
-agent has said how many that is (one wave of tasks, not two)."""
+"""A query's start: the first batch's partitions are as many as the executors run
+at once, before any agent has said how many that is (one wave of tasks, not two);
+a task that starts its executor's agent goes on the moment the agent listens."""
 
 from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import trio
 
 from trionsq.spark import coordinator as coordinator_module
-from trionsq.spark._executor import executor_cores
+from trionsq.spark._agent_client import _wait_closed
+from trionsq.spark._executor import ExecutorIdentity, executor_cores
 from trionsq.spark._options import parse_source_options
 from trionsq.spark.coordinator import Coordinator
 
@@ -82,3 +92,24 @@ def test_the_first_batch_has_a_partition_per_task_slot(
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_an_agent_closes_its_ready_pipe_once_tasks_can_connect(tmp_path: Path) -> None:
+    """The starting task waits on this pipe, not on a polling loop: at its EOF the
+    agent's socket takes a connection at the first try."""
+    identity = ExecutorIdentity("test-ready", "127.0.0.1", 1, os.getpid())
+    path = str(tmp_path / "agent.sock")
+    ready, ready_w = os.pipe()
+    argv = [sys.executable, "-m", "trionsq.spark.agent", "--socket", path]
+    argv += ["--identity", json.dumps(asdict(identity)), "--ready-fd", str(ready_w)]
+    agent = subprocess.Popen(argv, pass_fds=(ready_w,), stdin=subprocess.DEVNULL)
+    os.close(ready_w)
+    try:
+        with open(ready, "rb", buffering=0) as pipe:
+            _wait_closed(pipe, 60)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(30)

@@ -132,3 +132,33 @@ async def test_a_big_commit_reaches_an_agent_in_several_frames(
         nursery.cancel_scope.cancel()
     assert sorted(fined) == sorted(sets)
     assert coordinator.stats.finished == 250
+
+
+async def test_an_agent_says_it_settled_the_moment_it_does(autojump_clock: Any) -> None:
+    """Not at the next poll after it: the end of an AvailableNow query waits for
+    this word (the status loop polled every max_batch_wait / 4, which added up
+    to 0.125 s to every such query's end)."""
+    identity = ExecutorIdentity("0", "127.0.0.1", 1, 1)
+    keys = QueryKeys("token", "cert", "key")  # never loaded: no connection is made
+    run = QueryRun(Agent(identity, "unused", None), keys, ("127.0.0.1", 1), OPTIONS)
+    ours, theirs = trio.testing.memory_stream_pair()
+    statuses: list[tuple[float, bool]] = []
+
+    async def the_coordinator() -> None:
+        receive = framing.FrameReceiver(theirs, LINK_LIMITS)
+        while True:
+            header, _ = await receive()
+            statuses.append((trio.current_time(), header["settled"]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(the_coordinator)
+        nursery.start_soon(run._status_loop, Link(ours, COORDINATOR_LIMITS))
+        await trio.sleep(0.01)  # off the poll's grid
+        fins_out = trio.current_time()
+        await run._resolve({"op": "resolve", "fin": [], "req": []})
+        await trio.sleep(2)
+        nursery.cancel_scope.cancel()
+    after = [(at, settled) for at, settled in statuses if at > fins_out]
+    assert after[0][1] is False
+    first_settled = next(at for at, settled in after if settled)
+    assert first_settled == pytest.approx(fins_out + OPTIONS.max_batch_wait, abs=1e-6)

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import pickle
+import select
 import socket
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def _reap() -> None:
             _spawned.remove(process)
 
 
-def _start(identity: ExecutorIdentity, path: str) -> subprocess.Popen[bytes]:
+def _start(identity: ExecutorIdentity, path: str, ready: int) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable,
         "-m",
@@ -83,11 +84,12 @@ def _start(identity: ExecutorIdentity, path: str) -> subprocess.Popen[bytes]:
     start = process_start_time(identity.anchor_pid)
     if start is not None:
         argv += ["--anchor-start", str(start)]
+    argv += ["--ready-fd", str(ready)]
     # Same process group as this worker: the PySpark daemon's SIGHUP on executor
     # shutdown reaches the agent too.  stderr goes where the worker's goes (the
     # executor's log).
     process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True, pass_fds=(ready,)
     )
     _spawned.append(process)
     return process
@@ -108,8 +110,19 @@ def connect_agent(identity: ExecutorIdentity, timeout: float) -> socket.socket:
         except OSError:
             pass
         mark("task.agent_spawn")
-        process = _start(identity, path)
+        # The agent closes its end of this pipe once it listens (or if it dies): the
+        # task waits for that, not for the next turn of a polling loop.
         deadline = time.monotonic() + START_TIMEOUT
+        ready, ready_w = os.pipe()
+        try:
+            process = _start(identity, path, ready_w)
+        except BaseException:
+            os.close(ready)
+            raise
+        finally:
+            os.close(ready_w)
+        with open(ready, "rb", buffering=0) as pipe:
+            _wait_closed(pipe, deadline - time.monotonic())
         while True:
             try:
                 sock = _connect(path, timeout)
@@ -127,7 +140,18 @@ def connect_agent(identity: ExecutorIdentity, timeout: float) -> socket.socket:
                 raise AgentUnavailableError(
                     f"the nsq source's agent did not answer within {START_TIMEOUT:g}s"
                 )
-            time.sleep(0.02)  # polling another process's start-up
+            # It closed the pipe but does not answer (yet): another agent won the
+            # socket and this one left, say.  Seldom; polled.
+            time.sleep(0.02)
+
+
+def _wait_closed(pipe: Any, seconds: float) -> None:
+    """Until the other end of ``pipe`` is closed (EOF), or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([pipe], [], [], left)
+        if readable and not pipe.read(64):
+            return
 
 
 def read_from_agent(

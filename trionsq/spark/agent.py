@@ -320,8 +320,13 @@ class QueryRun:
         last FINs went out (nsqd refills the connections their FINs freed): the
         coordinator ends a ``Trigger.AvailableNow`` query only once every agent is.
         A quiet spell right after a commit proves nothing on a loaded machine."""
+        return trio.current_time() >= self.settles_at()
+
+    def settles_at(self) -> float:
+        """When :meth:`settled` turns true if nothing happens meanwhile (infinity:
+        not before something held, answering or reading is done)."""
         if self.buffered() or self._answering or any(slot.busy for slot in self.slots):
-            return False
+            return math.inf
         last = max(
             [
                 self._activity,
@@ -329,7 +334,7 @@ class QueryRun:
                 *(s.last_used for s in self.slots),
             ]
         )
-        return trio.current_time() - last >= self.options.max_batch_wait
+        return last + self.options.max_batch_wait
 
     def buffered(self) -> int:
         return sum(len(slot.buffer) for slot in self.slots)
@@ -344,7 +349,15 @@ class QueryRun:
         sent_settled: bool | None = None
         last_sent = -math.inf
         while True:
-            with trio.move_on_after(poll):
+            now = trio.current_time()
+            wake = now + poll
+            if not sent_settled:
+                # The moment it settles, not the next poll after it: the end of an
+                # AvailableNow query waits for this word (the poll catches arrivals).
+                settles = self.settles_at()
+                if now < settles < wake:
+                    wake = settles
+            with trio.move_on_at(wake):
                 await self._status_due.wait()
             due = self._status_due.is_set()
             self._status_due = trio.Event()
@@ -593,8 +606,11 @@ class Agent:
         socket_path: str,
         anchor_start: int | None,
         request_timeout: float = REQUEST_TIMEOUT,
+        ready_fd: int | None = None,
     ):
         self.identity = identity
+        #: a pipe whose writer is told once tasks can connect (the task that started us)
+        self.ready_fd = ready_fd
         self.socket_path = socket_path
         self.anchor_start = anchor_start
         self.id = f"{identity.executor_id}/{identity.host}/{os.getpid()}"
@@ -611,7 +627,11 @@ class Agent:
 
     async def main(self) -> None:
         mark("agent.main")
-        unix = bind_unix(self.socket_path)
+        try:
+            unix = bind_unix(self.socket_path)
+        finally:
+            if self.ready_fd is not None:  # listening (or leaving): the task may go on
+                os.close(self.ready_fd)
         try:
             log.info("agent %s: tasks on %s", self.id, self.socket_path)
             async with trio.open_nursery() as nursery:
@@ -762,6 +782,7 @@ def main(argv: list[str] | None = None) -> None:
         default=REQUEST_TIMEOUT,
         help="how long a task's request or a peer's fetch may take to arrive (seconds)",
     )
+    parser.add_argument("--ready-fd", type=int, help="a pipe to close once tasks can connect")
     args = parser.parse_args(argv)
     level = os.environ.get("TRIONSQ_SPARK_AGENT_LOG", "WARNING").upper()
     logging.basicConfig(
@@ -770,7 +791,7 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     identity = ExecutorIdentity(**json.loads(args.identity))
-    agent = Agent(identity, args.socket, args.anchor_start, args.request_timeout)
+    agent = Agent(identity, args.socket, args.anchor_start, args.request_timeout, args.ready_fd)
     trio.run(agent.main)
 
 
