@@ -151,3 +151,40 @@ async def test_a_set_is_a_process_span(daemons: Daemons, otel: Otel, trace_conte
     durations = otel.metrics()["messaging.process.duration"]
     assert sum(count for _, count in durations) == len(spans)
     assert all(a["messaging.nsq.spark.executor_id"] == "7" for a, _ in durations)
+
+
+def test_a_raising_sdk_costs_a_set_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A span processor that raises at a set's span start and end: the set's
+    bookkeeping goes on (logged once), its duration still recorded."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from trionsq.message import Message
+    from trionsq.spark._held import Held
+
+    from .test_clients import RaisingProcessor
+
+    options = parse_source_options(
+        {"topic": TOPIC, "channel": "spark", "nsqd_tcp_addresses": "127.0.0.1:4150"}
+    )
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(RaisingProcessor())
+    reader = InMemoryMetricReader()
+    traced = SourceTelemetry.start(options, "7", tracer_provider, MeterProvider([reader]))
+    held = [Held(Message(b"%016d" % i, b"x", 1, 0, "n:1", None), 0.0) for i in range(3)]  # type: ignore[arg-type]
+    for set_id in (1, 2):
+        traced.began(set_id, held, 3, 0)
+        traced.ended(set_id, "finished")
+    failed = [r for r in caplog.records if r.name == "trionsq.telemetry" and r.exc_info]
+    assert len(failed) == 1 and "not affected" in failed[0].getMessage()
+    data = reader.get_metrics_data()
+    assert data is not None
+    (metric,) = [
+        m
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "messaging.process.duration"
+    ]
+    assert [p.count for p in metric.data.data_points] == [2]
