@@ -79,6 +79,7 @@ sys.path.insert(0, str(ROOT))
 import rawsocket  # noqa: E402
 
 from tests import reference  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 BODY = b"x" * 100
 #: the consumers' max_in_flight (and the raw loop's RDY): nsqd's max_rdy_count
@@ -1133,7 +1134,7 @@ def _certificates(folder: Path) -> tuple[list[str], str]:
     flags = [f"--tls-cert={folder / 'cert.pem'}", f"--tls-key={folder / 'key.pem'}"]
     # With a certificate nsqd also serves HTTPS, by default on 0.0.0.0:4152:
     # a second benchmark (or test) running at the same time could not start.
-    flags.append(f"--https-address=127.0.0.1:{reference.free_port()}")
+    flags.append(f"--https-address=127.0.0.1:{free_port()}")
     return flags, str(folder / "ca.pem")
 
 
