@@ -33,19 +33,26 @@ __all__ = [
     "Lifecycle",
     "LifecycleError",
     "Moves",
+    "State",
 ]
 
-S = TypeVar("S", bound=enum.Enum)
+S = TypeVar("S", bound="State")
 
 
-class Life(enum.Enum):
+class State(enum.Enum):
+    """The base of an enum of states that a :class:`Moves` table moves.
+
+    Members are singletons: hashed by identity (a C slot), not by Enum's
+    Python-level hash of the name; a table's lookup is then a dict's, and some
+    objects move once a request.
+    """
+
+    __hash__ = object.__hash__
+
+
+class Life(State):
     """The states of an object's life (a connection's, a consumer's, a front
     end's client's: each lives some of them, see its table)."""
-
-    # Members are singletons: hashed by identity (a C slot), not by Enum's
-    # Python-level hash of the name; a table's lookup is then a dict's, some
-    # objects move once a request.
-    __hash__ = object.__hash__
 
     #: made, not started (or, for a blocking Producer, forked and not restarted)
     NEW = "new"

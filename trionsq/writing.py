@@ -13,7 +13,6 @@ each (:class:`Writer`, :class:`Loan`), moved along their tables.
 
 from __future__ import annotations
 
-import enum
 import math
 import os
 from collections import deque
@@ -23,7 +22,7 @@ import trio
 
 from .config import Config
 from .handshake import RECEIVE_SIZE, NSQConnectionError
-from .lifecycle import CLOSED, OPEN, Life, Lifecycle, Moves
+from .lifecycle import CLOSED, OPEN, Life, Lifecycle, Moves, State
 from .message import cancel_may_be_pending
 from .protocol import states
 from .protocol.frames import FRAME_TYPE_RESPONSE, OK, encode_frame
@@ -57,10 +56,8 @@ class ConnectionClosedError(NSQConnectionError):
     """The connection ended before the request got its response."""
 
 
-class Loan(enum.Enum):
+class Loan(State):
     """Who reads a producer's socket (see :meth:`Connection.request`)."""
-
-    __hash__ = object.__hash__  # by identity, fast (see trionsq.lifecycle.Life)
 
     #: the reader task watches the socket (it may not be parked right now)
     READING = "reading"
@@ -84,10 +81,8 @@ LOAN_MOVES = Moves(
 )
 
 
-class Writer(enum.Enum):
+class Writer(State):
     """Where the connection's writes are (see :meth:`Connection.send_nowait`)."""
-
-    __hash__ = object.__hash__  # by identity, fast (see trionsq.lifecycle.Life)
 
     #: parked with nothing queued: the first command queued arranges a write
     #: (wakes the writer task, or hands the connection to the multiplexer)
