@@ -87,10 +87,13 @@ class _Slot:
     """One publish awaiting its answer (the completion :class:`Answers` hands
     it to): its thread sleeps on ``wake`` unless it is the reader."""
 
-    __slots__ = ("done", "error", "gone", "lead", "wake")
+    __slots__ = ("done", "error", "gone", "lead", "wake", "woken")
 
     def __init__(self) -> None:
         self.wake: threading.Lock | None = None
+        #: where the leader collects the wake-ups of the answers it hands out
+        #: (a follower's: see DirectConnection._wake_answered)
+        self.woken: list[threading.Lock] | None = None
         self.error: BaseException | None = None
         self.done = False
         self.lead = False  # handed the reading
@@ -100,7 +103,7 @@ class _Slot:
         self.done = True
         wake = self.wake
         if wake is not None:
-            _release(wake)
+            self.woken.append(wake)  # type: ignore[union-attr]
 
     def set_exception(self, error: BaseException) -> None:
         self.error = error
@@ -161,6 +164,9 @@ class DirectConnection:
         #: ``len(_unsent)`` publishes of ``answers.waiting``
         self._unsent: list[bytes] = []
         self._nops = 0  # heartbeats to answer at the next write
+        #: the followers whose answers the leader read, to wake before its
+        #: next system call (see _wake_answered)
+        self._woken: list[threading.Lock] = []
         #: (mark, lock) of threads waiting until the publishes queued before
         #: their mark have their outcome (flush, close)
         self._watchers: list[tuple[int, threading.Lock]] = []
@@ -186,6 +192,7 @@ class DirectConnection:
                     self._look()  # nothing read for a while: nsqd may have closed it
             else:
                 slot.wake = _wake_lock()
+                slot.woken = self._woken
             # Queued for the leader's next write (this thread's, if it leads);
             # its answer awaited in the same order.
             self.answers.waiting.append((slot, batch))
@@ -397,6 +404,8 @@ class DirectConnection:
                         continue  # a TLS record or compressed chunk not complete yet
                     raise ConnectionClosedError(f"{self.address}: nsqd closed the connection")
                 self._nops += answers.received(data)
+                if self._woken:
+                    self._wake_answered()
                 if self._watchers:
                     self._wake_watchers()
                 if self._unsent or self._nops:
@@ -445,6 +454,20 @@ class DirectConnection:
                 self._lead(slot, left)
                 return
 
+    def _wake_answered(self) -> None:
+        """Wake the followers whose answers a read handed out, all at once
+        after it (the leader goes on to its next system call at once, which
+        lets them have the GIL), not one at a time while it hands out the
+        rest."""
+        woken = self._woken  # (the slots hold it: emptied, not replaced)
+        pop = woken.pop  # (one at a time: close() may empty it meanwhile)
+        while woken:
+            try:
+                wake = pop()
+            except IndexError:
+                return
+            _release(wake)
+
     def _give_up(self, slot: _Slot) -> None:
         with self._lock:
             slot.gone = True
@@ -456,6 +479,8 @@ class DirectConnection:
         """Give the lead to the oldest publish still waiting whose thread
         waits (it writes what is queued, then reads); with none, nobody leads
         until the next publish."""
+        if self._woken:
+            self._wake_answered()
         with self._lock:
             self.reading = False
             if self.over is not None:
@@ -514,6 +539,8 @@ class DirectConnection:
         written: they may have been published).  nsqd's refusal (``cause``)
         is kept as :attr:`over`: it says nothing against nsqd itself
         (failover)."""
+        if self._woken:  # (answers read before the end: their threads go on)
+            self._wake_answered()
         if self.over is not None:
             return
         self.over = cause if isinstance(cause, NSQErrorResponse) else error
