@@ -99,7 +99,9 @@ class AioConnection:
         self._fd = self._sock.fileno()
         self._corked: list[bytes] = []  # commands of this iteration, not written yet
         self._flush_scheduled = False
-        self._unsent = b""  # bytes the socket did not take yet (written when it can)
+        # bytes the socket did not take yet, written when it can (a bytearray:
+        # appending and taking from its front cost no copy of the rest)
+        self._unsent = bytearray()
         self._plain = not link.transformed  # (no TLS, no compression: bytes as they are)
         self._read_timeout = link.config.read_timeout
         #: heartbeats nsqd sent (each answered with NOP)
@@ -157,7 +159,7 @@ class AioConnection:
             self.end(exc)
             return
         if sent < len(wire):
-            self._unsent = wire[sent:]
+            self._unsent += memoryview(wire)[sent:]
             self._loop.add_writer(self._fd, self._writable)
 
     def _writable(self) -> None:
@@ -168,7 +170,7 @@ class AioConnection:
         except OSError as exc:
             self.end(exc)
             return
-        self._unsent = self._unsent[sent:]
+        del self._unsent[:sent]
         if not self._unsent:
             self._loop.remove_writer(self._fd)
 
