@@ -44,23 +44,22 @@ class PublishFuture(asyncio.Future[None], Coroutine[Any, Any, None]):
     does.
     """
 
-    __slots__ = ("_steps",)
-    _steps: Generator[Any, None, None]  # made by the first send or throw
-
-    def _awaiting(self) -> Generator[Any, None, None]:
-        try:
-            return self._steps
-        except AttributeError:
-            steps = self._steps = self.__await__()
-            return steps
+    __slots__ = ()
 
     def send(self, value: None, /) -> Any:
-        return self._awaiting().send(value)
+        # What awaiting it does (Future.__await__), without making its
+        # iterator: the future itself while pending (the Task then waits for
+        # it), its outcome once done (its error raised).
+        if self.done():
+            raise StopIteration(self.result())
+        self._asyncio_future_blocking = True
+        return self
 
     def throw(self, typ: Any, val: Any = None, tb: Any = None, /) -> Any:
+        steps: Generator[Any, None, None] = self.__await__()
         if val is None and tb is None:
-            return self._awaiting().throw(typ)
-        return self._awaiting().throw(typ, val, tb)
+            return steps.throw(typ)
+        return steps.throw(typ, val, tb)
 
     def close(self) -> None:
         """Nothing to close: a publish, once handed over, is not taken back."""
