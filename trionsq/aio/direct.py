@@ -212,7 +212,8 @@ class AioConnection:
             return
         silent = self._loop.time() - self.last_read
         if silent >= self._read_timeout:
-            self.end(ConnectionClosedError(f"nothing received for {self._read_timeout}s"))
+            silence = f"{self.address}: nothing received for {self._read_timeout}s"
+            self.end(ConnectionClosedError(silence))
             return
         self._timer = self._loop.call_later(self._read_timeout - silent, self._check_silence)
 
