@@ -596,7 +596,7 @@ class DirectPublisher:
     thread, see the module's description).  Spare connections (a thread
     finding the lead taken leading one of its own) measured worse on 2
     cores, in the same runs against nsqd v1.3.0 (load 4-5), 8 threads: one
-    connection 47,000-53,000 msg/s, two 32,000-41,000, four 33,000-35,000,
+    connection 47,600-52,700 msg/s, two 31,800-41,000, four 33,000-34,600,
     nsqd's CPU a message higher with more: a Python process (one GIL)
     publishes no faster than one connection takes.
     """
