@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import trio
@@ -37,8 +38,10 @@ from trionsq.protocol.errors import BadMessageError, BadTopicError
 from trionsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
 from trionsq.publishing import NotPublishedError, PublishCore
 
-from ..support.nodes import BlockingNode
+from ..support.nodes import BlockingDaemons, BlockingNode
+from ..support.tls import Pki
 from ..support.waiting import wait_until_blocking
+from .conftest import AuthServer
 
 CONFIG = Config(nsqd_tcp_addresses=("127.0.0.1:4150",))
 OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, b"OK")
@@ -660,3 +663,59 @@ def test_close_waits_for_a_blocking_publish_in_flight() -> None:
         thread.join(LIMIT)
         assert not closer.is_alive() and outcome == ["ok"]
         assert conn.over is not None
+
+
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+def test_a_write_of_several_commands_over_tls_and_compression(
+    nodes: BlockingDaemons, pki: Pki, auth_server: AuthServer, compression: str
+) -> None:
+    """Commands queued while the leader reads go out in one write, each
+    compressed and encrypted by itself: nsqd reads every one."""
+    daemon = nodes.nsqd(*pki.nsqd_flags(f"--auth-http-address={auth_server.address}"))
+    options: dict[str, Any] = {
+        "tls": pki.client_context(),
+        "auth_secret": "open-sesame",
+        compression: True,
+    }
+    bodies = [b"lead"] + [b"follower-%d" % i + b"z" * 3000 * i for i in range(4)]
+    with blocking.Producer([daemon.tcp_address], **options) as producer:
+        producer.publish("batched", b"warm")
+        direct = producer._direct
+        assert direct is not None and direct.conn is not None
+        conn = direct.conn
+        writes = CountingLink(conn.link)
+        # The leader's first read waits until the followers queued behind it.
+        receive = conn.link.receive
+        queued = threading.Event()
+
+        def slow_receive() -> bytes:
+            queued.wait(LIMIT)
+            conn.link.receive = receive
+            return receive()
+
+        conn.link.receive = slow_receive
+        threads = [
+            threading.Thread(target=producer.publish, args=("batched", body)) for body in bodies
+        ]
+        threads[0].start()
+        wait_until_blocking(lambda: writes.writes == [1], limit=LIMIT)
+        for thread in threads[1:]:
+            thread.start()
+        wait_until_blocking(lambda: len(conn.answers.waiting) == len(bodies), limit=LIMIT)
+        queued.set()
+        for thread in threads:
+            thread.join(LIMIT)
+            assert not thread.is_alive()
+        assert writes.writes == [1, len(bodies) - 1]
+        stats = producer.stats
+        assert (stats.published, stats.errors) == (len(bodies) + 1, 0)
+    with blocking.Consumer(
+        "batched", "chan", nsqd_tcp_addresses=[daemon.tcp_address], **options
+    ) as consumer:
+        got = []
+        for message in consumer:
+            message.finish()
+            got.append(message.body)
+            if len(got) == len(bodies) + 1:
+                break
+    assert sorted(got) == sorted([b"warm", *bodies])
