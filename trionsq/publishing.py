@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -206,6 +206,7 @@ class Completion(Protocol):
 
 
 W = TypeVar("W", bound=Completion)
+T = TypeVar("T")
 
 
 class Answers(Generic[W]):
@@ -340,6 +341,21 @@ class Rotation:
 
     def attempt(self) -> Attempt:
         return Attempt(self)
+
+    def first(self, open: Callable[[str], T]) -> T:
+        """What ``open(address)`` returns for the first address that opens
+        (the loop above, for a driver that blocks: the blocking and asyncio
+        front ends' connects); raises :meth:`Attempt.error` if none does."""
+        attempt = Attempt(self)
+        for address in attempt:
+            try:
+                opened = open(address)
+            except Exception as exc:
+                attempt.failed(address, exc)
+                continue
+            attempt.connected(address)
+            return opened
+        raise attempt.error()
 
     def lost(self, address: str, reason: BaseException | None) -> None:
         """A connection to ``address`` ended, for ``reason`` (None: closed

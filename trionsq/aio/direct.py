@@ -48,7 +48,7 @@ from collections.abc import Callable
 
 from ..blocking.link import Link
 from ..config import Config
-from ..connection import ConnectionClosedError
+from ..connection import ConnectionClosedError, NSQConnectionError
 from ..protocol import commands
 from ..protocol.errors import NSQErrorResponse, ProtocolError
 from ..publishing import (
@@ -350,24 +350,20 @@ class AioPublisher:
         thread.start()
 
     def _connect_in_thread(self) -> None:
-        attempt = self._rotation.attempt()
         link: Link | None = None
         error: Exception | None = None
-        for address in attempt:
-            try:
-                link = Link.open(address, self.config, self._greeting)
-            except Exception as exc:
-                attempt.failed(address, exc)
-                continue
-            attempt.connected(address)
-            break
-        else:
-            error = attempt.error()
+        try:
+            link = self._rotation.first(self._open)
+        except (NSQConnectionError, NSQErrorResponse) as exc:
+            error = exc
         try:
             self._loop.call_soon_threadsafe(self._connected, link, error)
         except RuntimeError:  # the loop closed meanwhile: nobody wants it
             if link is not None:
                 link.shut()
+
+    def _open(self, address: str) -> Link:
+        return Link.open(address, self.config, self._greeting)
 
     def _connected(self, link: Link | None, error: Exception | None) -> None:
         thread, self._connecting = self._connecting, None

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable
 
 from ..config import Config
-from ..connection import ConnectionClosedError
+from ..connection import ConnectionClosedError, NSQConnectionError
 from ..protocol import commands
 from ..protocol.errors import NSQError, NSQErrorResponse
 from ..publishing import Answers, Counters, NotPublishedError, PublishCore, Rotation
@@ -662,19 +662,17 @@ class DirectPublisher:
                 self._rotation.lost(conn.address, conn.over)
                 self._retired.add(conn.counters)
                 self.conn = None
-            attempt = self._rotation.attempt()
-            for address in attempt:
-                try:
-                    link = Link.open(address, self.config, self._greeting)
-                except Exception as exc:
-                    attempt.failed(address, exc)
-                    continue
-                attempt.connected(address)
-                conn = self.conn = DirectConnection(link)
-                self._start_keeper()
-                return conn
-            self.core.errors += 1
-            raise attempt.error()
+            try:
+                link = self._rotation.first(self._open)
+            except (NSQConnectionError, NSQErrorResponse):
+                self.core.errors += 1
+                raise
+            conn = self.conn = DirectConnection(link)
+            self._start_keeper()
+            return conn
+
+    def _open(self, address: str) -> Link:
+        return Link.open(address, self.config, self._greeting)
 
     def _start_keeper(self) -> None:
         interval = self.config.heartbeat_interval
