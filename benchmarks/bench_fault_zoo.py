@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.plugin.fault_zoo import BUGGY, CORRECT, ZOO_PROJECT
+from tests.plugin.test_nsq_faults import replay_commands
 
 INI = "[pytest]\ntrio_mode = true\naddopts = -p no:benchmark -p no:cacheprovider\n"
 
@@ -47,14 +47,6 @@ def durations(text: str) -> dict[str, float]:
     return {
         m.group(2): float(m.group(1)) for m in re.finditer(r"^([\d.]+)s call\s+(\S+)", text, re.M)
     }
-
-
-def replays(text: str) -> dict[str, list[str]]:
-    found = {}
-    for line in re.findall(r"replay this test with the same faults:\n\s*(.+)", text):
-        command = shlex.split(line.strip())
-        found[command[-1]] = command
-    return found
 
 
 def pytest(folder: Path, *args: str) -> str:
@@ -93,7 +85,7 @@ def main() -> None:
         for seed in range(1, args.seeds + 1):
             text = pytest(folder, f"--nsq-faults={seed}", *extra, *select)
             seen = outcomes(text)
-            printed = replays(text)
+            printed = replay_commands(text)
             for test, took in durations(text).items():
                 seconds.setdefault(test, []).append(took)
             for test in tests:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from trionsq import blocking
 from trionsq.blocking.direct import DirectConnection, NotWrittenError
-from trionsq.blocking.link import Link
+from trionsq.blocking.link import Link, sent_whole
 from trionsq.config import Config
 from trionsq.connection import ConnectionClosedError
 from trionsq.protocol.errors import BadMessageError, BadTopicError
@@ -243,16 +243,6 @@ class CutLink:
             self.link.sent_whole = sent_whole(commands, cut)
             raise self.error
         self.send_whole(commands)
-
-
-def sent_whole(commands: list[bytes], sent: int) -> int:
-    count = 0
-    for command in commands:
-        sent -= len(command)
-        if sent < 0:
-            break
-        count += 1
-    return count
 
 
 @settings(max_examples=60, deadline=None)

@@ -25,7 +25,7 @@ from ..protocol.errors import ProtocolError
 from ..reasons import cannot_connect
 from ..transport import parse_address
 
-__all__ = ["Link"]
+__all__ = ["Link", "sent_whole"]
 
 _RECEIVE_SIZE = 64 * 1024
 
@@ -205,7 +205,7 @@ class Link:
                 while sent < total:
                     sent += send(view[sent:])
         except BaseException:
-            self.sent_whole = _whole(wire, sent)
+            self.sent_whole = sent_whole(wire, sent)
             raise
         self.sent_whole = len(wire)
 
@@ -303,7 +303,7 @@ class Link:
         self.sock.close()
 
 
-def _whole(parts: list[bytes], sent: int) -> int:
+def sent_whole(parts: list[bytes], sent: int) -> int:
     """How many of ``parts``, written one after the other, fit whole in ``sent`` bytes."""
     count = 0
     for part in parts:
