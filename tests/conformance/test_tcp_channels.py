@@ -114,6 +114,18 @@ async def test_emptying_a_channel_drops_queued_and_in_flight(conformance: Confor
         await pub(t, "t", b"a", b"b", b"c")
         (msg,) = await c.read_messages(1)
         await c.send(cmds.rdy(0))
+        # The real nsqd moves a topic's messages to its channels in a goroutine:
+        # emptied at once, the channel may not hold b and c yet (seen beside two
+        # CPU burners). Wait until both wait in the channel, bounded.
+        await poll_until(
+            lambda: node_state(t),
+            lambda state: any(
+                channel["name"] == "ch" and channel["depth"] == 2
+                for topic in state
+                for channel in topic["channels"]
+            ),
+            "b and c to wait in channel ch",
+        )
         answer = await post(t, "/channel/empty?topic=t&channel=ch")
         await c.send(cmds.fin(msg.id))  # no longer in flight
         await c.sync()
