@@ -108,6 +108,12 @@ class FaultProxy(ServingNode):
         #: connections relayed so far
         self.relayed = 0
 
+    def retarget(self, upstream: str) -> None:
+        """Relay the connections made from now on to ``upstream`` (a daemon
+        that moved to another port: a first start that found its port taken)."""
+        self._upstream_host, self._upstream_port = split_host_port(upstream)
+        self.upstream = upstream
+
     async def check_upstream(self) -> None:
         """Connect to upstream once (``OSError``, one line, when it cannot)."""
         try:

@@ -467,6 +467,9 @@ async def faulty_real_cluster(
             await nursery.start(proxy.serve)
             cluster.front(i, proxy.tcp_address)
         await trio.to_thread.run_sync(cluster.start)
+        # A first start that found a port taken moved the nsqd to a fresh one.
+        for proxy, process in zip(proxies, cluster.nsqd_processes, strict=True):
+            proxy.retarget(process.tcp_address)
         try:
             async with flowing(player):
                 yield cluster

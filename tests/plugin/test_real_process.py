@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 from fakensq.testing import real
 from fakensq.testing.real import RealBinaries, RealCluster, RealProcess
@@ -104,3 +105,28 @@ def test_nsqds_register_where_the_lookupd_ended_up(
         assert cluster.nsqd_tcp_addresses == [cluster.nsqd_processes[0].tcp_address]
     finally:
         cluster.close()
+
+
+async def test_a_fault_proxy_follows_its_nsqd_to_fresh_ports(
+    binaries: RealBinaries, tmp_path: Path, held_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The proxy is made (and its nsqd told to broadcast it) before the nsqd
+    # starts; the nsqd's first TCP port is taken, so it moves: the proxy
+    # relays to where it ended up, and a publish through it is stored.
+    import trionsq
+    from fakensq.testing.pytest_faults import FaultSettings, TestFaults
+    from fakensq.testing.real import faulty_real_cluster
+
+    picks_first(monkeypatch, held_port)
+    cluster = RealCluster(binaries, tmp_path, nsqd=1, lookupd=0)
+    settings = FaultSettings(seed=1, rate=0.0)
+    faults = TestFaults(settings, "t", 0.0, "safe", None, None, 3, 2.0)
+    async with faulty_real_cluster(faults, "nsqd-0", cluster, 2.0):
+        assert port_of(cluster.nsqd_processes[0].tcp_address) != held_port
+        async with trionsq.Producer(nsqd_tcp_addresses=cluster.nsqd_tcp_addresses) as producer:
+            with trio.fail_after(10):
+                await producer.publish("moved", b"through the proxy")
+        http = cluster.nsqd_processes[0].http_address
+        async with httpx.AsyncClient() as client:
+            stats = (await client.get(f"http://{http}/stats?format=json&topic=moved")).json()
+        assert [t["message_count"] for t in stats["topics"]] == [1]
