@@ -11,7 +11,7 @@ import logging
 import sys
 import tomllib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO, TypeVar
+from typing import Any, Final, TextIO, TypeVar
 
 import trio
 
@@ -24,8 +24,10 @@ from ..nsqd.listeners import listen_error
 from ..nsqd.options import NSQDOptions
 
 __all__ = [
+    "FAKENSQ_CONFIG_KEYS",
     "ConfigError",
     "check_listeners",
+    "config_fields",
     "config_values",
     "daemon_options",
     "fatal",
@@ -96,6 +98,19 @@ def _load_config(
 
 class ConfigError(Exception):
     """The ``--config`` file cannot be read (nsqd exits 1 with this text)."""
+
+
+#: Options a ``--config`` file may set that have no flag: fakensq's own
+#: (documented in docs/testing.md; the real daemons ignore these keys).
+FAKENSQ_CONFIG_KEYS: Final = frozenset({"legacy_http_aliases", "seed"})
+
+
+def config_fields(fs: FlagSet) -> set[str]:
+    """The options a ``--config`` file sets: those with a flag, as go-options'
+    ``Resolve`` (nsqd's options without one, such as ``client_timeout`` or
+    ``queue_scan_interval``, keep their defaults whatever the file says), and
+    fakensq's own (:data:`FAKENSQ_CONFIG_KEYS`)."""
+    return {f.dest for f in fs.flags.values() if f.dest} | FAKENSQ_CONFIG_KEYS
 
 
 def config_values(

@@ -26,6 +26,7 @@ from ..nsqd.node import NSQD
 from ..nsqd.options import TLS_NOT_REQUIRED, TLS_REQUIRED, NSQDOptions
 from .common import (
     check_listeners,
+    config_fields,
     config_values,
     daemon_options,
     fatal,
@@ -47,7 +48,7 @@ def nsqd_options_from_flags(values: dict[str, Any]) -> NSQDOptions:
     """
     config = config_values(
         values,
-        set(NSQDOptions.__dataclass_fields__),
+        config_fields(nsqd_flagset()),
         set(DURATION_FIELDS),
         dict(CFG_ALIASES),
     )

@@ -16,6 +16,7 @@ from ..lookupd.flags import nsqlookupd_command_defaults, nsqlookupd_flagset
 from ..lookupd.options import LookupdOptions
 from .common import (
     check_listeners,
+    config_fields,
     config_values,
     daemon_options,
     fatal,
@@ -32,7 +33,7 @@ def nsqlookupd_options_from_flags(values: dict[str, Any]) -> LookupdOptions:
     """:class:`LookupdOptions` from parsed nsqlookupd flags (and ``--config``)."""
     config = config_values(
         values,
-        set(LookupdOptions.__dataclass_fields__),
+        config_fields(nsqlookupd_flagset()),
         {"inactive_producer_timeout", "tombstone_lifetime"},
         {},
     )

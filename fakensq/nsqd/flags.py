@@ -274,4 +274,4 @@ CFG_ALIASES: Final = {
 #: integer milliseconds).
 DURATION_FIELDS: Final = {
     f.dest for f in nsqd_flagset().flags.values() if f.kind == "duration" and f.dest
-} | {"queue_scan_interval", "queue_scan_refresh_interval", "client_timeout"}
+}

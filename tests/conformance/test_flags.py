@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import fakensq
 from fakensq.cli import nsqd_main, nsqlookupd_main
@@ -299,6 +300,32 @@ async def test_flag_value(conformance: Conformance, flag: str, name: str) -> Non
         return status, headers, body
 
     await conformance.nsqd(scenario, flag)
+
+
+async def test_config_keys_of_options_without_a_flag(
+    conformance: Conformance, tmp_path: Path
+) -> None:
+    """nsqd's go-options resolves only options that have a flag: a config file's
+    ``client_timeout`` (whose half is the heartbeat interval and whose whole the
+    read deadline of a client that does not ask for one) and ``queue_scan_*``
+    change nothing, so a quiet client gets no heartbeat for 30 s.  (fakensq
+    before: it applied them, heartbeats every 0.25 s and the client closed at
+    its 0.5 s deadline.)"""
+    config = tmp_path / "nsqd.cfg"
+    config.write_text(
+        'client_timeout = "500ms"\nqueue_scan_interval = "1ms"\nqueue_scan_refresh_interval = 1\n'
+    )
+
+    async def scenario(t: Target) -> Any:
+        c = await t.connect()
+        await c.identify()
+        with trio.move_on_after(1.5):
+            await c.read(1)
+        async with t.http() as http:
+            refused = await request(http, "GET", "/config/client_timeout")
+        return c.transcript, c.closed, refused
+
+    await conformance.nsqd(scenario, f"--config={config}")
 
 
 @pytest.mark.parametrize("daemon", DAEMONS)
