@@ -34,6 +34,18 @@ nsqd's ``/stats`` (FINs per client), sampled during the run.
 process it crosses (the driver's source process, the tasks, the agents: see
 ``trionsq/spark/_phases.py``), and prints the first batch's timeline.
 
+``--cpu`` prints the CPU seconds each kind of process of this script's tree
+used during each contender's run (nsqd, ``nsq_to_file``, the agents, the
+executors' and the driver's JVMs, the tasks' Python workers, the source's
+process; read from ``/proc``, sampled every 0.1 s, which costs this script a
+little CPU itself): where the machine's cores went.
+
+The query is waited for in the JVM (``awaitTermination``), and the first
+batch's commit taken from Spark's progress report (its trigger's start plus its
+duration): until 2026-11-28 this script asked for ``recentProgress`` every 20
+ms, which cost the driver's JVM and this process over a CPU second per run, on
+the two cores Spark was measured on.
+
 ``--scaling`` adds the same Spark query on ``local-cluster[1,1,1024]`` and
 ``local-cluster[3,1,1024]`` (one and three executors of one core each).
 
@@ -41,6 +53,7 @@ process it crosses (the driver's source process, the tasks, the agents: see
         [--master 'local-cluster[2,1,1024]'] [--scaling] [--json results.json]
         [--option connections_per_nsqd=8 ...]   # experiments; the defaults otherwise
         [--phases]                              # the first batch's timeline
+        [--cpu]                                 # CPU seconds per kind of process
 
 The real binaries come from ``NSQ_BIN`` or ``shared/reference/nsq-bin`` above the
 checkout (see ``tests/reference.py``); without them the script says so and stops.
@@ -62,6 +75,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +94,8 @@ RUN_LIMIT = 900.0
 _USER_AGENT = re.compile(r"spark-agent executor=(\S+) pid=(\d+)")
 #: --phases: the file every process of the query appends its steps to
 PHASES: Path | None = None
+#: --cpu: CPU seconds per group of processes during each contender's run
+CPU = False
 
 
 @dataclass
@@ -177,7 +193,10 @@ def run_go(daemons: list[reference.RealDaemon], total: int) -> Result:
             seen[path] = (offset, count)
         return sum(count for path, (_, count) in seen.items() if path.exists())
 
+    cpu = CpuSampler() if CPU else None
     started = time.perf_counter()
+    if cpu is not None:
+        cpu.__enter__()
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while lines() < total:
@@ -185,6 +204,9 @@ def run_go(daemons: list[reference.RealDaemon], total: int) -> Result:
                 raise TimeoutError("nsq_to_file did not finish")
             time.sleep(0.01)
         elapsed = time.perf_counter() - started
+        if cpu is not None:
+            cpu.__exit__()
+            print_cpu("Go nsq_to_file", elapsed, cpu.totals())
         written = lines()
         assert written == total, f"nsq_to_file wrote {written} lines, expected {total}"
     finally:
@@ -336,7 +358,7 @@ class ClientSampler:
         self.sample()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.25):
+        while not self._stop.wait(0.5):
             self.sample()
 
     def sample(self) -> None:
@@ -363,6 +385,100 @@ class ClientSampler:
 
     def pids(self) -> set[int]:
         return {int(m.group(2)) for ua in self.user_agents if (m := _USER_AGENT.search(ua))}
+
+
+class CpuSampler:
+    """--cpu: every process's CPU time (Linux's /proc) at the start and the end of a
+    contender's run, summed by kind of process (nsqd, the agents, the executors'
+    JVMs...): where the machine's cores went."""
+
+    _GROUPS = (
+        ("trionsq.spark.agent", "agents"),
+        ("nsq_to_file", "nsq_to_file"),
+        ("CoarseGrainedExecutorBackend", "executor JVMs"),
+        ("SparkSubmit", "driver JVM"),
+        ("pyspark.daemon", "Python workers (tasks)"),
+        ("pyspark/daemon", "Python workers (tasks)"),
+        ("python_streaming_source_runner", "source process (coordinator)"),
+        ("bench_spark", "this script"),
+        ("nsqd", "nsqd"),
+        ("java", "other JVMs"),
+        ("python", "other Python"),
+    )
+
+    def __init__(self) -> None:
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._first: dict[int, tuple[str, float]] = {}
+        self._before: set[int] = set()
+        self._last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._before = set(self._first)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        # Processes that start and end within the run (the agents, Python workers)
+        # are seen by the samples in between.
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def _group(self, command: str) -> str:
+        for needle, name in self._GROUPS:
+            if needle in command:
+                return name
+        return "other"
+
+    def _sample(self) -> None:
+        # Only this script's process tree: other jobs on a shared machine (their own
+        # nsqds, JVMs, Pythons) are not this benchmark's cost.
+        seen: dict[int, tuple[int, str, float]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / self._tick
+            group = self._group(command.decode(errors="replace"))
+            seen[int(entry)] = (int(fields[1]), group, cpu)
+        ours = {os.getpid()}
+        grew = True
+        while grew:
+            grew = False
+            for pid, (parent, _, _) in seen.items():
+                if parent in ours and pid not in ours:
+                    ours.add(pid)
+                    grew = True
+        for pid in ours:
+            _, group, cpu = seen[pid]
+            self._first.setdefault(pid, (group, cpu))
+            self._last[pid] = (group, cpu)
+
+    def totals(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for pid, (group, cpu) in self._last.items():
+            # A process born during the run: all of its time counts.
+            totals[group] += cpu - (self._first[pid][1] if pid in self._before else 0.0)
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def print_cpu(name: str, seconds: float, totals: dict[str, float]) -> None:
+    parts = ", ".join(f"{group} {cpu:.2f}" for group, cpu in totals.items() if cpu >= 0.05)
+    print(
+        f"  CPU seconds during {name} ({seconds:.2f} s, {sum(totals.values()):.2f} CPU s): {parts}"
+    )
 
 
 def spark_session(master: str) -> Any:
@@ -424,7 +540,10 @@ def run_spark(
     try:
         if PHASES is not None:
             PHASES.write_text("")
+        cpu = CpuSampler() if CPU else None
         with ClientSampler(daemons) as sampler:
+            if cpu is not None:
+                cpu.__enter__()
             started = time.perf_counter()
             started_wall = time.time()
             query = (
@@ -439,19 +558,19 @@ def run_spark(
                 .trigger(availableNow=True)
                 .start(str(tmp / "out"))
             )
-            first_commit: float | None = None
-            while query.isActive:
-                if first_commit is None and any(p["numInputRows"] for p in query.recentProgress):
-                    first_commit = time.perf_counter()
-                    first_commit_wall = time.time()
-                if time.perf_counter() - started > RUN_LIMIT:
-                    query.stop()
-                    raise TimeoutError("the Spark query did not finish")
-                time.sleep(0.02)
-            query.awaitTermination()
+            # Waited for in the JVM, not polled: asking for recentProgress every
+            # 20 ms (as this did until 2026-11-28) cost the driver's JVM and this
+            # process over a CPU second per run, on the cores Spark was measured on.
+            if not query.awaitTermination(RUN_LIMIT):
+                query.stop()
+                raise TimeoutError("the Spark query did not finish")
             elapsed = time.perf_counter() - started
+            if cpu is not None:
+                cpu.__exit__()
+                print_cpu("the Spark query", elapsed, cpu.totals())
+        first_commit_wall = _first_commit(query.recentProgress)
         progress = [p for p in query.recentProgress if p["numInputRows"]]
-        if PHASES is not None and first_commit is not None:
+        if PHASES is not None and first_commit_wall is not None:
             print_phases(PHASES, started_wall, first_commit_wall, query.recentProgress)
             print(f"  {elapsed:+8.3f}  the query ended (awaitTermination returned)")
         read = sum(p["numInputRows"] for p in progress)
@@ -469,7 +588,7 @@ def run_spark(
             f"subscribers' pids {executors} include the driver's {driver}"
         )
         assert all("spark-agent" in ua for ua in sampler.user_agents), sampler.user_agents
-        first_seconds = (first_commit or started) - started
+        first_seconds = (first_commit_wall or started_wall) - started_wall
         rest = sum(p["numInputRows"] for p in progress[1:])
         steady = rest / (elapsed - first_seconds) if rest and elapsed > first_seconds else None
         return Result(
@@ -485,6 +604,16 @@ def run_spark(
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _first_commit(progress: list[dict[str, Any]]) -> float | None:
+    """When the first batch with rows was committed (wall clock): its trigger's
+    start plus its duration (Spark reports a batch's progress once committed)."""
+    for p in progress:
+        if p["numInputRows"]:
+            began = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
+            return began.timestamp() + p["durationMs"]["triggerExecution"] / 1000
+    return None
 
 
 def print_phases(
@@ -570,9 +699,15 @@ def main() -> None:
     )
     parser.add_argument("--no-floor", action="store_true", help="skip Spark's floor")
     parser.add_argument(
+        "--cpu", action="store_true", help="CPU seconds per kind of process in each run"
+    )
+    parser.add_argument(
         "--phases", action="store_true", help="print the first batch's timeline (each step)"
     )
     args = parser.parse_args()
+    if args.cpu:
+        global CPU
+        CPU = True
     if args.phases:
         global PHASES
         PHASES = Path(tempfile.mkdtemp(prefix="bench-phases-")) / "phases.jsonl"

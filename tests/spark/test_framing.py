@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -119,3 +120,69 @@ async def test_reads_ask_for_bounded_chunks_whatever_the_length() -> None:
     header, got = await framing.receive(Recording(data), framing.Limits(100, len(payload)))
     assert (header, got) == ({"op": "x"}, payload)
     assert max(asked) <= framing.CHUNK
+
+
+# --- rows in a memory file (the agent's replies to its tasks) ---------------------
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+needs_memfd = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd (Linux)")
+
+
+@needs_memfd
+@pytest.mark.parametrize("size", [0, 10, framing.FILE_FROM - 1, framing.FILE_FROM, 3 << 20])
+async def test_send_file_round_trip(size: int) -> None:
+    """Small payloads go inline, big ones in a memory file, mapped on arrival;
+    no descriptor is left open on either side."""
+    payload = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    left, right = socket.socketpair(socket.AF_UNIX)
+    before = _open_descriptors()
+    with right:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(left))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(framing.send_file, stream, {"re": 1, "rows": 3}, payload)
+            header, got = await trio.to_thread.run_sync(
+                lambda: framing.receive_sync(right, ANY if size < ANY.payload else BIG, files=True)
+            )
+        await stream.aclose()
+        assert bytes(got) == payload
+        assert header["rows"] == 3
+        assert ("file" in header) == (size >= framing.FILE_FROM)
+        del got
+    assert _open_descriptors() <= before
+
+
+BIG = framing.Limits(header=1 << 16, payload=4 << 20)
+
+
+@needs_memfd
+async def test_a_file_beyond_the_payload_limit_is_refused() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with right:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(left))
+        await framing.send_file(stream, {"re": 1}, b"x" * (2 << 20))
+        with pytest.raises(framing.FramingError, match="at most 1048576 accepted"):
+            framing.receive_sync(right, ANY, files=True)
+        await stream.aclose()
+
+
+@needs_memfd
+def test_a_file_that_does_not_match_its_header_is_refused() -> None:
+    """A header that names a file that did not come, a file with no header for it,
+    or a file whose size is not the header's: a FramingError, nothing mapped."""
+    for header, size in (({"file": 100}, None), ({"re": 1}, 100), ({"file": 100}, 99)):
+        left, right = socket.socketpair(socket.AF_UNIX)
+        with left, right:
+            head, _ = framing.encode(header)
+            if size is None:
+                left.sendall(head)
+            else:
+                descriptor = os.memfd_create("test")
+                os.write(descriptor, b"x" * size)
+                socket.send_fds(left, [head], [descriptor])
+                os.close(descriptor)
+            with pytest.raises(framing.FramingError):
+                framing.receive_sync(right, ANY, files=True)

@@ -7,12 +7,15 @@ refill the agents" (a loaded machine) must not count.  On virtual time.
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+from trionsq.consumer import ConnectionStats
 from trionsq.spark import _framing as framing
 from trionsq.spark import coordinator as coordinator_module
 from trionsq.spark._executor import ExecutorIdentity
@@ -162,3 +165,89 @@ async def test_an_agent_says_it_settled_the_moment_it_does(autojump_clock: Any) 
     assert after[0][1] is False
     first_settled = next(at for at, settled in after if settled)
     assert first_settled == pytest.approx(fins_out + OPTIONS.max_batch_wait, abs=1e-6)
+
+
+class _Slot:
+    """What settling reads of a slot: its buffer, times, and its consumers'
+    connections (RDY and messages in flight)."""
+
+    def __init__(self, in_flight: int, rdy: int) -> None:
+        self.buffer: list[object] = []
+        self.busy = False
+        self.last_arrival = self.started_at = trio.current_time()
+        self.budget_raised = -math.inf
+        connection = ConnectionStats("127.0.0.1:4150", rdy, in_flight, 2500)
+        stats = SimpleNamespace(connections={connection.address: connection})
+        self.consumers = [SimpleNamespace(stats=stats)]
+
+
+def _run_with(slot: _Slot) -> QueryRun:
+    identity = ExecutorIdentity("0", "127.0.0.1", 1, 1)
+    keys = QueryKeys("token", "cert", "key")  # never loaded: no connection is made
+    run = QueryRun(Agent(identity, "unused", None), keys, ("127.0.0.1", 1), OPTIONS)
+    run.slots = [slot]  # type: ignore[list-item]
+    return run
+
+
+async def _resolve_in(run: QueryRun, header: dict[str, Any]) -> None:
+    async with trio.open_nursery() as nursery:
+        run._nursery = nursery
+        await run._resolve(header)
+
+
+async def test_fins_that_free_no_room_do_not_restart_the_quiet_spell(autojump_clock: Any) -> None:
+    """Every connection had room since the last arrival: nsqd could send all
+    along, so its silence since then counts (the end of an AvailableNow query
+    no longer waits max_batch_wait after the last batch's FINs)."""
+    run = _run_with(_Slot(in_flight=1200, rdy=2500))
+    arrival = trio.current_time()
+    await trio.sleep(0.3)
+    await _resolve_in(run, {"op": "resolve", "fin": [], "req": []})
+    assert run.settles_at() == pytest.approx(arrival + OPTIONS.max_batch_wait)
+    await trio.sleep(0.2)
+    assert run.settled()
+
+
+async def test_fins_that_free_room_start_the_quiet_spell(autojump_clock: Any) -> None:
+    """A connection held its whole RDY count: nsqd may have more for it, sent
+    once the FINs reach it, so the quiet spell counts from the FINs."""
+    run = _run_with(_Slot(in_flight=2500, rdy=2500))
+    await trio.sleep(0.3)
+    fins = trio.current_time()
+    await _resolve_in(run, {"op": "resolve", "fin": [], "req": []})
+    assert not run.settled()
+    assert run.settles_at() == pytest.approx(fins + OPTIONS.max_batch_wait)
+
+
+async def test_requeues_always_start_the_quiet_spell(autojump_clock: Any) -> None:
+    """REQ gives nsqd messages to send again: wait for them whatever the room."""
+    run = _run_with(_Slot(in_flight=10, rdy=2500))
+    await trio.sleep(0.3)
+    requeued = trio.current_time()
+    await _resolve_in(run, {"op": "resolve", "fin": [], "req": [12345]})
+    assert run.settles_at() == pytest.approx(requeued + OPTIONS.max_batch_wait)
+
+
+async def test_an_nsqd_without_a_connection_counts_as_waiting(autojump_clock: Any) -> None:
+    """A configured nsqd with no connection up may hold anything: FINs count."""
+    run = _run_with(_Slot(in_flight=0, rdy=2500))
+    connection = ConnectionStats("127.0.0.1:4151", 2500, 0, 2500)
+    slot = run.slots[0]
+    slot.consumers[0].stats.connections = {connection.address: connection}  # type: ignore[attr-defined]
+    assert run.nsqd_may_wait()  # 127.0.0.1:4150, the option's, is not connected
+
+
+async def test_available_now_ends_as_soon_as_every_agent_has_settled(
+    autojump_clock: Any,
+) -> None:
+    """A query that goes on waits max_batch_wait for messages before "no batch"
+    (an idle channel is not polled in a busy loop); AvailableNow's last "no
+    batch" ends the query, and comes as soon as every agent has settled."""
+    coordinator = Coordinator(OPTIONS)
+    agent = linked_agent(coordinator)
+    agent.settled = True
+    began = trio.current_time()
+    assert await coordinator.latest(0, None, ending=True) == 0
+    assert trio.current_time() == began
+    assert await coordinator.latest(0, None) == 0
+    assert trio.current_time() == pytest.approx(began + OPTIONS.max_batch_wait)

@@ -156,9 +156,10 @@ def _wait_closed(pipe: Any, seconds: float) -> None:
 
 def read_from_agent(
     identity: ExecutorIdentity, request: dict[str, Any], options: SourceOptions, timeout: float
-) -> tuple[dict[str, Any], bytes]:
-    """Send one read request; the agent's answer (header, Arrow IPC bytes)."""
+) -> tuple[dict[str, Any], bytes | memoryview]:
+    """Send one read request; the agent's answer (header, Arrow IPC bytes: big ones
+    mapped from the memory file the agent passed, see :func:`._framing.send_file`)."""
     sock = connect_agent(identity, timeout)
     with sock:
         send_sync(sock, request, pickle.dumps(options))
-        return receive_sync(sock, Limits(64 << 10, ipc_limit(options)))
+        return receive_sync(sock, Limits(64 << 10, ipc_limit(options)), files=True)

@@ -76,6 +76,8 @@ class Slot:
         self.busy = False
         self.last_used = trio.current_time()
         self.last_arrival = -math.inf
+        #: when a consumer's max_in_flight was last raised (room for nsqd to send)
+        self.budget_raised = -math.inf
         self._now = self.started_at = trio.current_time()
         self._received = 0
         self._received_bytes = 0
@@ -133,6 +135,8 @@ class Slot:
                 if target and (target < current or target > current * 1.1):
                     self._limits[index] = target
                     await consumer.set_max_in_flight(target)
+                    if target > current:
+                        self.budget_raised = trio.current_time()
             with trio.move_on_after(_BUDGET_EVERY):
                 await self._budget_due.wait()
 

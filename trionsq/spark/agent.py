@@ -33,7 +33,6 @@ import os
 import pickle
 import secrets
 import signal
-import socket
 import ssl
 import sys
 from typing import Any
@@ -41,10 +40,11 @@ from typing import Any
 import trio
 
 from .. import __version__
-from ..lookupd import lookup
 from ..telemetry.semconv import FINISHED, REQUEUED
+from ._diagnose import reason as _reason
+from ._diagnose import unreachable_reason
 from ._executor import ExecutorIdentity, process_alive
-from ._framing import FramingError, Limits, receive, send
+from ._framing import FramingError, Limits, receive, send, send_file
 from ._held import Held, ipc_limit, to_ipc
 from ._link import Link, ReadError
 from ._options import SourceOptions
@@ -287,6 +287,9 @@ class QueryRun:
         """Take the sets out, answer at once, and FIN / REQ them in the background:
         the coordinator plans the next batch while the FINs go out (and nsqd
         refills the slots as they do)."""
+        # Before anything is answered: whether these FINs can let nsqd send what
+        # it could not (see settled); REQs always can (nsqd sends them again).
+        opening = bool(header.get("req")) or self.nsqd_may_wait()
         fin: list[Held] = []
         req: list[Held] = []
         for key, into in (("fin", fin), ("req", req)):
@@ -297,29 +300,49 @@ class QueryRun:
                     slot, held = entry
                     slot.in_sets -= len(held)
                     into.extend(held)
-        self._activity = trio.current_time()
+        if opening:
+            self._activity = trio.current_time()
         if fin or req:
             assert self._nursery is not None
             self._answering += 1
-            self._nursery.start_soon(self._answer, fin, req)
+            self._nursery.start_soon(self._answer, fin, req, opening)
         return {"finished": len(fin), "requeued": len(req)}
 
-    async def _answer(self, fin: list[Held], req: list[Held]) -> None:
+    async def _answer(self, fin: list[Held], req: list[Held], opening: bool) -> None:
         try:
+            await trio.lowlevel.checkpoint()
+            # Without a cancellation point per message (a batch is tens of thousands).
             for item in fin:
-                await item.message.finish()
+                item.message.finish_now()
             for item in req:
-                await item.message.requeue(0, backoff=False)
+                item.message.requeue_now(0, False)
         finally:
             self._answering -= 1
-            self._activity = trio.current_time()
+            if opening:
+                self._activity = trio.current_time()
             self.status_changed()
 
+    def nsqd_may_wait(self) -> bool:
+        """Whether some nsqd may hold messages it cannot send here: every connection
+        of this query to it has its RDY count in flight (or no connection is up).
+        Only then do FINs prove something by a quiet spell after them (see
+        :meth:`settled`); when every nsqd had room all along, its silence since the
+        last arrival already says it has nothing more."""
+        room: dict[str, bool] = dict.fromkeys(self.options.connection.nsqd_tcp_addresses, False)
+        for slot in self.slots:
+            for consumer in slot.consumers:
+                for address, conn in consumer.stats.connections.items():
+                    room[address] = room.get(address, False) or conn.in_flight < conn.rdy
+        return not room or not all(room.values())
+
     def settled(self) -> bool:
-        """Nothing held here, and nothing received for ``max_batch_wait`` since the
-        last FINs went out (nsqd refills the connections their FINs freed): the
-        coordinator ends a ``Trigger.AvailableNow`` query only once every agent is.
-        A quiet spell right after a commit proves nothing on a loaded machine."""
+        """Nothing held here, and nothing received for ``max_batch_wait`` while
+        every nsqd could send: since the last FINs went out if they freed room
+        (nsqd refills the connections their FINs freed), else since the last
+        arrival or take.  The coordinator ends a ``Trigger.AvailableNow`` query
+        only once every agent is.  A quiet spell right after a commit that freed
+        room proves nothing on a loaded machine; one while every connection had
+        room does (nsqd sends a ready connection what it has at once)."""
         return trio.current_time() >= self.settles_at()
 
     def settles_at(self) -> float:
@@ -330,8 +353,11 @@ class QueryRun:
         last = max(
             [
                 self._activity,
+                # A take changes nothing nsqd sees (its messages stay in flight):
+                # the quiet spell counts from the last arrival, or the slot's start.
                 *(s.last_arrival for s in self.slots),
-                *(s.last_used for s in self.slots),
+                *(s.started_at for s in self.slots),
+                *(s.budget_raised for s in self.slots),
             ]
         )
         return last + self.options.max_batch_wait
@@ -474,7 +500,7 @@ class QueryRun:
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             if isinstance(exc, NoConnectionError):
-                raise ReadError(await self._unreachable_reason()) from None
+                raise ReadError(await unreachable_reason(self.options)) from None
             raise
         slot, taken = held
         mark("agent.taken", batch=request["batch"], slot=slot.index, rows=len(taken))
@@ -512,33 +538,6 @@ class QueryRun:
         finally:
             slot.busy = False
             slot.last_used = trio.current_time()
-
-    async def _unreachable_reason(self) -> str:
-        """Why no nsqd could be reached, one line, by asking each address directly."""
-        connection = self.options.connection
-        timeout = connection.connect_timeout
-        reasons: list[str] = []
-        for address in connection.nsqd_tcp_addresses:
-            reasons.append(f"nsqd {address}: {await _probe(address, timeout)}")
-        if connection.lookupd_http_addresses:
-            # Imported here: httpx (with its command line's imports) costs every
-            # agent's start a tenth of a second, and only this diagnosis needs it.
-            import httpx
-
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                for address in connection.lookupd_http_addresses:
-                    try:
-                        found = await lookup(client, address, self.options.topic)
-                        reasons.append(
-                            f"lookupd {address}: {len(found)} nsqd(s) for topic "
-                            f"{self.options.topic!r}"
-                        )
-                    except (httpx.HTTPError, ValueError) as exc:
-                        reasons.append(f"lookupd {address}: {exc}")
-        return (
-            f"no nsqd connection for {self.options.topic}/{self.options.channel} after "
-            f"{timeout:g}s: " + "; ".join(reasons)
-        )
 
     async def _fetch(self, decision: dict[str, Any], set_id: int) -> tuple[dict[str, Any], bytes]:
         """Replay a set another executor's agent holds (a retried or speculated task)."""
@@ -739,36 +738,10 @@ class Agent:
             reply, data = {"error": f"{type(exc).__name__}: {exc}"}, b""
         try:
             with trio.fail_after(REPLY_TIMEOUT):
-                await send(stream, reply, data)
+                await send_file(stream, reply, data)
             mark("agent.reply_sent", batch=header.get("batch"))
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             log.info("a task left before its rows were sent")
-
-
-async def _probe(address: str, seconds: float) -> str:
-    """Why a TCP connection to ``address`` fails, in the OS's words."""
-    host, _, port = address.rpartition(":")
-    try:
-        with trio.fail_after(seconds):
-            infos = await trio.socket.getaddrinfo(
-                host.strip("[]"), int(port), type=socket.SOCK_STREAM
-            )
-            family, kind, proto, _, target = infos[0]
-            with trio.socket.socket(family, kind, proto) as sock:
-                await sock.connect(target)
-    except trio.TooSlowError:
-        return f"no answer within {seconds:g}s"
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return "reachable, but the handshake or SUB failed (see the executor's log)"
-
-
-def _reason(exc: BaseException) -> str:
-    """An exception in a few words (a failed TLS handshake says why underneath)."""
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(exc, trio.BrokenResourceError) and cause is not None:
-        return f"{exc} ({cause})"
-    return str(exc) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -361,16 +361,22 @@ class Coordinator:
             return self._cores or max(2, len(self.options.connection.nsqd_tcp_addresses))
         return max(1, sum(cores.values()))
 
-    async def latest(self, start: int, per_trigger: int | None) -> int:
-        """Commit through ``start``, then the end of the next batch (``start``: none)."""
+    async def latest(self, start: int, per_trigger: int | None, ending: bool = False) -> int:
+        """Commit through ``start``, then the end of the next batch (``start``: none).
+
+        ``ending``: ``Trigger.AvailableNow``, whose first "no batch" ends the query:
+        said as soon as every agent has settled (a stream that goes on waits up to
+        ``max_batch_wait`` for messages first, so that an idle channel is not
+        asked about in a busy loop)."""
         await self.commit(start)
         # With no agent (the first batch, or all were lost) or no slot open yet,
         # nobody could report messages: a batch finds out (and opens them).
         probing = not any(agent.slots for agent in self.agents.values())
         if not probing and self.buffered() == 0:
             self._data = trio.Event()
-            with trio.move_on_after(self.options.max_batch_wait):
-                await self._data.wait()
+            if not ending:
+                with trio.move_on_after(self.options.max_batch_wait):
+                    await self._data.wait()
             # No batch (and the end of an AvailableNow query) only once every agent
             # has seen nothing come since its last FINs: nsqd may still be refilling.
             with trio.move_on_after(SETTLE_LIMIT):

@@ -176,7 +176,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # committed (and may never call commit() for it when the stream idles).
         mark("source.latest_offset", start=begin)
         loop, coordinator = self._started()
-        end: int = loop.run(coordinator.latest, begin, rows)
+        end: int = loop.run(coordinator.latest, begin, rows, self._cutoff_ns is not None)
         mark("source.latest_offset.done", start=begin, end=end)
         return {"batch": end}
 
