@@ -481,7 +481,7 @@ def print_cpu(name: str, seconds: float, totals: dict[str, float]) -> None:
     )
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str, warmup: int = 20_000) -> Any:
     from pyspark.sql import SparkSession
 
     from trionsq.spark import NSQDataSource
@@ -505,7 +505,7 @@ def spark_session(master: str) -> Any:
     # any clock starts.
     executors = _executor_count(master)
     spark.sparkContext.parallelize(range(executors * 4), executors * 4).map(lambda x: x).count()
-    run_floor(spark, master, 20_000, 10_000)
+    run_floor(spark, master, warmup, min(warmup, 100_000))
     return spark
 
 
@@ -571,6 +571,9 @@ def run_spark(
         first_commit_wall = _first_commit(query.recentProgress)
         progress = [p for p in query.recentProgress if p["numInputRows"]]
         if PHASES is not None and first_commit_wall is not None:
+            # Each query's timeline kept beside the file, for a closer look.
+            shutil.copy(PHASES, PHASES.with_name(f"phases-{started_wall:.0f}.jsonl"))
+            print(f"  (timeline kept in {PHASES.with_name(f'phases-{started_wall:.0f}.jsonl')})")
             print_phases(PHASES, started_wall, first_commit_wall, query.recentProgress)
             print(f"  {elapsed:+8.3f}  the query ended (awaitTermination returned)")
         read = sum(p["numInputRows"] for p in progress)
@@ -699,6 +702,9 @@ def main() -> None:
     )
     parser.add_argument("--no-floor", action="store_true", help="skip Spark's floor")
     parser.add_argument(
+        "--warmup", type=int, default=20_000, help="rows of the warm-up query (from memory)"
+    )
+    parser.add_argument(
         "--cpu", action="store_true", help="CPU seconds per kind of process in each run"
     )
     parser.add_argument(
@@ -739,7 +745,7 @@ def main() -> None:
                     for other in list(sessions.values()):
                         other.stop()
                     sessions.clear()
-                    spark = sessions[master] = spark_session(master)
+                    spark = sessions[master] = spark_session(master, args.warmup)
                 prefill(daemons, args.messages)
                 result = run_spark(spark, master, daemons, total, options)
                 results[master] = result

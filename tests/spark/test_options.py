@@ -72,7 +72,7 @@ def test_source_defaults_and_parsing() -> None:
     # Left out: automatic (what nsqd grants, everything held, one per executor core).
     defaults = parse_source_options(SOURCE)
     assert defaults.max_in_flight is defaults.max_messages_per_trigger is None
-    assert defaults.num_partitions is None and defaults.connections_per_nsqd == 8
+    assert defaults.num_partitions is None and defaults.connections_per_nsqd == 16
     assert (defaults.coordinator_host, defaults.coordinator_port) == (None, 0)
 
 

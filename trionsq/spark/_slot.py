@@ -34,6 +34,10 @@ QUIET = 0.1
 #: ... or this long in a slot's first second: its new connections start at RDY 1
 #: and only get their share once a first message has come and gone.
 QUIET_AT_START = 0.3
+#: A take returns at once when this many messages wait (or half the slot's budget,
+#: if less): a batch that big pays Spark's fixed cost per batch well, and waiting
+#: for more (half of a big budget) only delays it.
+TAKE_AT_ONCE = 30_000
 #: How often the budget follows the connections' max-rdy-count and the sizes seen.
 _BUDGET_EVERY = 0.5
 #: Each consumer's max_in_flight until the first messages have been measured.
@@ -269,7 +273,8 @@ class Slot:
     async def take(self, limit: int | None, max_wait: float) -> list[Held]:
         """Up to ``limit`` buffered messages (or all this slot may hold).
 
-        Returns at once when half of the slot's budget is buffered: the other half
+        Returns at once when :data:`TAKE_AT_ONCE` messages, or half of the slot's
+        budget, are buffered (taking all that is there): the rest of the budget
         then prefetches the next batch while this one is written, so a steady
         stream never waits here.  Otherwise waits up to ``max_wait`` for more, and
         returns early once deliveries pause.
@@ -285,7 +290,7 @@ class Slot:
                 capacity = self.capacity()
                 room = capacity - self.in_sets - len(self.later)
                 wanted = max(0, room if limit is None else min(limit, room))
-                enough = min(wanted, max(1, capacity // 2))
+                enough = min(wanted, max(1, capacity // 2), TAKE_AT_ONCE)
                 self._wanted = max(1, enough)
                 held = len(buffer)
                 now = trio.current_time()
