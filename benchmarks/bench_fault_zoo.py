@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.plugin.fault_zoo import BUGGY, CORRECT, ZOO_PROJECT
+from tests.plugin.fault_zoo import BUGGY, CORRECT, LIMITS, ZOO_PROJECT
 from tests.plugin.test_nsq_faults import replay_commands
 
 INI = "[pytest]\ntrio_mode = true\naddopts = -p no:benchmark -p no:cacheprovider\n"
@@ -77,7 +77,7 @@ def main() -> None:
         select = ["-k", args.only] if args.only else []
         load = [os.getloadavg()[0]]
         plain = durations(pytest(folder, *extra, *select))
-        tests = [t for t in (*CORRECT, *BUGGY) if t in plain]
+        tests = [t for t in (*CORRECT, *BUGGY, *LIMITS) if t in plain]
         found: dict[str, list[int]] = {t: [] for t in tests}
         seconds: dict[str, list[float]] = {t: [] for t in tests}
         commands: list[tuple[str, list[str]]] = []

@@ -86,6 +86,10 @@ class Fault:
     remaining: int = -1
     #: only connections with this role (``None``: every connection)
     role: Role | None = None
+    #: a stall of the node's writes that takes them (up to a socket buffer's
+    #: worth) and holds them, rather than blocking the node's write: the node
+    #: goes on reading its client's commands, as behind a stalled network
+    buffered: bool = False
     id: int = 0
     _faults: Faults | None = field(default=None, repr=False)
     _undo: Callable[[], None] | None = field(default=None, repr=False)
@@ -379,7 +383,8 @@ class Faults:
 
     def observe(self, stream: FaultyStream, event: str, count: int) -> str:
         """A stream saw ``count`` events of the flow (``"sent"``: a message to
-        a consumer; ``"fin"``; ``"published"``: messages of a publish) before
+        a consumer; ``"fin"``; ``"published"``: messages of a publish;
+        ``"publish"``: the publish command, after its messages) before
         the node acts on it; what the stream does: ``"pass"``, ``"drop"`` (the
         connection drops: after the message sent, or before the node reads
         the command) or ``"withhold"`` (a message sent: the connection drops
@@ -485,9 +490,18 @@ class Faults:
         client: str | None = None,
         direction: Direction = "both",
         role: Role | None = None,
+        buffered: bool = False,
     ) -> Fault:
-        """Stop the bytes in ``direction`` (connections stay open) until ``heal()``."""
-        return self._add(Fault("stall", node=node, peer=client, direction=direction, role=role))
+        """Stop the bytes in ``direction`` (connections stay open) until ``heal()``.
+        ``buffered``: the node's writes are held, not blocked (up to a socket
+        buffer's worth): it goes on reading, as nsqd behind a stalled network
+        does; they go out once healed, when something sends them
+        (:meth:`FaultyStream.release_held`, or the node's next write)."""
+        return self._add(
+            Fault(
+                "stall", node=node, peer=client, direction=direction, role=role, buffered=buffered
+            )
+        )
 
     def swallow_heartbeats(
         self, *, node: str | None = None, client: str | None = None, role: Role | None = None

@@ -9,7 +9,9 @@ FIN", "time out what is in flight after the 7th message sent to a consumer",
 - ``"sent"``: a message frame nsqd writes to a consumer;
 - ``"fin"``: a consumer's ``FIN`` (before nsqd reads it);
 - ``"published"``: a message published (``PUB``, ``DPUB``: one; ``MPUB``: as
-  many as it carries), before nsqd reads the command.
+  many as it carries), before nsqd reads the command;
+- ``"publish"``: a publish command (``PUB``, ``MPUB``, ``DPUB``: one each),
+  counted right after its messages.
 
 So the same test with the same seed meets the same faults at the same points
 of its flow however fast the machine is, where faults placed by the clock land
@@ -19,10 +21,16 @@ outage) lasts a multiple of the run's own timeouts: the nsqd's
 ``msg_timeout`` (or its heartbeat interval, for heartbeats), never a fixed
 number of seconds.
 
-The ordinals are drawn over ``horizon`` events (default
-:data:`DEFAULT_HORIZON`), log-uniformly: early points as often as late ones
-within each scale, so a test of 5 messages meets about half of them and one of
-40 nearly all.  Kinds, levels and the redelivery budget are those of
+A schedule holds first one fault for each way a fault reveals a bug (where
+the kinds and level allow it): a message lost on its way to the consumer (it
+comes back with attempts 2 though nobody handled it), a message handled whose
+FIN nsqd never reads (it is handled again), and a publish's answer held back
+until the publisher publishes again (a late answer); then faults of any kind
+drawn by weight, so that the mean count stays ``rate``.  The ordinals are drawn
+over ``horizon`` events (default :data:`DEFAULT_HORIZON`; the first three within
+its first half), log-uniformly: early points as often as late ones within each
+scale, so a test of 5 messages meets about half of them and one of 40 nearly
+all.  Kinds, levels and the redelivery budget are those of
 :mod:`fakensq.testing.schedule` (read from :mod:`fakensq.faultkinds`).
 
 A fault is named by its fixture's label and its number in the schedule
@@ -38,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from ..faultkinds import KINDS, Direction, Level, Needs, kinds_for
-from .schedule import DEFAULT_REDELIVERIES, draw_faults
+from .schedule import DEFAULT_REDELIVERIES, draw_faults, poisson
 
 __all__ = [
     "DEFAULT_HORIZON",
@@ -53,8 +61,8 @@ __all__ = [
 ]
 
 #: What the flow counts, per nsqd.
-Event = Literal["sent", "fin", "published"]
-EVENTS: Final[tuple[Event, ...]] = ("sent", "fin", "published")
+Event = Literal["sent", "fin", "published", "publish"]
+EVENTS: Final[tuple[Event, ...]] = ("sent", "fin", "published", "publish")
 
 #: Over how many events of a kind the faults' points are spread, by default.
 DEFAULT_HORIZON: Final = 40
@@ -80,11 +88,13 @@ class Anchor:
             return f"after the {ordinal(self.count)} message sent to a consumer"
         if self.event == "fin":
             return f"at the {ordinal(self.count)} FIN (before nsqd reads it)"
+        if self.event == "publish":
+            return f"at the {ordinal(self.count)} publish command (before nsqd reads it)"
         return f"at the publish of the {ordinal(self.count)} message (before nsqd reads it)"
 
     @property
     def on_consumer(self) -> bool:
-        return self.event != "published"
+        return self.event not in ("published", "publish")
 
 
 @dataclass(frozen=True)
@@ -112,12 +122,17 @@ class FlowFault:
     gap: int = 0
     #: a drop at a message sent: before it goes (the client never gets it)
     withhold: bool = False
+    #: a held answer (:attr:`holds_answer`) strikes again at this publish
+    #: command (0: no second point)
+    again: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or KINDS[self.kind].level is None:
             raise ValueError(f"unknown fault {self.kind!r}")
-        if self.anchor.count < 1 or self.rounds < 1 or self.id < 1:
+        if self.anchor.count < 1 or self.rounds < 1 or self.id < 1 or self.again < 0:
             raise ValueError("anchors count from 1; rounds and ids are >= 1")
+        if self.again and not self.holds_answer:
+            raise ValueError("only a held answer strikes again at a publish command")
 
     @property
     def redelivers(self) -> int:
@@ -126,6 +141,13 @@ class FlowFault:
         if not KINDS[self.kind].redelivers or not self.anchor.on_consumer:
             return 0
         return self.rounds if self.kind == "requeue_storm" else 1
+
+    @property
+    def holds_answer(self) -> bool:
+        """A stall of a publish's answer: it ends at that nsqd's first
+        publish once half of it has passed (the publisher gave up waiting and
+        published again), or after ``duration`` x ``msg_timeout`` at most."""
+        return self.kind == "stall" and not self.anchor.on_consumer and self.direction != "in"
 
     @property
     def level(self) -> Level:
@@ -157,7 +179,11 @@ class FlowFault:
             )
         else:
             parts.append(self.anchor.describe())
-        if spec.lasting and self.kind != "fail_publishes":
+        if self.again:
+            parts.append(f"and at the {ordinal(self.again)} publish command")
+        if self.holds_answer:
+            parts.append(f"until a publish, {self.duration:g} x msg_timeout at most")
+        elif spec.lasting and self.kind != "fail_publishes":
             clock = "heartbeat intervals" if spec.clock == "heartbeat" else "msg_timeout"
             parts.append(f"for {self.duration:g} x {clock}")
         if self.kind == "delay":
@@ -178,7 +204,10 @@ class FlowFault:
             "count": self.anchor.count,
         }
         defaults = FlowFault(1, self.kind, self.anchor)
-        names = ("node", "lookupd", "duration", "seconds", "direction", "rounds", "gap", "withhold")
+        names = (
+            "node", "lookupd", "duration", "seconds", "direction", "rounds", "gap", "withhold",
+            "again",
+        )  # fmt: skip
         for name in names:
             value = getattr(self, name)
             if value != getattr(defaults, name):
@@ -238,16 +267,83 @@ def draw_flow_schedule(
     ]
     if lookupd < 1:
         allowed = [k for k in allowed if k != "lookupd_outage"]
-    faults = draw_faults(
+    # The faults that reveal a class of bug each, first (see _core); the
+    # rest drawn by weight, so that the mean stays ``rate``.
+    core = _core(rng, allowed, level, horizon, redeliveries)
+    if rate >= len(core):
+        count = len(core) + poisson(rng, rate - len(core))
+    else:
+        count = poisson(rng, rate)
+    faults = [
+        FlowFault(i + 1, kind, anchor, node=rng.randrange(max(nsqd, 1)), **extra)
+        for i, (kind, anchor, extra) in enumerate(core[:count])
+    ]
+    budget = redeliveries - sum(f.redelivers for f in faults)
+    rest = draw_faults(
         rng,
-        rate,
+        -1.0,  # exactly count - len(faults): the count is drawn above
         allowed,
-        redeliveries,
-        usable=lambda k, budget: budget > 0 or not KINDS[k].redelivers or _publish_only(k, level),
+        budget,
+        usable=lambda k, left: left > 0 or not KINDS[k].redelivers or _publish_only(k, level),
         weight=lambda k: KINDS[k].flow_weight or KINDS[k].weight,
-        make=lambda i, kind, budget: _draw(rng, i, kind, level, nsqd, lookupd, horizon, budget),
+        make=lambda i, kind, left: _draw(
+            rng, len(faults) + i, kind, level, nsqd, lookupd, horizon, left
+        ),
+        count=max(0, count - len(faults)),
     )
-    return FlowSchedule(tuple(faults))
+    return FlowSchedule(tuple(faults + rest))
+
+
+def _log_uniform(rng: random.Random, top: int) -> int:
+    # As many points among the first 5 as among the next 35 (of 40), so a
+    # short test meets its faults too.
+    return max(1, min(top, math.ceil(math.pow(top, rng.random()))))
+
+
+def _core(
+    rng: random.Random, allowed: Sequence[str], level: Level, horizon: int, redeliveries: int
+) -> list[tuple[str, Anchor, dict[str, Any]]]:
+    """The faults a schedule holds first, one for each way a fault reveals a
+    bug, in an order drawn (each within the first half of the horizon, where
+    a short test's flow still is):
+
+    - a message lost on its way (the consumer's connection dropped as the
+      message goes out): it comes back with attempts 2 though the consumer
+      never handled it (a consumer that skips redeliveries loses it);
+    - a message handled, its FIN never read (in-flight messages timed out at
+      a FIN, or the consumer's connection dropped there): it is handled
+      again (counting deliveries, a side effect a delivery, a running total);
+    - a publish's answer held back (a stall of the producer's connection,
+      out, until that nsqd sees a publish once half of it has passed, or at
+      most ``duration`` x ``msg_timeout``): a publisher that publishes again when an answer is
+      late duplicates the message, one with too short a patience fails;
+      at the k-th message published and again at the j-th publish command
+      (j >= 2), so that both a batch publisher and one that publishes as it
+      consumes meet one.
+
+    Those the kinds and level allow, within the redelivery budget."""
+    top = max(1, horizon // 2)
+    core: list[tuple[str, Anchor, dict[str, Any]]] = []
+    budget = redeliveries
+    if "drop" in allowed and budget > 0:
+        core.append(("drop", Anchor("sent", _log_uniform(rng, top)), {"withhold": True}))
+        budget -= 1
+    handled = [k for k in ("time_out", "drop") if k in allowed]
+    if handled and budget > 0:
+        core.append((rng.choice(handled), Anchor("fin", _log_uniform(rng, top)), {}))
+        budget -= 1
+    if "stall" in allowed and "publish" in KINDS["stall"].anchors_at(level):
+        # At the k-th message published (a batch publisher meets it in its
+        # one MPUB), and again at the j-th publish command, j >= 2 (one that
+        # publishes as it works, after a first batch, meets it there).
+        extra = {
+            "duration": round(rng.uniform(0.4, 1.0), 2),
+            "direction": "out",
+            "again": max(2, _log_uniform(rng, top)),
+        }
+        core.append(("stall", Anchor("published", _log_uniform(rng, top)), extra))
+    rng.shuffle(core)
+    return core
 
 
 def _publish_only(kind: str, level: Level) -> bool:
@@ -277,9 +373,7 @@ def _draw(
         or rng.random() < (0.75 if spec.publish_anchor != "safe" else 0.4)
     )
     event: Event = "published" if at_publish else rng.choice(("sent", "fin"))
-    # Log-uniform over 1..horizon: as many points among the first 5 as
-    # among the next 35, so a short test meets its faults too.
-    count = max(1, min(horizon, math.ceil(horizon ** rng.random())))
+    count = _log_uniform(rng, horizon)
     node = rng.randrange(max(nsqd, 1))
     target = rng.randrange(lookupd) if kind == "lookupd_outage" and lookupd else 0
     duration = 0.0
@@ -290,7 +384,7 @@ def _draw(
     direction: Direction = "both"
     if "direction" in spec.params:
         # A publish's answer is held (its command gets through).
-        direction = "out" if event == "published" else rng.choice(("in", "out", "both"))
+        direction = "out" if at_publish else rng.choice(("in", "out", "both"))
     # A drop at a message sent: before it goes three times in four (the
     # client never sees it: it comes back later, with attempts 2, the first
     # the consumer handles: a consumer that takes attempts > 1 for "done"

@@ -95,8 +95,14 @@ class FlowPlayer:
         self._pending: dict[tuple[str, str], list[tuple[int, FlowFault, int]]] = {}
         for fault in schedule:
             self._wait_for(fault, fault.anchor.count, 0)
+            if fault.again:
+                # A held answer's second point: a publish command.
+                self._wait_for(fault, fault.again, 1, event="publish")
         self._met_by_id: dict[int, MetFlowFault] = {}
         self._lasting: list[Fault] = []
+        # Stalls of a publish's answer, healed at that nsqd's next publish.
+        # (the fault, its report, from when a publish heals it)
+        self._until_publish: dict[str, list[tuple[Fault, MetFlowFault, float]]] = {}
         self._down: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._start = 0.0
@@ -119,9 +125,11 @@ class FlowPlayer:
                 continue
             node = self.nsqd_of(fault)
             seen = self.counts.get((node, fault.anchor.event), 0)
-            what = {"sent": "message(s) sent to consumers", "fin": "FIN(s)"}.get(
-                fault.anchor.event, "message(s) published"
-            )
+            what = {
+                "sent": "message(s) sent to consumers",
+                "fin": "FIN(s)",
+                "publish": "publish command(s)",
+            }.get(fault.anchor.event, "message(s) published")
             left.append((fault, f"{node} saw {seen} {what}"))
         return left
 
@@ -159,6 +167,20 @@ class FlowPlayer:
         """Count ``count`` events on ``stream``'s node; strike the faults whose
         point they reach (see :meth:`Faults.observe`)."""
         key = (stream.node, event)
+        if event == "published" and self._until_publish.get(stream.node):
+            # A publish once half the hold has passed: the late answer has
+            # done its work (a publisher that gave up on it published again).
+            # Not earlier: the next publish of one that publishes several at
+            # a time, each with its own patience, comes at once.
+            now = trio.current_time()
+            held = self._until_publish.pop(stream.node)
+            for lasting, met, since in held:
+                if lasting.active and now >= since:
+                    lasting.heal()
+                    met.outcomes.append("healed at the next publish")
+            left = [h for h in held if h[0].active]
+            if left:
+                self._until_publish[stream.node] = left
         before = self.counts.get(key, 0)
         after = self.counts[key] = before + count
         waiting = self._pending.get(key)
@@ -177,10 +199,12 @@ class FlowPlayer:
                 self._met(fault, after).outcomes.append(f"failed: {exc!r}")
         return next((v for v in ("withhold", "drop") if v in verdicts), "pass")
 
-    def _wait_for(self, fault: FlowFault, count: int, round_: int) -> None:
+    def _wait_for(
+        self, fault: FlowFault, count: int, round_: int, *, event: str | None = None
+    ) -> None:
         # Only the nsqd's own events place it; the name is known once a stream
         # of that node reports, so the key is by name.
-        key = (self.nsqd_of(fault), fault.anchor.event)
+        key = (self.nsqd_of(fault), event or fault.anchor.event)
         self._pending.setdefault(key, []).append((count, fault, round_))
 
     def _met(self, fault: FlowFault, count: int) -> MetFlowFault:
@@ -234,11 +258,24 @@ class FlowPlayer:
             faults.fail_publishes(node=node, count=fault.rounds)
             met.outcomes.append(f"the next {fault.rounds} publish(es) fail")
             return "pass"
+        if fault.holds_answer and any(
+            held.active and held.peer == stream.peer
+            for held, _, _ in self._until_publish.get(node, [])
+        ):
+            return "pass"  # its two points on one publish: one answer held
         lasting = self._lasting_fault(fault, faults, node, stream)
         self._lasting.append(lasting)
         seconds = self._seconds(fault)
         self._spawn(self._heal_after, lasting, seconds)
-        met.outcomes.append(f"held {seconds:.3g}s")
+        if fault.holds_answer:
+            since = trio.current_time() + seconds / 2
+            self._until_publish.setdefault(node, []).append((lasting, met, since))
+            self._spawn(self._release_when_healed, lasting, stream)
+            met.outcomes.append(
+                f"held until a publish {seconds / 2:.3g}s on or more, {seconds:.3g}s at most"
+            )
+        else:
+            met.outcomes.append(f"held {seconds:.3g}s")
         return "pass"
 
     async def _reclaim(self, met: MetFlowFault, faults: Faults, stream: FaultyStream) -> None:
@@ -262,7 +299,11 @@ class FlowPlayer:
             seconds = fault.seconds * self.msg_timeout
             return faults.delay(seconds, node=node, client=client, direction=fault.direction)
         if fault.kind == "stall":
-            return faults.stall(node=node, client=client, direction=fault.direction)
+            # A publish's answer held: the node goes on reading (the
+            # publisher's next publish ends it), as behind a stalled network.
+            return faults.stall(
+                node=node, client=client, direction=fault.direction, buffered=fault.holds_answer
+            )
         if fault.kind == "swallow_heartbeats":
             return faults.swallow_heartbeats(node=node, client=client)
         if fault.kind == "partition":
@@ -284,6 +325,13 @@ class FlowPlayer:
                 log.warning("fault task %s failed: %r", getattr(fn, "__name__", fn), exc)
 
         self._nursery.start_soon(guarded)
+
+    async def _release_when_healed(self, fault: Fault, stream: FaultyStream) -> None:
+        """Send what a buffered stall held once it heals (the node may write
+        nothing more on that connection to carry it)."""
+        while fault.active:
+            await stream.faults.wait_changed()
+        await stream.release_held()
 
     async def _heal_after(self, fault: Fault, seconds: float) -> None:
         await trio.sleep(seconds)

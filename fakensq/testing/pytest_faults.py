@@ -14,9 +14,13 @@ Where the faults land:
   FIN", "time out what is in flight after the 7th message sent", "stall the
   answer to the publish of the 3rd message", counted per nsqd, so a replay meets
   them at the same points however fast the machine is; what lasts, lasts a
-  multiple of the run's own timeouts.  Their nsqds get a ``msg_timeout`` of
-  :data:`FAULTS_MSG_TIMEOUT` seconds (unless the test sets one), so that the
-  messages a dropped consumer held come back within a test's patience;
+  multiple of the run's own timeouts.  Each schedule holds first a message
+  lost on its way to the consumer, one handled whose FIN nsqd never reads, and
+  a publish's answer held until the publisher publishes again: the three ways
+  a fault reveals a consumer's or a publisher's bug, met by most tests.  Their
+  nsqds get a ``msg_timeout`` of :data:`FAULTS_MSG_TIMEOUT` seconds (unless the
+  test sets one), so that the messages a dropped consumer held come back
+  within a test's patience;
 - a ``sim_cluster`` (virtual time) keeps its schedules placed by the clock, over
   its first :data:`VIRTUAL_HORIZON` virtual seconds.
 

@@ -363,14 +363,17 @@ def draw_faults(
     usable: Callable[[str, int], bool],
     weight: Callable[[str], float],
     make: Callable[[int, str, int], _F],
+    count: int | None = None,
 ) -> list[_F]:
     """The draw loop of a clock-placed and a flow-placed schedule alike:
     about ``rate`` faults (a Poisson count with that mean), each of a kind of
     ``kinds`` drawn by ``weight`` among those ``usable`` with the redelivery
     budget left, made by ``make(number, kind, budget)``; what each may
     redeliver is taken from the budget (``redeliveries`` at first).  It stops
-    early when no kind is usable."""
-    count = _poisson(rng, rate)
+    early when no kind is usable.  ``count``: that many faults, not a
+    number drawn."""
+    if count is None:
+        count = poisson(rng, rate)
     faults: list[_F] = []
     budget = redeliveries
     for i in range(count):
@@ -384,7 +387,7 @@ def draw_faults(
     return faults
 
 
-def _poisson(rng: random.Random, mean: float) -> int:
+def poisson(rng: random.Random, mean: float) -> int:
     # Knuth's method: fine for the small means used here.
     if mean <= 0:
         return 0

@@ -47,6 +47,9 @@ _MAX_IDENTIFY_SCAN = 5 * 1024 * 1024
 _MAX_FRAME_HOLD = 64 * 1024
 #: How much of a message's body the trace keeps.
 _TRACED_BODY = 200
+# What a stall that holds the node's writes (Fault.buffered) takes before
+# the node's writes block: about a loopback socket's send buffer.
+_HOLD_LIMIT = 256 * 1024
 #: The client's commands the faults' flow counts (:mod:`fakensq.testing.flow`).
 _FLOW_EVENTS: Final[dict[bytes, Literal["fin", "published"]]] = {
     b"FIN": "fin",
@@ -123,6 +126,10 @@ class FaultyStream(trio.abc.Stream):
         self._out_cut = False
         self._aborted = False
         self._scopes: set[trio.CancelScope] = set()
+        # The node's writes a buffered stall holds (see _holding), and the
+        # lock that keeps them before what the node writes after them.
+        self._held = bytearray()
+        self._send_lock = trio.Lock()
         faults.opened(self)
 
     @property
@@ -182,6 +189,36 @@ class FaultyStream(trio.abc.Stream):
                 seconds = max(seconds, fault.seconds)
         return seconds
 
+    def _holding(self) -> bool:
+        """Whether the node's writes are held, not blocked: every stall of
+        them is a buffered one (a network that stopped carrying them takes
+        the node's writes into the socket's buffer: the node goes on reading)."""
+        names = self._names()
+        if self.faults.partitioned(self.node, names):
+            return False
+        stalls = [
+            f
+            for f in self.faults.matching("stall", self.node, names, self.role)
+            if f.direction in ("both", "out")
+        ]
+        return bool(stalls) and all(f.buffered for f in stalls)
+
+    async def release_held(self) -> None:
+        """Send what a buffered stall held, once nothing stops it (the stall
+        healed); a no-op when nothing is held or the connection ended."""
+        if not self._held or self._aborted:
+            return
+
+        async def op() -> None:
+            async with self._send_lock:
+                await self._gate("out")
+                if self._held:
+                    held = bytes(self._held)
+                    self._held.clear()
+                    await self.inner.send_all(held)
+
+        await self._guarded(op)
+
     async def _gate(self, direction: Literal["in", "out"]) -> None:
         while self._blocked(direction):
             await self.faults.wait_changed()
@@ -224,8 +261,20 @@ class FaultyStream(trio.abc.Stream):
                 # Frames are traced as the node writes them, before a stall or a
                 # delay holds them: the trace keeps the node's view of time.
                 payload, cut = self._scan_out(payload)
-                await self._gate(self._direction_of(True))
-                await self.inner.send_all(payload)
+                async with self._send_lock:
+                    if (
+                        not cut
+                        and self._holding()
+                        and len(self._held) + len(payload) <= _HOLD_LIMIT
+                    ):
+                        self._held += payload
+                        await trio.lowlevel.checkpoint()
+                        return
+                    await self._gate(self._direction_of(True))
+                    if self._held:
+                        payload = bytes(self._held) + payload
+                        self._held.clear()
+                    await self.inner.send_all(payload)
                 if cut:
                     await self.abort()
                     raise trio.BrokenResourceError("connection cut (fakensq fault)")
@@ -356,7 +405,11 @@ class FaultyStream(trio.abc.Stream):
         event = _FLOW_EVENTS.get(name)
         if event is not None and self.faults.observing:
             count = max(messages, 1) if event == "published" else 1
-            if self.faults.observe(self, event, count) == "drop":
+            verdict = self.faults.observe(self, event, count)
+            if event == "published" and verdict != "drop":
+                # The command itself, after its messages.
+                verdict = self.faults.observe(self, "publish", 1)
+            if verdict == "drop":
                 self._drop_in = True
                 return False
         return True

@@ -2,8 +2,9 @@
 
 Each planted bug is a habit that breaks under nsqd's at-least-once delivery:
 counting deliveries, stopping after as many deliveries as published, a side
-effect per delivery, assuming order, skipping redeliveries, a publisher that
-publishes again when an answer is late.  The suite runs a few seeds (the
+effect per delivery, assuming order, skipping redeliveries, deduplicating
+within a batch only, a publisher that publishes again when an answer is late,
+one that takes a late answer for a failure.  The suite runs a few seeds (the
 correct tests pass, every planted bug fails for at least one of them);
 ``benchmarks/bench_fault_zoo.py`` counts seeds 1..20 for each (the figures in
 docs/faults-tutorial.md).
@@ -16,13 +17,14 @@ import pytest
 from .fault_zoo import BUGGY, CORRECT, ZOO_PROJECT
 from .test_nsq_faults import PROJECT_INI, outcomes
 
-#: Seeds whose schedules reach every planted bug of the zoo (measured with
-#: benchmarks/bench_fault_zoo.py; each alone finds most of them).
-SEEDS = (6, 7, 9)
+#: Two seeds: each finds every planted bug of BUGGY (seeds 1..20 with
+#: benchmarks/bench_fault_zoo.py: each bug all or nearly all of them).
+SEEDS = (1, 2)
 #: The zoo's bugs that tests/plugin/test_nsq_faults.py's project has too
-#: (counting deliveries, a running total) are left to it here.
+#: (counting deliveries, a running total) are left to it here, and the
+#: zoo's LIMITS (what the faults rarely find) to the benchmark.
 PLANTED = tuple(t for t in BUGGY if "counts_deliveries" not in t and "running_total" not in t)
-SELECT = "not counts_deliveries and not running_total"
+SELECT = "not counts_deliveries and not running_total and not drains_until_quiet"
 
 
 def test_every_planted_bug_is_found_and_the_correct_tests_pass(

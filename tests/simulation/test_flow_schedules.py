@@ -5,6 +5,7 @@ that shrinks a failing test's faults (fakensq.testing.pytest_replay.ddmin)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -71,6 +72,53 @@ def test_points_spread_over_the_flow_early_ones_as_often_as_late_ones() -> None:
     assert max(counts) == 40
 
 
+def core_of(schedule: Sequence[FlowFault]) -> dict[str, FlowFault]:
+    """A schedule's faults that reveal a class of bug each, by class."""
+    found = {}
+    for fault in schedule:
+        if fault.kind == "drop" and fault.withhold:
+            found.setdefault("lost on its way", fault)
+        elif fault.kind in ("drop", "time_out") and fault.anchor.event == "fin":
+            found.setdefault("handled, FIN never read", fault)
+        elif fault.holds_answer:
+            found.setdefault("a late answer", fault)
+    return found
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_every_default_schedule_holds_one_fault_for_each_class_of_bug(real: bool) -> None:
+    # A message lost on its way, one handled whose FIN is never read, a
+    # publish's answer held back (at a message published, and again at a
+    # publish command): each within the first half of the horizon, so that
+    # the flow of a test of 20 messages reaches it.
+    needs = ("wire", "nodes") if real else ("wire", "nsqd", "nodes")
+    sizes, redelivering_kinds = [], set()
+    for seed in range(300):
+        schedule = draw_flow_schedule(random.Random(seed), needs=needs)  # type: ignore[arg-type]
+        core = core_of(schedule)
+        assert set(core) == {"lost on its way", "handled, FIN never read", "a late answer"}
+        assert all(f.anchor.count <= 20 for f in core.values()), schedule
+        late = core["a late answer"]
+        assert late.direction == "out" and 2 <= late.again <= 20  # and after a first batch
+        assert sum(f.redelivers for f in schedule) <= 3
+        redelivering_kinds.add(core["handled, FIN never read"].kind)
+        sizes.append(len(schedule))
+    assert redelivering_kinds == ({"drop"} if real else {"drop", "time_out"})
+    assert 3.6 < sum(sizes) / len(sizes) < 4.4  # the mean stays the rate (4)
+
+
+def test_a_rate_below_the_classes_or_fewer_kinds_draw_fewer() -> None:
+    for seed in range(100):
+        assert not draw_flow_schedule(random.Random(seed), rate=0)
+        few = draw_flow_schedule(random.Random(seed), rate=1)  # a Poisson count, mean 1
+        first = few[: min(len(few), 3)]  # the classes' faults first
+        assert set(core_of(first).values()) == set(first)
+        stalls = draw_flow_schedule(random.Random(seed), kinds=["stall"], rate=1)
+        assert len(stalls) == 1 and stalls[0].holds_answer and stalls[0].again >= 2
+        only = draw_flow_schedule(random.Random(seed), kinds=["time_out"])
+        assert {f.kind for f in only} <= {"time_out"}
+
+
 def test_a_fault_says_where_it_strikes() -> None:
     fault = FlowFault(2, "drop", Anchor("fin", 12))
     assert fault.describe() == (
@@ -79,8 +127,11 @@ def test_a_fault_says_where_it_strikes() -> None:
     stall = FlowFault(1, "stall", Anchor("published", 3), duration=0.25, direction="out")
     assert stall.describe() == (
         "stall nsqd-0, the producer's connection, at the publish of the 3rd message "
-        "(before nsqd reads it) for 0.25 x msg_timeout direction=out"
+        "(before nsqd reads it) until a publish, 0.25 x msg_timeout at most "
+        "direction=out"
     )
+    assert stall.holds_answer
+    assert not FlowFault(1, "stall", Anchor("fin", 3), duration=0.25).holds_answer
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "111th"
     ]  # fmt: skip
