@@ -486,13 +486,27 @@ class QueryRun:
                 entry = self.sets.get(set_id)
                 if entry is None:
                     raise ReadError(f"message set {set_id} is no longer held here")
-                await self.agent.pyarrow_ready.wait()
+                if not self.agent.pyarrow_ready.is_set():
+                    await self.agent.pyarrow_ready.wait()
                 return {"rows": len(entry[1]), "set": set_id, "replayed": True}, to_ipc(
                     topic, entry[1]
                 )
             return await self._fetch(decision, set_id)
         try:
-            held = await self._take(request.get("limit"))
+            slot, taken = await self._take(request.get("limit"))
+            mark("agent.taken", batch=request["batch"], slot=slot.index, rows=len(taken))
+            if not self.agent.pyarrow_ready.is_set():
+                await self.agent.pyarrow_ready.wait()
+            try:
+                # The rows before anything yields: every turn of the event loop
+                # waits behind the connections' reads (their refill starts now).
+                data = to_ipc(topic, taken)
+                mark("agent.rows_made", batch=request["batch"], bytes=len(data))
+            except BaseException:
+                slot.in_sets -= len(taken)
+                for item in taken:
+                    item.message.requeue_now(0, False)
+                raise
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 try:
@@ -502,14 +516,11 @@ class QueryRun:
             if isinstance(exc, NoConnectionError):
                 raise ReadError(await unreachable_reason(self.options)) from None
             raise
-        slot, taken = held
-        mark("agent.taken", batch=request["batch"], slot=slot.index, rows=len(taken))
         self.sets[set_id] = (slot, taken)
         self.telemetry.began(set_id, taken, request.get("batch"), request.get("partition"))
         await link.send({"op": "ready", "set": set_id, "count": len(taken)})
         self.status_changed()
-        await self.agent.pyarrow_ready.wait()
-        return {"rows": len(taken), "set": set_id, "replayed": False}, to_ipc(topic, taken)
+        return {"rows": len(taken), "set": set_id, "replayed": False}, data
 
     async def _take(self, limit: int | None) -> tuple[Slot, list[Held]]:
         slot = self._free_slot()

@@ -12,6 +12,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ._options import NSQOptionError, parse_sink_options, parse_source_options
+from ._phases import mark
 from .source import SCHEMA, NSQStreamReader
 
 __all__ = ["NSQDataSource"]
@@ -45,6 +46,7 @@ class NSQDataSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        mark("source.stream_reader")
         options = parse_source_options(self.options)
         if schema != SCHEMA:
             raise NSQOptionError(

@@ -153,6 +153,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._loop, self._coordinator
 
     def initialOffset(self) -> dict[str, Any]:
+        mark("source.initial_offset")
         return {"batch": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -160,6 +161,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if per_trigger is None else ReadMaxRows(per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
+        mark("source.available_now")
         # "Available now" is what nsqd had received by now: later messages are held
         # back on the executors (and requeued when the query ends), so it finishes.
         self._cutoff_ns = time.time_ns()
