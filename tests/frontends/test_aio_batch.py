@@ -44,9 +44,9 @@ class Wakes:
             conn = publisher.conn
             write = conn._write
 
-            def written(data: bytes) -> None:
+            def written(datas: list[bytes], waiters: list[Any]) -> None:
                 self.count += 1
-                write(data)
+                write(datas, waiters)
 
             conn._write = written  # type: ignore[method-assign]
             return

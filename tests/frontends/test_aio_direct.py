@@ -22,6 +22,8 @@ import asyncio
 import functools
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -40,7 +42,7 @@ from trionsq.publishing import NotPublishedError, PublishCore
 from ..support.nodes import BlockingNode
 from ..support.waiting import wait_until_asyncio, wait_until_blocking
 from .conftest import stats
-from .test_direct import CONFIG, LIMIT, Outcome, Script, Server, check
+from .test_direct import CONFIG, LIMIT, OK_FRAME, Outcome, Script, Server, check
 
 pytestmark = pytest.mark.usefixtures("no_threads_left")
 
@@ -61,13 +63,21 @@ class Reply:
 
 
 def connection(sock: socket.socket, config: Config = CONFIG) -> tuple[AioConnection, list[str]]:
-    """An AioConnection on ``sock`` (no handshake); the list says when it ended."""
+    """An AioConnection on ``sock`` (no handshake); the list says when it
+    ended.  Its publishes never written fail with NotPublishedError when it
+    ends (the publisher, not here, would send them once more)."""
     events: list[str] = []
+
+    def over() -> None:
+        events.append("over")
+        for _, _, waiter in conn.unwritten:
+            waiter.set_exception(NotPublishedError("never written"))
+
     conn = AioConnection(
         asyncio.get_running_loop(),
         Link(sock, "scripted:4150", config),
         on_answers=lambda: None,
-        on_over=lambda: events.append("over"),
+        on_over=over,
     )
     return conn, events
 
@@ -247,7 +257,7 @@ def test_publishes_beyond_the_window_wait_their_turn_in_order(daemon: BlockingNo
             assert publisher is not None and publisher.conn is not None
             seen: list[int] = []
             futures = [producer.publish("window", b"%d" % i) for i in range(50)]
-            assert len(publisher.conn.answers.waiting) == 4 and len(publisher.backlog) == 46
+            assert publisher.conn.in_flight == 4 and len(publisher.backlog) == 46
             assert producer.stats.in_flight == 50
             for i, future in enumerate(futures):
                 future.add_done_callback(functools.partial(note, seen, i))
@@ -277,7 +287,10 @@ def test_a_peer_that_never_reads_holds_a_window_and_the_close_is_bounded() -> No
             lambda: aio.ClientClosedError("closed"),
         )
         conn = AioConnection(
-            loop, Link(deaf, "deaf:4150", publisher.config), publisher._drain, lambda: None
+            loop,
+            Link(deaf, "deaf:4150", publisher.config),
+            publisher._drain,
+            publisher._connection_over,
         )
         publisher.conn = conn
         futures = []
@@ -286,8 +299,9 @@ def test_a_peer_that_never_reads_holds_a_window_and_the_close_is_bounded() -> No
             publisher.publish(publisher.core.pub("t", body + b"%d" % i), 0, Reply(future))
             futures.append(future)
         await asyncio.sleep(0)  # the corked ones written (as far as the socket takes)
-        held = len(conn._unsent)
-        in_flight = len(conn.answers.waiting)
+        # bytes held for the socket: the write under way, the commands behind it
+        held = len(conn._unsent) + sum(len(d) for datas, _ in conn._held for d in datas)
+        in_flight = conn.in_flight
         async with asyncio.timeout(LIMIT):
             await publisher.close(0.2)
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -298,3 +312,175 @@ def test_a_peer_that_never_reads_holds_a_window_and_the_close_is_bounded() -> No
     assert in_flight == window
     assert held <= window * (len(body) + 20)
     assert all(isinstance(r, ConnectionClosedError) for r in results), results[:3]
+
+
+# --- a connection that dies mid-call: what is never written is sent once more ---
+
+
+@contextmanager
+def first_scripted(script: Script) -> Iterator[tuple[str, list[Server]]]:
+    """A TCP nsqd answering the handshake (IDENTIFY: OK), then a
+    :class:`Server` for each connection: the first follows ``script``, the
+    others serve plainly (the next connection, where a publish never written
+    on the first goes)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    servers: list[Server] = []
+    threads: list[threading.Thread] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            greeting = b""  # the magic, IDENTIFY's line, its body's size and body
+            while not identify_read(greeting):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                greeting += chunk
+            sock.sendall(OK_FRAME)
+            server = Server(sock, script if not servers else Script())
+            servers.append(server)
+            thread = threading.Thread(target=server.serve, daemon=True)
+            threads.append(thread)
+            thread.start()
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}", servers
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # (wakes the accept: a close alone does not)
+        listener.close()
+        acceptor.join(LIMIT)
+        for thread in threads:
+            thread.join(LIMIT)
+
+
+def identify_read(greeting: bytes) -> bool:
+    _, sep, rest = greeting[4:].partition(b"\n")
+    return bool(sep) and len(rest) >= 4 and len(rest) >= 4 + int.from_bytes(rest[:4], "big")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tasks=st.integers(1, 6),
+    per_task=st.integers(1, 8),
+    gathered=st.booleans(),
+    cut_after=st.one_of(st.none(), st.integers(0, 1500)),
+    refuse=st.one_of(st.none(), st.integers(0, 30)),
+)
+def test_a_publish_never_written_goes_once_more_on_the_next_connection(
+    tasks: int, per_task: int, gathered: bool, cut_after: int | None, refuse: int | None
+) -> None:
+    """The Producer on a scripted nsqd whose first connection dies after any
+    byte (or refuses a publish): a publish the dead connection never wrote is
+    sent on the next one (once: never published twice), so it succeeds; one
+    written raises ConnectionClosedError (maybe published); one written
+    behind a refused publish raises NotPublishedError (not published)."""
+    outcomes: dict[bytes, Outcome] = {}
+    with first_scripted(Script(cut_after, refuse)) as (address, servers):
+
+        async def main() -> None:
+            async with aio.Producer([address], heartbeat_interval=None) as producer:
+
+                async def task(t: int) -> None:
+                    bodies = [b"%d-%d" % (t, i) for i in range(per_task)]
+                    if gathered:
+                        futures = [producer.publish("t", body) for body in bodies]
+                        for body, future in zip(bodies, futures, strict=True):
+                            outcomes[body] = await outcome_of(future)
+                        return
+                    for body in bodies:
+                        outcomes[body] = await outcome_of(producer.publish("t", body))
+
+                async with asyncio.timeout(LIMIT):
+                    await asyncio.gather(*(task(t) for t in range(tasks)))
+
+        asyncio.run(main())
+    executed = [body for server in servers for body in server.executed]
+    assert len(executed) == len(set(executed)), "published twice"
+    for body, outcome in outcomes.items():
+        if outcome == "ok":
+            assert body in executed, body
+        elif outcome in ("not", "refused"):
+            assert body not in executed, body
+    assert len(outcomes) == tasks * per_task
+    if refuse is None:
+        # Nothing refused: whatever the first connection never wrote was
+        # published on the second; what it wrote is OK or "maybe".
+        assert set(outcomes.values()) <= {"ok", "maybe"}, outcomes
+    if cut_after is None and refuse is None:
+        assert set(outcomes.values()) == {"ok"}
+
+
+def test_publishes_queued_when_the_connection_dies_go_on_the_next(daemon: BlockingNode) -> None:
+    """Five publishes handed over at once: the first written at once, the
+    others queued for the end of the loop's iteration; the connection ends
+    before it.  The first may or may not have been published (nsqd read it or
+    not): ConnectionClosedError; the four others were never written: they go
+    on a new connection and succeed."""
+
+    async def main() -> list[Any]:
+        async with aio.Producer([daemon.tcp_address]) as producer:
+            await producer.publish("again", b"warm")
+            publisher = producer._publisher
+            assert publisher is not None and publisher.conn is not None
+            first = publisher.conn
+            futures = [producer.publish("again", b"%d" % i) for i in range(5)]
+            assert len(first.answers.waiting) == 1 and first.queued == 4
+            first.end(ConnectionResetError("reset under the call"))
+            async with asyncio.timeout(LIMIT):
+                results = await asyncio.gather(*futures, return_exceptions=True)
+            assert publisher.conn is not None and publisher.conn is not first
+            assert producer.stats.errors == 1 and producer.stats.published == 5
+            return results
+
+    results = asyncio.run(main())
+    assert isinstance(results[0], ConnectionClosedError)
+    assert not isinstance(results[0], NotPublishedError)
+    assert results[1:] == [None] * 4
+    # "warm", the four sent again, and the first if nsqd read it before the end
+    wait_until_blocking(lambda: stats(daemon, "again").get("message_count") in (5, 6))
+
+
+def test_a_publish_never_written_twice_raises_not_published() -> None:
+    """Its second connection ends before writing it too: NotPublishedError
+    (not published), no third try.  (Connections made by hand: each has a
+    publish written ahead, so the one under test waits for the end of the
+    loop's iteration, and ends before it.)"""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        publisher = direct.AioPublisher(loop, CONFIG, lambda: aio.ClientClosedError("closed"))
+        publisher._connect_soon = lambda: None  # type: ignore[method-assign]
+        ahead: list[asyncio.Future[None]] = []
+
+        def connect() -> AioConnection:
+            mine, _ = peer(None)
+            link = Link(mine, "scripted:4150", CONFIG)
+            conn = AioConnection(loop, link, publisher._drain, publisher._connection_over)
+            publisher.conn = conn
+            ahead.append(loop.create_future())
+            conn.send(publisher.core.pub("t", b"ahead"), Reply(ahead[-1]), 0)
+            return conn
+
+        first = connect()
+        future: asyncio.Future[None] = loop.create_future()
+        publisher.publish(publisher.core.pub("t", b"tested"), 0, Reply(future))
+        assert first.queued == 1
+        first.end(ConnectionResetError("first"))
+        assert not future.done() and len(publisher.backlog) == 1  # to go once more
+        second = connect()
+        publisher._drain()
+        assert second.queued == 1 and not publisher.backlog
+        second.end(ConnectionResetError("second"))
+        with pytest.raises(NotPublishedError, match="before it was written"):
+            await future
+        for written in await asyncio.gather(*ahead, return_exceptions=True):
+            assert isinstance(written, ConnectionClosedError)
+            assert not isinstance(written, NotPublishedError)
+        assert publisher.stats().errors == 3
+
+    asyncio.run(main())

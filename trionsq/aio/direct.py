@@ -26,15 +26,19 @@ the loop never blocks on a connect.
   awaiting answers (the others wait their turn, in order), the counters, and
   the close that lets the publishes in flight get their answers.
 
-What a caller may assume when a connection dies: a publish whose connection
-ends before its answer raises :class:`~trionsq.ConnectionClosedError` (nsqd
-may or may not have published it: never retried, that could publish it
-twice); one whose command was not written yet, and those behind a publish
-nsqd refused, raise :class:`~trionsq.publishing.NotPublishedError` (nsqd
-closes the connection after an error without executing what follows); the
-next publish opens a new connection.  A connection nothing was read from for a second is looked at
-before a publish is written on it (nsqd restarted meanwhile: the publish goes
-to a new connection, certainly not published twice).
+What a caller may assume when a connection dies (the blocking driver's rule,
+:mod:`trionsq.blocking.direct`): a publish never written (queued for the end
+of the loop's iteration, or behind bytes the socket had not taken: no byte of
+it reached the socket) was not published, and is sent once more on the next
+connection, failing over (a second connection that ends before writing it
+raises :class:`~trionsq.publishing.NotPublishedError`); a publish written
+whose answer never came raises :class:`~trionsq.ConnectionClosedError` (nsqd
+may or may not have published it: never sent again, that could publish it
+twice); those written behind a publish nsqd refused raise
+``NotPublishedError`` (nsqd closes the connection after an error without
+executing what follows).  A connection nothing was read from for a second is
+looked at before a publish is written on it (nsqd restarted meanwhile: the
+publish goes to a new connection, certainly not published twice).
 """
 
 from __future__ import annotations
@@ -70,12 +74,21 @@ _NOT_WRITTEN = "not published: the connection ended before it was written"
 _IDLE_CHECK = 1.0
 
 
+#: what a publish waits in: its command, its MPUB's message count (0 for PUB
+#: and DPUB), where its answer goes
+Entry = tuple[bytes, int, Completion]
+
+
 class AioConnection:
     """One handshaken nsqd connection, its bytes moved by the asyncio loop.
 
-    ``on_answers()`` is called after each read that answered publishes (the
-    publisher sends what waited for room in the window); ``on_over()`` once
-    the connection has ended.
+    A publish handed over (:meth:`send`) is *queued* until some byte of its
+    command reached the socket, then *written* (in :attr:`answers`, awaiting
+    its answer).  A connection that ends keeps its queued publishes in
+    :attr:`unwritten`, in order: nsqd never saw them (the publisher sends them
+    once more).  ``on_answers()`` is called after each read that answered
+    publishes (the publisher sends what waited for room in the window);
+    ``on_over()`` once the connection has ended.
     """
 
     def __init__(
@@ -89,19 +102,29 @@ class AioConnection:
         self.address = link.address
         self.counters = Counters()
         self.answers: Answers[Completion] = Answers(self.counters, link.config.max_frame_size)
+        #: publishes handed over and not written yet (corked or held)
+        self.queued = 0
         #: why the connection ended (None while it lives)
         self.over: ConnectionClosedError | None = None
+        #: once over: the publishes never written, oldest first
+        self.unwritten: list[Entry] = []
         self._loop = loop
         self._on_answers = on_answers
         self._on_over = on_over
         self._sock = link.sock
         self._sock.setblocking(False)
         self._fd = self._sock.fileno()
-        self._corked: list[bytes] = []  # commands of this iteration, not written yet
+        # this iteration's commands and their waiters, written by _flush
+        self._corked: list[bytes] = []
+        self._corked_waiters: list[tuple[Completion, int]] = []
         self._flush_scheduled = False
-        # bytes the socket did not take yet, written when it can (a bytearray:
-        # appending and taking from its front cost no copy of the rest)
+        # While the socket does not take everything: the wire bytes of the
+        # write under way (a bytearray: appending and taking from its front
+        # copy nothing), its publishes while none of its bytes went out, and
+        # the writes waiting behind it (commands and waiters, not encoded yet).
         self._unsent = bytearray()
+        self._unsent_fresh: tuple[list[bytes], list[tuple[Completion, int]]] | None = None
+        self._held: deque[tuple[list[bytes], list[tuple[Completion, int]]]] = deque()
         self._plain = not link.transformed  # (no TLS, no compression: bytes as they are)
         self._read_timeout = link.config.read_timeout
         #: heartbeats nsqd sent (each answered with NOP)
@@ -112,67 +135,135 @@ class AioConnection:
         if link.readable_now():  # bytes read past the handshake's last answer
             loop.call_soon(self._readable)
 
+    @property
+    def in_flight(self) -> int:
+        """Publishes handed over and not answered yet (queued or written)."""
+        return len(self.answers.waiting) + self.queued
+
     # --- out ---
 
     def send(self, data: bytes, waiter: Completion, batch: int) -> None:
-        """Queue one publish's command; its answer goes to ``waiter``."""
+        """Queue one publish's command; its answer goes to ``waiter``.  (The
+        publisher sends on a live connection only: one that ended fails the
+        publish, not written.)"""
         if self.over is not None:
             self.counters.errors += 1
             waiter.set_exception(NotPublishedError(f"{self.address}: {_NOT_WRITTEN}"))
             return
-        answers = self.answers
-        answers.waiting.append((waiter, batch))
-        if len(answers.waiting) == 1 and not self._corked and not self._unsent:
-            self._write(data)  # alone: no reason to wait for company
+        self.queued += 1
+        if not self.answers.waiting and not self._corked and not self._unsent:
+            self._write([data], [(waiter, batch)])  # alone: no reason to wait for company
             return
         self._corked.append(data)
+        self._corked_waiters.append((waiter, batch))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        corked = self._corked
-        if not corked or self.over is not None:
+        if not self._corked or self.over is not None:
             return
-        data = corked[0] if len(corked) == 1 else b"".join(corked)
-        corked.clear()
-        self._write(data)
+        datas, self._corked = self._corked, []
+        waiters, self._corked_waiters = self._corked_waiters, []
+        self._write(datas, waiters)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, datas: list[bytes], waiters: list[tuple[Completion, int]]) -> None:
+        """Write commands (``waiters``: their publishes, in order) in one write,
+        or behind the write under way."""
+        if self._unsent or self._held:
+            self._held.append((datas, waiters))
+            return
+        data = datas[0] if len(datas) == 1 else b"".join(datas)
         if self._plain:
             wire = data
         else:
             try:
                 wire = self.link.wire(data)
             except (OSError, ssl.SSLError) as exc:
+                self._held.appendleft((datas, waiters))  # (not a byte of them went out)
                 self.end(exc)
                 return
-        if self._unsent:
-            self._unsent += wire
-            return
         try:
             sent = self._sock.send(wire)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
+            self._held.appendleft((datas, waiters))
             self.end(exc)
             return
-        if sent < len(wire):
-            self._unsent += memoryview(wire)[sent:]
+        if sent == len(wire):
+            self.answers.waiting.extend(waiters)
+            self.queued -= len(waiters)
+            return
+        self._wrote_part(datas, waiters, wire, sent)
+
+    def _wrote_part(
+        self,
+        datas: list[bytes],
+        waiters: list[tuple[Completion, int]],
+        wire: bytes,
+        sent: int,
+    ) -> None:
+        """The socket took ``sent`` bytes of ``wire`` (``datas`` as they go on
+        it): the rest waits for the socket (the loop watches it)."""
+        fresh: tuple[list[bytes], list[tuple[Completion, int]]] | None = None
+        if sent == 0:
+            fresh = (datas, waiters)  # nothing of them out yet
+        elif self._plain:
+            # The commands with a byte out are written; the rest wait whole.
+            out = 0
+            touched = 0
+            while touched < len(datas) and out < sent:
+                out += len(datas[touched])
+                touched += 1
+            written = waiters[:touched]
+            self.answers.waiting.extend(written)
+            self.queued -= len(written)
+            if touched < len(datas):
+                self._held.appendleft((datas[touched:], waiters[touched:]))
+            wire = wire[:out]  # the rest of the last command touched
+        else:
+            self.answers.waiting.extend(waiters)  # (encoded together: all maybe out)
+            self.queued -= len(waiters)
+        self._unsent += memoryview(wire)[sent:]
+        self._unsent_fresh = fresh
+        if self._unsent:
             self._loop.add_writer(self._fd, self._writable)
+        else:
+            self._writable()  # (nothing left of the write: on to what waits)
 
     def _writable(self) -> None:
-        try:
-            sent = self._sock.send(self._unsent)
-        except (BlockingIOError, InterruptedError):
+        if self.over is not None:
             return
-        except OSError as exc:
-            self.end(exc)
-            return
-        del self._unsent[:sent]
-        if not self._unsent:
-            self._loop.remove_writer(self._fd)
+        unsent = self._unsent
+        if unsent:
+            try:
+                sent = self._sock.send(unsent)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.end(exc)
+                return
+            fresh = self._unsent_fresh
+            if sent and fresh is not None:
+                self._unsent_fresh = None
+                self.answers.waiting.extend(fresh[1])
+                self.queued -= len(fresh[1])
+            del unsent[:sent]
+            if unsent:
+                return
+        self._loop.remove_writer(self._fd)
+        held = self._held
+        if held:
+            # What waited goes out in one write (or waits again).
+            datas: list[bytes] = []
+            waiters: list[tuple[Completion, int]] = []
+            while held:
+                more, theirs = held.popleft()
+                datas += more
+                waiters += theirs
+            self._write(datas, waiters)
 
     # --- in ---
 
@@ -201,8 +292,11 @@ class AioConnection:
             return
         if heartbeats:
             self.heartbeats += heartbeats
-            for _ in range(heartbeats):
-                self._write(_NOP)
+            if not self._unsent:
+                # (Otherwise commands are on their way: nsqd, reading them,
+                # sees the client alive, which is all a NOP says.)
+                for _ in range(heartbeats):
+                    self._write([_NOP], [])
         self._on_answers()
 
     def _check_silence(self) -> None:
@@ -230,7 +324,8 @@ class AioConnection:
     # --- the end ---
 
     def end(self, reason: BaseException | None) -> None:
-        """End the connection (once): its publishes still waiting fail."""
+        """End the connection (once): the publishes written and not answered
+        fail; those never written go to :attr:`unwritten`."""
         if self.over is not None:
             return
         if isinstance(reason, ConnectionClosedError):
@@ -242,16 +337,21 @@ class AioConnection:
                 over.__cause__ = reason
         self.over = over
         self._timer.cancel()
-        corked = len(self._corked)
-        self._corked.clear()
-        if corked:
-            # The last ones waiting were never written: certainly not published.
-            waiting, counters = self.answers.waiting, self.counters
-            never = NotPublishedError(f"{self.address}: {_NOT_WRITTEN}")
-            for _ in range(min(corked, len(waiting))):
-                waiter, _ = waiting.pop()
-                counters.errors += 1
-                waiter.set_exception(never)
+        unwritten = self.unwritten
+        batches = list(self._held)
+        if self._unsent_fresh is not None:
+            batches.insert(0, self._unsent_fresh)
+        batches.append((self._corked, self._corked_waiters))
+        for datas, waiters in batches:
+            if waiters:  # (not a NOP)
+                unwritten += [
+                    (data, batch, waiter)
+                    for data, (waiter, batch) in zip(datas, waiters, strict=True)
+                ]
+        self._held.clear()
+        self._unsent_fresh = None
+        self._corked, self._corked_waiters = [], []
+        self.queued = 0
         loop = self._loop
         try:
             loop.remove_reader(self._fd)
@@ -271,6 +371,22 @@ class AioConnection:
             os.close(self._sock.detach())
         except OSError:
             pass
+
+
+class _Again:
+    """The waiter of a publish sent once more (its first connection ended
+    before writing it): the same waiter, marked."""
+
+    __slots__ = ("waiter",)
+
+    def __init__(self, waiter: Completion) -> None:
+        self.waiter = waiter
+
+    def set_result(self, value: None) -> None:
+        self.waiter.set_result(value)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.waiter.set_exception(error)
 
 
 class AioPublisher:
@@ -308,7 +424,7 @@ class AioPublisher:
         if (
             conn is not None
             and not self.backlog
-            and len(conn.answers.waiting) < self._window
+            and len(conn.answers.waiting) + conn.queued < self._window
             and not conn.stale()
         ):
             conn.send(data, waiter, batch)
@@ -321,7 +437,7 @@ class AioPublisher:
         conn = self.conn
         backlog = self.backlog
         if conn is not None and conn.over is None:
-            room = self._window - len(conn.answers.waiting)
+            room = self._window - conn.in_flight
             while backlog and room > 0:
                 data, batch, waiter = backlog.popleft()
                 conn.send(data, waiter, batch)
@@ -336,7 +452,22 @@ class AioPublisher:
             self._rotation.lost(conn.address, conn.over)
             self._retired.add(conn.counters)
             self.conn = None
+            self._send_again(conn)
         self._drain()
+
+    def _send_again(self, conn: AioConnection) -> None:
+        """The publishes ``conn`` never wrote go first in line for the next
+        connection (nsqd never saw them: they cannot be published twice),
+        once: a publish whose second connection ends before it was written too
+        fails with :class:`NotPublishedError`."""
+        backlog = self.backlog
+        for data, batch, waiter in reversed(conn.unwritten):
+            if type(waiter) is _Again:
+                self.core.errors += 1
+                waiter.set_exception(NotPublishedError(f"{conn.address}: {_NOT_WRITTEN}"))
+            else:
+                backlog.appendleft((data, batch, _Again(waiter)))
+        conn.unwritten.clear()
 
     # --- connecting (on a thread of its own: the handshake blocks) ---
 
@@ -400,12 +531,12 @@ class AioPublisher:
         in_flight = len(self.backlog)
         if conn is not None:
             total.add(conn.counters)
-            in_flight += len(conn.answers.waiting)
+            in_flight += conn.in_flight
         return total.stats(in_flight, self._window)
 
     def _busy(self) -> bool:
         conn = self.conn
-        waiting = conn is not None and conn.over is None and bool(conn.answers.waiting)
+        waiting = conn is not None and conn.over is None and conn.in_flight > 0
         return waiting or bool(self.backlog) or self._connecting is not None
 
     def _check_settled(self) -> None:
