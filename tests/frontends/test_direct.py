@@ -146,7 +146,7 @@ def connected(script: Script) -> tuple[DirectConnection, Server, threading.Threa
 
 
 def run_threads(work: list[Callable[[], None]]) -> None:
-    threads = [threading.Thread(target=fn) for fn in work]
+    threads = [threading.Thread(target=fn, daemon=True) for fn in work]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -158,14 +158,19 @@ Outcome = str  # "ok", "not", "maybe"
 
 
 def publish_all(
-    conn: DirectConnection, bodies: list[bytes], outcomes: dict[bytes, Outcome]
+    conn: DirectConnection,
+    bodies: list[bytes],
+    outcomes: dict[bytes, Outcome],
+    timeout: float | None = LIMIT,
 ) -> Callable[[], None]:
+    """A thread's publishes, one after the other (``timeout=None``: a
+    publish alone on the connection takes the lean path)."""
     core = PublishCore()
 
     def work() -> None:
         for body in bodies:
             try:
-                conn.publish(core.pub("t", body), 0, LIMIT)
+                conn.publish(core.pub("t", body), 0, timeout)
             except NotPublishedError:  # NotWrittenError among them
                 outcomes[body] = "not"
             except ConnectionClosedError:
@@ -196,6 +201,7 @@ def check(server: Server, outcomes: dict[bytes, Outcome]) -> None:
     cut_after=st.one_of(st.none(), st.integers(0, 1500)),
     refuse=st.one_of(st.none(), st.integers(0, 30)),
     heartbeats=st.frozensets(st.integers(0, 30), max_size=4),
+    timeout=st.sampled_from([LIMIT, None]),
 )
 def test_interleaved_threads_and_a_connection_that_dies_anywhere(
     threads: int,
@@ -203,11 +209,12 @@ def test_interleaved_threads_and_a_connection_that_dies_anywhere(
     cut_after: int | None,
     refuse: int | None,
     heartbeats: frozenset[int],
+    timeout: float | None,
 ) -> None:
     conn, server, server_thread = connected(Script(cut_after, refuse, heartbeats))
     outcomes: dict[bytes, Outcome] = {}
     work = [
-        publish_all(conn, [b"%d-%d" % (t, i) for i in range(per_thread)], outcomes)
+        publish_all(conn, [b"%d-%d" % (t, i) for i in range(per_thread)], outcomes, timeout)
         for t in range(threads)
     ]
     run_threads(work)
@@ -223,13 +230,23 @@ def test_interleaved_threads_and_a_connection_that_dies_anywhere(
 class CutLink:
     """A link whose n-th write (of one command or many) sends part of its
     bytes, then fails with ``error`` (an OSError, or an interrupt such as
-    KeyboardInterrupt)."""
+    KeyboardInterrupt).  Given the connection, its lean path's writes (the
+    socket's ``sendall``, one command) are counted and cut alike."""
 
-    def __init__(self, link: Link, at: int, part: int, error: BaseException) -> None:
+    def __init__(
+        self,
+        link: Link,
+        at: int,
+        part: int,
+        error: BaseException,
+        conn: DirectConnection | None = None,
+    ) -> None:
         self.link, self.at, self.part, self.error = link, at, part, error
         self.writes = 0
         self.send_whole = link.send
         link.send = self.send  # type: ignore[method-assign]
+        if conn is not None and conn._plain is not None:
+            conn._plain = CutSocket(self, conn._plain)  # type: ignore[assignment]
 
     def send(self, commands: list[bytes]) -> None:
         self.writes += 1
@@ -245,6 +262,22 @@ class CutLink:
         self.send_whole(commands)
 
 
+class CutSocket:
+    """The lean path's socket, its writes counted and cut by a :class:`CutLink`."""
+
+    def __init__(self, cut: CutLink, sock: socket.socket) -> None:
+        self.cut, self.sock = cut, sock
+
+    def sendall(self, data: bytes) -> None:
+        cut = self.cut
+        cut.writes += 1
+        if cut.writes == cut.at:
+            whole = isinstance(cut.error, Exception)
+            self.sock.sendall(data[: min(cut.part, len(data) - 1) if whole else cut.part])
+            raise cut.error
+        self.sock.sendall(data)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     threads=st.integers(1, 5),
@@ -252,13 +285,14 @@ class CutLink:
     at=st.integers(1, 20),
     part=st.integers(0, 30),
     interrupt=st.booleans(),
+    timeout=st.sampled_from([LIMIT, None]),
 )
 def test_a_write_cut_short_ends_the_connection_before_anybody_writes_after_it(
-    threads: int, per_thread: int, at: int, part: int, interrupt: bool
+    threads: int, per_thread: int, at: int, part: int, interrupt: bool, timeout: float | None
 ) -> None:
     conn, server, server_thread = connected(Script())
     error: BaseException = KeyboardInterrupt() if interrupt else OSError("cut")
-    cut_link = CutLink(conn.link, at, part, error)
+    cut_link = CutLink(conn.link, at, part, error, conn)
     outcomes: dict[bytes, Outcome] = {}
     interrupted: list[bytes] = []
 
@@ -266,7 +300,7 @@ def test_a_write_cut_short_ends_the_connection_before_anybody_writes_after_it(
         def work() -> None:
             for body in bodies:
                 try:
-                    publish_all(conn, [body], outcomes)()
+                    publish_all(conn, [body], outcomes, timeout)()
                 except KeyboardInterrupt:
                     interrupted.append(body)
 
@@ -443,7 +477,7 @@ def test_an_idle_connection_closed_by_nsqd_is_replaced_before_the_next_publish(
 
 
 def test_threads_publishing_at_once_share_one_connection(daemon: BlockingNode) -> None:
-    with blocking.Producer([daemon.tcp_address]) as producer:
+    with blocking.Producer([daemon.tcp_address], max_connections=1) as producer:
         producer.publish("spread", b"warm")
         direct = producer._direct
         assert direct is not None
@@ -597,6 +631,10 @@ def scripted_nsqd(script: Script) -> Iterator[tuple[str, list[Server]]]:
     try:
         yield f"127.0.0.1:{listener.getsockname()[1]}", servers
     finally:
+        try:  # (wakes the accept: closing alone does not, on Linux)
+            listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         listener.close()
         if script.gate is not None:
             script.gate.set()
@@ -668,7 +706,7 @@ def test_a_write_of_several_commands_over_tls_and_compression(
         compression: True,
     }
     bodies = [b"lead"] + [b"follower-%d" % i + b"z" * 3000 * i for i in range(4)]
-    with blocking.Producer([daemon.tcp_address], **options) as producer:
+    with blocking.Producer([daemon.tcp_address], max_connections=1, **options) as producer:
         producer.publish("batched", b"warm")
         direct = producer._direct
         assert direct is not None and direct.conn is not None

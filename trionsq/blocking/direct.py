@@ -10,20 +10,24 @@ and :class:`~trionsq.publishing.Answers` that way:
   handshake (:mod:`trionsq.protocol.handshake`: TLS through an in-memory
   :class:`ssl.SSLObject`, snappy or deflate through :mod:`trionsq.protocol.codecs`,
   AUTH), then bytes out and bytes in.
-- :class:`DirectConnection`: publishes from many threads on one link,
-  pipelined.  A publish queues its command and the answer it awaits (one
-  order, under a short lock); one thread at a time leads: it writes every
-  command queued (its own and those of the threads that queued while it
-  read) in one write, reads the answers for every publish in flight, hands
-  each to its thread, and once its own has come hands the lead on to the
-  oldest publish still waiting (leader/follower).  Threads publishing at
-  once cost fewer system calls than a socket each (8 threads: a write and
-  a read for about three publishes, against two calls a publish).  One
-  thread alone is its own leader: write, read, done.
-- :class:`DirectPublisher`: the producer's side: which nsqd (failover through
+- :class:`DirectConnection`: publishes on one link.  A thread alone on it
+  takes the lean path: it writes its command, reads, and compares the
+  answer with ``OK`` as a raw socket loop does (no queue, no wake-ups);
+  anything else that comes (a heartbeat first, an error frame, the end of
+  the stream) is read again by the general path.  Threads publishing on it
+  at once are pipelined: a publish queues its command and the answer it
+  awaits (one order, under a short lock); one thread at a time leads: it
+  writes every command queued (its own and those of the threads that
+  queued while it read) in one write, reads the answers for every publish
+  in flight, hands each to its thread, and once its own has come hands the
+  lead on to the oldest publish still waiting (leader/follower).
+- :class:`DirectPublisher`: the producer's side: a pool of connections (a
+  publishing thread takes one nobody publishes on, or opens one up to
+  ``max_connections``, and puts it back; past the cap threads share busy
+  ones, pipelined), which nsqd (failover through
   :class:`~trionsq.publishing.Rotation`), reconnecting, the counters, and a
-  keeper thread that sends ``NOP`` on a connection idle for a heartbeat
-  interval (nsqd closes a connection silent for two).
+  keeper thread that sends ``NOP`` on a connection idle for half a
+  heartbeat interval (nsqd closes a connection silent for two).
 
 What a caller may assume when a connection dies during its call:
 
@@ -32,8 +36,9 @@ What a caller may assume when a connection dies during its call:
   executes a command cut short), and the next publish opens a new one.
 - A publish whose command was not wholly written (the write failed before
   its last byte, or the connection was found dead, or ended, while it was
-  queued) was not published: it is retried once on a fresh connection
-  (failing over), so the caller does not see it; when that fails too it
+  queued) was not published: it is retried once on a new connection
+  (failing over; not on another idle one of the pool, which may have died
+  with the first), so the caller does not see it; when that fails too it
   raises :class:`~trionsq.publishing.NotPublishedError`.  In a write of
   several threads' commands, those wholly written before the failure are
   written ones (below), the rest not written.
@@ -61,7 +66,7 @@ from ..config import Config
 from ..connection import ConnectionClosedError, NSQConnectionError
 from ..protocol import commands
 from ..protocol.errors import NSQError, NSQErrorResponse
-from ..publishing import Answers, Counters, NotPublishedError, PublishCore, Rotation
+from ..publishing import OK_FRAME, Answers, Counters, NotPublishedError, PublishCore, Rotation
 from ..reasons import reason
 from .link import Link
 
@@ -72,6 +77,7 @@ __all__ = ["DirectConnection", "DirectPublisher", "NotWrittenError"]
 #: publish goes to a new connection, certainly not published twice)
 _IDLE_CHECK = 1.0
 _NOP = commands.nop()
+_monotonic = time.monotonic
 
 
 class NotWrittenError(NotPublishedError):
@@ -159,7 +165,11 @@ class DirectConnection:
         self.writes = 0
         #: publishes queued on this connection so far (flush's and close's marks)
         self.queued = 0
-        self._last_read = time.monotonic()
+        #: when an answer (or a heartbeat) was read last (the idle check's
+        #: and the keeper's clock)
+        self.last_read = time.monotonic()
+        #: the socket, for the lean path (None: TLS or compression)
+        self._plain = None if link.transformed else link.sock
         #: commands queued and not yet taken by the leader's write: the last
         #: ``len(_unsent)`` publishes of ``answers.waiting``
         self._unsent: list[bytes] = []
@@ -177,6 +187,75 @@ class DirectConnection:
         ConnectionClosedError (may have been published), NotPublishedError
         (certainly not), :class:`NotWrittenError` (not written: the caller may
         send it elsewhere) or TimeoutError."""
+        lock = self._lock
+        lock.acquire()
+        now = _monotonic()
+        if (
+            self.reading
+            or self.over is not None
+            or self.answers.waiting
+            or self._nops
+            or timeout is not None
+            or self._plain is None
+            or now - self.last_read > _IDLE_CHECK
+        ):
+            lock.release()
+            self._publish(data, batch, timeout)
+            return
+        # The lean path: alone on a plain connection, live and read lately,
+        # no timeout of its own: write, read, compare (as a raw socket
+        # does); the general path takes over whatever else comes.  It leads
+        # (followers queue behind it, for the general path).
+        self.reading = True
+        slot = _Slot()
+        waiting = self.answers.waiting
+        waiting.append((slot, batch))
+        self.queued += 1
+        lock.release()
+        try:
+            self._plain.sendall(data)
+        except BaseException as exc:
+            self.link.sent_whole = 0  # (one command: not whole, or unknown for an interrupt)
+            self._write_failed(exc, 1, 0)
+            if not isinstance(exc, Exception):
+                raise
+            raise slot.error or NotWrittenError(self.address) from exc
+        self.writes += 1
+        try:
+            got = self.link.receive()
+        except BaseException as exc:
+            self._lead_failed(exc)
+            if not isinstance(exc, Exception):
+                raise
+            raise slot.error or _closed(self.address, exc) from None
+        # (Only this thread writes while it leads: the first answer is its own.)
+        if got == OK_FRAME and not self.answers._partial:
+            self.last_read = now
+            lock.acquire()
+            if self.over is not None:  # ended meanwhile (close): its slot failed
+                lock.release()
+                raise slot.error or ConnectionClosedError(self.address)
+            waiting.popleft()
+            counters = self.counters
+            counters.published += batch or 1
+            if batch:
+                counters.batches += 1
+            if waiting or self._watchers:  # (others queued meanwhile: the lead goes on)
+                lock.release()
+                self._hand_on()
+                return
+            self.reading = False
+            lock.release()
+            return
+        # Anything else (a heartbeat first, an error frame, the end): the
+        # general reader reads it again.
+        self.link.put_back(got)
+        self._lead(slot, None, written=True)
+        if slot.error is not None:
+            raise slot.error
+
+    def _publish(self, data: bytes, batch: int, timeout: float | None) -> None:
+        """:meth:`publish`'s general path (shared, pipelined)."""
         slot = _Slot()
         lock = self._lock
         lead = False
@@ -244,33 +323,37 @@ class DirectConnection:
         published); an interrupt leaves the write's own commands unknown,
         all as written.  nsqd's refusal found by the leader after a failed
         write (see :meth:`_answers_left`) fails its publish with it."""
-        lock = self._lock
         count = len(commands)
         if nops:
             commands = [_NOP] * nops + commands
         try:
             self.link.send(commands)
         except BaseException as exc:
-            with lock:
-                if self.over is None:
-                    written = max(self.link.sent_whole - nops, 0)
-                    cut = None
-                    if isinstance(exc, Exception) and written < count:
-                        # Those after the one cut short (this write's, then the
-                        # queued): not written.  The one cut short stays while
-                        # nsqd's answers are read: nsqd may have refused it
-                        # (E_BAD_MESSAGE before its body) before it closed.
-                        self._fail_unsent(count - written - 1 + len(self._unsent), exc)
-                        cut = self.answers.waiting[-1][0] if self.answers.waiting else None
-                    refusal = self._answers_left() if isinstance(exc, OSError) else None
-                    if cut is not None and not cut.done:
-                        self._fail_unsent(1, exc)
-                    self._end_locked(
-                        NotWrittenError(f"{self.address}: the write failed ({reason(exc)})"),
-                        refusal or exc,
-                    )
+            self._write_failed(exc, count, nops)
             raise
         self.writes += 1
+
+    def _write_failed(self, exc: BaseException, count: int, nops: int) -> None:
+        """A leader's write of ``count`` publishes (after ``nops`` NOPs) failed
+        with ``exc``: the connection ends (see :meth:`_write`)."""
+        with self._lock:
+            if self.over is None:
+                written = max(self.link.sent_whole - nops, 0)
+                cut = None
+                if isinstance(exc, Exception) and written < count:
+                    # Those after the one cut short (this write's, then the
+                    # queued): not written.  The one cut short stays while
+                    # nsqd's answers are read: nsqd may have refused it
+                    # (E_BAD_MESSAGE before its body) before it closed.
+                    self._fail_unsent(count - written - 1 + len(self._unsent), exc)
+                    cut = self.answers.waiting[-1][0] if self.answers.waiting else None
+                refusal = self._answers_left() if isinstance(exc, OSError) else None
+                if cut is not None and not cut.done:
+                    self._fail_unsent(1, exc)
+                self._end_locked(
+                    NotWrittenError(f"{self.address}: the write failed ({reason(exc)})"),
+                    refusal or exc,
+                )
 
     def _fail_unsent(self, count: int, exc: BaseException) -> None:
         """(Under the lock) the last ``count`` publishes awaited were not
@@ -317,7 +400,7 @@ class DirectConnection:
         return None
 
     def _idle(self) -> bool:
-        return time.monotonic() - self._last_read > _IDLE_CHECK
+        return time.monotonic() - self.last_read > _IDLE_CHECK
 
     def _look(self) -> None:
         """Read what waits on an idle connection before writing on it (under
@@ -331,7 +414,7 @@ class DirectConnection:
                     continue
                 raise ConnectionClosedError(f"{self.address}: nsqd closed the connection")
             heartbeats = self.answers.received(data)
-            self._last_read = time.monotonic()
+            self.last_read = time.monotonic()
             for _ in range(heartbeats):
                 self._write_locked(_NOP)
 
@@ -381,7 +464,12 @@ class DirectConnection:
     # --- leading: writing what is queued and reading (one thread at a time) ---
 
     def _lead(
-        self, slot: _Slot, timeout: float | None, first: list[bytes] | None = None, nops: int = 0
+        self,
+        slot: _Slot,
+        timeout: float | None,
+        first: list[bytes] | None = None,
+        nops: int = 0,
+        written: bool = False,
     ) -> None:
         """Write what is queued (``first``, taken from the queue already, then
         the followers' commands) and read answers, for every publish in
@@ -391,7 +479,9 @@ class DirectConnection:
         link, answers = self.link, self.answers
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            if first is None:  # (handed the lead: what is queued, taken now)
+            if written:  # (the lean path wrote it)
+                pass
+            elif first is None:  # (handed the lead: what is queued, taken now)
                 self._write_unsent()
             else:
                 self._write(first, nops)
@@ -410,7 +500,7 @@ class DirectConnection:
                     self._wake_watchers()
                 if self._unsent or self._nops:
                     self._write_unsent()
-            self._last_read = time.monotonic()
+            self.last_read = time.monotonic()
         except _Deadline:
             slot.gone = True
             self._hand_on()
@@ -418,15 +508,19 @@ class DirectConnection:
                 f"nsqd did not answer within {timeout} s (it may still publish)"
             ) from None
         except BaseException as exc:
-            # The connection is over (nsqd's error frame failed its publish
-            # and those after it already; the end of the stream, an error, an
-            # interrupt fail the rest as not answered).
-            with self._lock:
-                self._end_locked(_closed(self.address, exc), exc)
+            self._lead_failed(exc)
             if not isinstance(exc, Exception):
                 raise
             return
         self._hand_on()
+
+    def _lead_failed(self, exc: BaseException) -> None:
+        """The leader's read failed with ``exc``: the connection is over
+        (nsqd's error frame failed its publish and those after it already;
+        the end of the stream, an error, an interrupt fail the rest as not
+        answered)."""
+        with self._lock:
+            self._end_locked(_closed(self.address, exc), exc)
 
     def _follow(self, slot: _Slot, timeout: float | None) -> None:
         """Sleep until the leader hands ``slot`` its answer, or the lead."""
@@ -585,57 +679,153 @@ def _wait_readable(link: Link, deadline: float) -> bool:
 
 
 class DirectPublisher:
-    """A blocking producer's publishes done by the calling threads: the
-    connection, failover and reconnects, the counters, the keeper of an idle
-    connection.  After a fork, the child calls :meth:`forget` and never uses
-    it again.
+    """A blocking producer's publishes done by the calling threads: a small
+    pool of connections, failover and reconnects, the counters, the keeper
+    of idle connections.  After a fork, the child calls :meth:`forget` and
+    never uses it again.
 
-    One connection serves every thread: threads publishing at once queue
-    their commands there, and its leader writes them together and reads
-    their answers together (fewer system calls a publish than a socket a
-    thread, see the module's description).  Spare connections (a thread
-    finding the lead taken leading one of its own) measured worse on 2
-    cores, in the same runs against nsqd v1.3.0 (load 4-5), 8 threads: one
-    connection 47,600-52,700 msg/s, two 31,800-41,000, four 33,000-34,600,
-    nsqd's CPU a message higher with more: a Python process (one GIL)
-    publishes no faster than one connection takes.
+    A publishing thread takes a connection nobody publishes on (or opens
+    one, up to ``max_connections``), writes its command and reads its
+    answer there itself (the lean path of :class:`DirectConnection`), then
+    puts the connection back: threads publishing at once each wait in their
+    own ``recv``, the GIL released, woken by the kernel as their answer
+    arrives, as raw sockets a thread are.  Past the cap, a thread shares a
+    busy connection: its command is pipelined behind the publishes there.
+    ``max_connections=1`` is one connection shared by every thread.
+
+    Why a connection a thread: on 2 cores the client's CPU a message
+    decides, and the pipelined connection's wake-ups (a follower woken by
+    its leader through a lock, then waiting for the GIL) cost more than the
+    system calls they save.  8 threads against nsqd v1.3.0, this process's
+    CPU a message, six interleaved runs at load 7: one shared connection
+    9.5-13.4 us (median 11.2), a connection a thread 8.7-10.9 (median 9.5),
+    the raw sockets 7.0-9.0 (see docs/performance.md).  Threads sharing
+    past the cap cost most (32 threads on 8 connections: 17-32 us a
+    message): hence a cap of 32 by default; the connections opened stay
+    open, idle ones kept alive by the keeper's NOPs.
     """
 
-    def __init__(self, config: Config, closed_error: Callable[[], Exception]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        closed_error: Callable[[], Exception],
+        max_connections: int = 32,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
         self.config = config
+        self.max_connections = max_connections
         self.core = PublishCore()
         self._rotation = Rotation(config.nsqd_tcp_addresses)
         self._greeting = commands.MAGIC_V2 + commands.identify(config.identify_body())
         self._closed_error = closed_error
-        #: the connection (failover moves it)
-        self.conn: DirectConnection | None = None
-        self._retired = Counters()  # what ended connections counted
+        #: every connection not discarded yet (replaced, never changed in
+        #: place, under the connect lock: read without it)
+        self._conns: tuple[DirectConnection, ...] = ()
+        #: the connections nobody took: a publishing thread pops one (a
+        #: list's pop and append are atomic) and appends it back when done
+        self._idle: list[DirectConnection] = []
+        self._turn = 0  # past the cap: which busy connection a thread shares
+        self._retired = Counters()  # what discarded connections counted
         self._connect_lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
     @property
+    def conn(self) -> DirectConnection | None:
+        """A connection (the oldest kept), if any."""
+        conns = self._conns
+        return conns[0] if conns else None
+
+    @property
     def address(self) -> str | None:
-        """The nsqd connected to, if the connection lives (see :meth:`DirectConnection.alive`)."""
-        conn = self.conn
-        return conn.address if conn is not None and conn.alive() else None
+        """The nsqd connected to, if a connection lives (see :meth:`DirectConnection.alive`)."""
+        for conn in self._conns:
+            if conn.alive():
+                return conn.address
+        return None
 
     def publish(self, data: bytes, batch: int, timeout: float | None) -> None:
         """Publish an encoded command (from :attr:`core`); see the module's
         description for what the errors mean."""
-        conn = self.conn
-        if conn is None or conn.over is not None:
-            conn = self.connect()
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn, own = self._take()
+        else:
+            own = True
+            if conn.over is not None:
+                self._discard(conn)
+                conn, own = self._take()
         try:
             conn.publish(data, batch, timeout)
         except NotWrittenError:
-            # Certainly not published: once more, on a new connection.
+            # Certainly not published: once more, on a new connection (the
+            # idle ones may have died with this one).
+            if own:
+                own = False
+                self._put_back(conn)
+            conn, own = self._take(fresh=True)
             try:
-                self.connect().publish(data, batch, timeout)
+                conn.publish(data, batch, timeout)
             except NotWrittenError:
                 self.core.errors += 1
                 raise
+        finally:
+            if own:
+                self._put_back(conn)
+
+    def _put_back(self, conn: DirectConnection) -> None:
+        if conn.over is None and not self._closed:
+            self._idle.append(conn)
+        else:
+            self._discard(conn)
+
+    def _take(self, fresh: bool = False) -> tuple[DirectConnection, bool]:
+        """A connection to publish on and whether this thread took it for
+        itself (it puts it back): an idle one (unless ``fresh``), else a new
+        one below the cap, else a busy one to share."""
+        idle = self._idle
+        while idle and not fresh:
+            try:
+                conn = idle.pop()
+            except IndexError:
+                break
+            if conn.over is None:
+                return conn, True
+            self._discard(conn)
+        with self._connect_lock:
+            if self._closed:
+                raise self._closed_error()
+            live = [conn for conn in self._conns if conn.over is None]
+            if len(live) >= self.max_connections:
+                self._turn += 1
+                return live[self._turn % len(live)], False
+            for conn in self._conns:
+                if conn.over is not None:
+                    self._discard_locked(conn)
+            try:
+                link = self._rotation.first(self._open)
+            except (NSQConnectionError, NSQErrorResponse):
+                self.core.errors += 1
+                raise
+            conn = DirectConnection(link)
+            self._conns = (*self._conns, conn)
+            self._start_keeper()
+            return conn, True
+
+    def _discard(self, conn: DirectConnection) -> None:
+        with self._connect_lock:
+            self._discard_locked(conn)
+
+    def _discard_locked(self, conn: DirectConnection) -> None:
+        """Forget an ended connection (its counts kept; failover noted)."""
+        if conn not in self._conns:
+            return
+        self._conns = tuple(other for other in self._conns if other is not conn)
+        self._rotation.lost(conn.address, conn.over)
+        self._retired.add(conn.counters)
 
     def counters(self) -> Counters:
         """Everything counted so far: the encoder's errors, every connection's answers."""
@@ -647,29 +837,7 @@ class DirectPublisher:
         return total
 
     def connections(self) -> list[DirectConnection]:
-        conn = self.conn
-        return [conn] if conn is not None else []
-
-    def connect(self) -> DirectConnection:
-        """The connection to publish on, connected (failing over) if needed."""
-        with self._connect_lock:
-            if self._closed:
-                raise self._closed_error()
-            conn = self.conn
-            if conn is not None:
-                if conn.over is None:
-                    return conn
-                self._rotation.lost(conn.address, conn.over)
-                self._retired.add(conn.counters)
-                self.conn = None
-            try:
-                link = self._rotation.first(self._open)
-            except (NSQConnectionError, NSQErrorResponse):
-                self.core.errors += 1
-                raise
-            conn = self.conn = DirectConnection(link)
-            self._start_keeper()
-            return conn
+        return list(self._conns)
 
     def _open(self, address: str) -> Link:
         return Link.open(address, self.config, self._greeting)
@@ -685,15 +853,28 @@ class DirectPublisher:
         keeper.start()
 
     def _keep(self, interval: float) -> None:
-        """A NOP on each connection nothing was written on for ``interval``."""
-        seen: dict[int, int] = {}
-        while not self._stop.wait(interval):
-            for conn in self.connections():
-                if conn.over is not None:
-                    continue
-                if seen.get(id(conn)) == conn.writes:
+        """A NOP on each connection nothing was read from for half of
+        ``interval``, looked at every half interval: nsqd closes a connection
+        it read nothing from for two intervals, and hears from each idle one
+        every interval at least (a keeper that waited a whole interval
+        without a write, at whole-interval ticks, could stay silent for two)."""
+        half = interval / 2
+        while not self._stop.wait(half):
+            now = time.monotonic()
+            for conn in self._conns:
+                if conn.over is None and now - conn.last_read >= half:
                     conn.keep_alive()
-                seen[id(conn)] = conn.writes
+                if conn.over is not None:
+                    self._prune(conn)
+
+    def _prune(self, conn: DirectConnection) -> None:
+        """Discard ``conn``, ended, if it waits among the idle ones (one a
+        thread took is discarded by that thread)."""
+        try:
+            self._idle.remove(conn)
+        except ValueError:
+            return
+        self._discard(conn)
 
     def in_flight(self) -> int:
         return sum(len(conn.answers.waiting) for conn in self.connections())
@@ -704,6 +885,7 @@ class DirectPublisher:
         publishes raise the closed error."""
         with self._connect_lock:
             self._closed = True
+        self._idle.clear()
         self._stop.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         for conn in self.connections():
@@ -734,7 +916,8 @@ class DirectPublisher:
         them (their descriptors closed here, no shutdown: the connections
         stay the parent's)."""
         conns = self.connections()
-        self.conn = None
+        self._conns = ()
+        self._idle = []
         self._closed = True
         for conn in conns:
             conn.over = ConnectionClosedError("forked")

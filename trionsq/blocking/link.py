@@ -209,6 +209,12 @@ class Link:
             raise
         self.sent_whole = len(wire)
 
+    def put_back(self, data: bytes) -> None:
+        """Bytes :meth:`receive` returned, to be returned again by the next one
+        (read by one path, handled by another)."""
+        if data:
+            self._leftover = data + self._leftover
+
     def _receive_plain(self) -> bytes:
         leftover = self._leftover
         if leftover:

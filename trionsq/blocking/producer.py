@@ -66,11 +66,14 @@ class Producer(HostedProducerState, BlockingClient):
     :class:`~trionsq.hosting.producer.ClientClosedError`.
 
     A blocking ``publish()``, ``multi_publish()`` or ``deferred_publish()`` is
-    done by the calling thread itself: it writes the command on the shared
-    connection and reads answers there (:mod:`trionsq.blocking.direct`: no hop
-    to the loop's thread, a round trip and little more; threads publishing at
-    once are pipelined, one of them writing their commands together and
-    reading the answers for all).  What a
+    done by the calling thread itself: it takes a connection no other thread
+    publishes on, writes the command and reads the answer there, then puts
+    the connection back (:mod:`trionsq.blocking.direct`: no hop to the loop's
+    thread, a round trip and little more).  Threads publishing at once open
+    a connection each, up to ``max_connections`` (32); past it they share
+    busy ones, pipelined (one of them writing their commands together and
+    reading the answers for all); ``max_connections=1`` shares one
+    connection between every thread.  What a
     caller may assume when the connection dies during a call is said there:
     a publish never written whole is retried once on a new connection (failing
     over), one written whole and not answered raises
@@ -96,10 +99,16 @@ class Producer(HostedProducerState, BlockingClient):
         *,
         config: Config | None = None,
         after_fork: AfterFork = "reconnect",
+        max_connections: int = 32,
         **options: Any,
     ) -> None:
         if after_fork not in ("reconnect", "error"):
             raise ValueError("after_fork must be 'reconnect' or 'error'")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise TypeError("max_connections must be an int")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections!r}")
+        self.max_connections = max_connections
         # The async Producer validates the arguments (it is not entered here).
         self.config = _core.Producer(nsqd_tcp_addresses, config=config, **options).config
         self.after_fork = after_fork
@@ -158,7 +167,7 @@ class Producer(HostedProducerState, BlockingClient):
             self._pid = os.getpid()
             direct = None
             if self.config.connector is tcp_connector:  # (a socket this thread can use)
-                direct = DirectPublisher(self.config, _closed_error)
+                direct = DirectPublisher(self.config, _closed_error, self.max_connections)
             with self._lock:
                 self._hosted = hosted
                 self._direct = direct
