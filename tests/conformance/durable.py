@@ -32,6 +32,8 @@ SENTINEL = "sentinel"
 DEFER_MS = 3_600_000
 #: A message id no nsqd gives out.
 NO_ID = b"0123456789abcdef"
+#: How long a publish waits for the topic's pump to hand on what came before.
+PUMP_TIMEOUT = 2.0
 #: How long the real nsqd gets to reach what fakensq holds after a step.
 SETTLE_TIMEOUT = 5.0
 
@@ -80,13 +82,25 @@ class Daemon:
         r.raise_for_status()
         return r.json()
 
-    async def publish(self, topic: str, bodies: list[bytes], how: str) -> list[Any]:
+    async def publish(
+        self, topic: str, bodies: list[bytes], how: str, http: httpx.AsyncClient | None = None
+    ) -> list[Any]:
+        """Publish ``bodies`` by MPUB, or one PUB or DPUB at a time; with ``http``,
+        each of these once the topic's pump has handed on what came before.
+
+        (nsqd's topic puts a message in its memory queue only if that has room
+        right then, and with ``--mem-queue-size=0`` only if the pump waits on it:
+        else to disk, where a DPUB's delay is lost.  A publish that comes while
+        the pump still hands on the one before finds no room by chance: on a busy
+        machine nsqd's pump may not have run yet.)"""
         s = await Session.connect(self.node.tcp_address, "p", Transcript(), Normalizer())
         try:
             if how == "mpub":
                 return await s.call(cmds.mpub(topic, bodies))
             out = []
             for body in bodies:
+                if http is not None:
+                    await self._pump_idle(http, topic)
                 if how == "dpub":
                     out += await s.call(cmds.dpub(topic, DEFER_MS, body))
                 else:
@@ -94,6 +108,19 @@ class Daemon:
             return out
         finally:
             await s.close()
+
+    async def _pump_idle(self, http: httpx.AsyncClient, topic: str) -> None:
+        """Until the topic's queue is empty, where its pump runs (it has
+        channels and is not paused); bounded."""
+
+        async def read() -> Any:
+            found = [t for t in (await self.stats(http))["topics"] or [] if t["topic_name"] == topic]
+            return found[0] if found else None
+
+        def idle(t: Any) -> bool:
+            return t is None or t["paused"] or not t["channels"] or t["depth"] == 0
+
+        await poll(read, idle, limit=PUMP_TIMEOUT)
 
     async def hold(self, topic: str, channel: str, n: int) -> list[bytes]:
         """Take ``n`` messages of the channel with a consumer that leaves
@@ -175,6 +202,10 @@ class Run:
         for d in self.daemons:
             await d.node.close()
         await self.http.aclose()
+
+    async def publish(self, topic: str, bodies: list[bytes], how: str) -> list[list[Any]]:
+        """Each daemon's answers to publishing ``bodies`` (see :meth:`Daemon.publish`)."""
+        return await self.each(lambda d: d.publish(topic, bodies, how, self.http))
 
     async def each(self, action: Callable[[Daemon], Awaitable[T]]) -> list[T]:
         return [await action(d) for d in self.daemons]

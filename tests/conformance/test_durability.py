@@ -332,7 +332,7 @@ class Durability(RuleBasedStateMachine):
         if is_ephemeral(topic):
             n = 1  # (the module doc)
         bodies = [b"m%d" % next(self.bodies) for _ in range(n)]
-        answers = self._call(self.run.each, lambda d: d.publish(topic, bodies, how))
+        answers = self._call(self.run.publish, topic, bodies, how)
         self._same(answers, f"{how} {topic}")
         self.model.publish(topic, bodies, how == "dpub")
         self.check()

@@ -63,7 +63,7 @@ def bodies(a: int, b: int) -> list[bytes]:
 
 
 async def publish(run: Run, topic: str, msgs: list[bytes], how: str = "mpub") -> None:
-    await run.each(lambda d: d.publish(topic, msgs, how))
+    await run.publish(topic, msgs, how)
 
 
 async def test_what_a_restart_loaded_survives_the_next_kill(
