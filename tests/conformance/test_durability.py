@@ -54,11 +54,15 @@ thread, each step calling into the test's trio run, where fakensq's node
 lives.  The run is bounded (30 examples of at most 25 steps, derandomized as
 the whole suite: the same sequences each time; 15 to 35 s on a busy
 machine, most of it the real nsqd's restarts).  A failure shrinks to a short sequence, printed as
-Python; shrinking a sequence with kills takes minutes.
+Python; shrinking a sequence with kills takes minutes.  A longer search, on new
+sequences each run: ``DURABILITY_RANDOM=1 DURABILITY_EXAMPLES=400
+DURABILITY_STEPS=40 pytest tests/conformance/test_durability.py`` (400 such
+sequences: about 7 minutes).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import count
@@ -511,8 +515,11 @@ async def test_durability_state_machine(tmp_path: Path, conformance: Conformance
             lambda: run_state_machine_as_test(
                 machine,
                 settings=settings(
-                    max_examples=30,
-                    stateful_step_count=25,
+                    max_examples=int(os.environ.get("DURABILITY_EXAMPLES", "30")),
+                    stateful_step_count=int(os.environ.get("DURABILITY_STEPS", "25")),
+                    # A campaign: DURABILITY_RANDOM=1 draws new sequences each run.
+                    derandomize=not os.environ.get("DURABILITY_RANDOM"),
+                    database=None,
                     deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
                 ),
