@@ -698,7 +698,7 @@ class DirectPublisher:
     its leader through a lock, then waiting for the GIL) cost more than the
     system calls they save.  8 threads against nsqd v1.3.0, this process's
     CPU a message, six interleaved runs at load 7: one shared connection
-    9.5-13.4 us (median 11.2), a connection a thread 8.7-10.9 (median 9.5),
+    9.5-13.4 us (median 11.1), a connection a thread 8.7-10.9 (median 9.5),
     the raw sockets 7.0-9.0 (see docs/performance.md).  Threads sharing
     past the cap cost most (32 threads on 8 connections: 17-32 us a
     message): hence a cap of 32 by default; the connections opened stay
