@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from trionsq import aio
 from trionsq.aio import direct
 from trionsq.aio.direct import AioConnection
-from trionsq.blocking.link import Link
 from trionsq.config import Config
 from trionsq.connection import ConnectionClosedError
+from trionsq.link import Link
 from trionsq.protocol.errors import BadMessageError
 from trionsq.publishing import NotPublishedError, PublishCore
 

@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 
 from trionsq import blocking
 from trionsq.blocking.direct import DirectConnection, NotWrittenError
-from trionsq.blocking.link import Link, sent_whole
 from trionsq.config import Config
 from trionsq.connection import ConnectionClosedError
+from trionsq.link import Link, sent_whole
 from trionsq.protocol.errors import BadMessageError, BadTopicError
 from trionsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
 from trionsq.publishing import NotPublishedError, PublishCore

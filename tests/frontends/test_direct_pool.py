@@ -18,7 +18,7 @@ import pytest
 
 from trionsq import blocking
 from trionsq.blocking.direct import DirectConnection, DirectPublisher
-from trionsq.blocking.link import Link
+from trionsq.link import Link
 from trionsq.protocol.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
 from trionsq.publishing import PublishCore
 

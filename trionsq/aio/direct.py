@@ -12,7 +12,7 @@ loop (``add_reader``), on the sans-IO core that every producer shares:
 :class:`~trionsq.publishing.Answers` (the answers, in order, heartbeats) and
 :class:`~trionsq.publishing.Rotation` (which nsqd, failover).  The connection
 and its handshake (TLS through an in-memory :class:`ssl.SSLObject`, snappy or
-deflate, AUTH) are the blocking driver's :class:`~trionsq.blocking.link.Link`,
+deflate, AUTH) are :class:`~trionsq.link.Link`,
 opened on a short-lived thread of its own (joined once it is done) so that
 the loop never blocks on a connect.
 
@@ -50,9 +50,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from ..blocking.link import Link
 from ..config import Config
 from ..connection import ConnectionClosedError, NSQConnectionError
+from ..link import Link
 from ..protocol import commands
 from ..protocol.errors import NSQErrorResponse, ProtocolError
 from ..publishing import (

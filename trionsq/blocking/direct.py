@@ -6,7 +6,7 @@ with no hop to another thread (the hosted producer's Trio thread costs two
 thread switches a call).  This module drives :class:`~trionsq.publishing.PublishCore`
 and :class:`~trionsq.publishing.Answers` that way:
 
-- :class:`~trionsq.blocking.link.Link`: one handshaken nsqd connection on a blocking socket: the
+- :class:`~trionsq.link.Link`: one handshaken nsqd connection on a blocking socket: the
   handshake (:mod:`trionsq.protocol.handshake`: TLS through an in-memory
   :class:`ssl.SSLObject`, snappy or deflate through :mod:`trionsq.protocol.codecs`,
   AUTH), then bytes out and bytes in.
@@ -64,11 +64,11 @@ from collections.abc import Callable
 
 from ..config import Config
 from ..connection import ConnectionClosedError, NSQConnectionError
+from ..link import Link
 from ..protocol import commands
 from ..protocol.errors import NSQError, NSQErrorResponse
 from ..publishing import OK_FRAME, Answers, Counters, NotPublishedError, PublishCore, Rotation
 from ..reasons import reason
-from .link import Link
 
 __all__ = ["DirectConnection", "DirectPublisher", "NotWrittenError"]
 

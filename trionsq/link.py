@@ -1,5 +1,8 @@
-"""One nsqd connection on a blocking socket, for the blocking publisher
-(:mod:`trionsq.blocking.direct`): connecting, the handshake, bytes out and in.
+"""One nsqd connection on a blocking socket, for the publish drivers beside the
+publish core (:mod:`trionsq.publishing`): connecting, the handshake, bytes out
+and in.  The blocking publisher (:mod:`trionsq.blocking.direct`) reads and
+writes it from the calling threads; the asyncio one (:mod:`trionsq.aio.direct`)
+opens it on a thread, then drives its socket from the loop.
 
 The handshake's meaning is :mod:`trionsq.protocol.handshake`'s, shared with
 the Trio connection; only its I/O is here.  TLS goes through an in-memory
@@ -18,12 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import Config, KeyPasswordMissing, tls_context
-from ..connection import NegotiationError, NSQConnectionError
-from ..protocol import codecs, commands, handshake
-from ..protocol.errors import ProtocolError
-from ..reasons import cannot_connect
-from ..transport import parse_address
+from .config import Config, KeyPasswordMissing, tls_context
+from .connection import NegotiationError, NSQConnectionError
+from .protocol import codecs, commands, handshake
+from .protocol.errors import ProtocolError
+from .reasons import cannot_connect
+from .transport import parse_address
 
 __all__ = ["Link", "sent_whole"]
 
