@@ -484,3 +484,31 @@ def test_a_publish_never_written_twice_raises_not_published() -> None:
         assert publisher.stats().errors == 3
 
     asyncio.run(main())
+
+
+def test_a_read_of_few_answers_with_many_awaited_pauses_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """20 publishes in flight; the peer answers one: a read that answered one
+    with 19 awaited pauses the loop (the next read takes many), then the
+    peer answers the 19 at once: no pause (nothing awaited)."""
+    pauses: list[float] = []
+    monkeypatch.setattr(direct, "_pause", pauses.append)
+
+    async def main() -> None:
+        client, far = socket.socketpair()
+        conn, _ = connection(client)
+        futures = [publish(conn, b"%d" % i) for i in range(20)]
+        await asyncio.sleep(0)  # the iteration's write
+        assert len(conn.answers.waiting) == 20
+        far.sendall(OK_FRAME)
+        await wait_until_asyncio(futures[0].done, limit=LIMIT)
+        assert pauses == [direct.GATHER_PAUSE]
+        far.sendall(OK_FRAME * 19)
+        async with asyncio.timeout(LIMIT):
+            await asyncio.gather(*futures)
+        assert pauses == [direct.GATHER_PAUSE]
+        conn.end(ConnectionClosedError("test over"))
+        far.close()
+
+    asyncio.run(main())

@@ -13,6 +13,7 @@ from ..config import Config
 from ..hosting.producer import ClientClosedError, HostedProducer, HostedProducerState
 from ..hosting.trio_thread import ForkedError, LoopStoppedError
 from ..lifecycle import CLOSED, CLOSING, NEW, OPEN, OPENING, AsyncClient, Lifecycle, Moves
+from ..protocol import commands
 from ..publishing import ProducerStats
 from ..transport import tcp_connector
 from .direct import AioPublisher
@@ -93,14 +94,16 @@ class _DirectReply:
         self.future = future
 
     def set_result(self, value: None) -> None:
-        future = self.future
-        if not future.done():  # its awaiter may have given up
-            future.set_result(value)
+        try:
+            self.future.set_result(value)
+        except asyncio.InvalidStateError:  # its awaiter gave up (cancelled it)
+            pass
 
     def set_exception(self, error: BaseException) -> None:
-        future = self.future
-        if not future.done():
-            future.set_exception(error)
+        try:
+            self.future.set_exception(error)
+        except asyncio.InvalidStateError:
+            pass
 
 
 #: An asyncio Producer's life: entered once, closed once.
@@ -281,11 +284,17 @@ class Producer(HostedProducerState, AsyncClient):
         if direct is None or self._forks != _forks[0]:
             return self._job("publish", (topic, body))
         future = PublishFuture(loop=self._loop)
-        try:
-            data = direct.core.pub(topic, body)
-        except Exception as exc:  # refused before reaching nsqd: the future says it
-            future.set_exception(exc)
-            return future
+        core = direct.core
+        if type(body) is bytes and body and type(topic) is str and topic in core.valid_topics:
+            # core.pub's checks passed already (a topic checked before, a
+            # non-empty bytes body): the path of nearly every PUB
+            data = commands.pub(topic, body)
+        else:
+            try:
+                data = core.pub(topic, body)
+            except Exception as exc:  # refused before reaching nsqd: the future says it
+                future.set_exception(exc)
+                return future
         direct.publish(data, 0, _DirectReply(future))
         return future
 
