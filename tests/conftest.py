@@ -21,7 +21,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
     print_blob=True,
 )
-settings.load_profile("trionsq")
+# A search beyond the suite's fixed examples: HYPOTHESIS_RANDOM=1 draws new ones
+# on every run (print_blob shows how to replay a failure).
+settings.register_profile(
+    "random", parent=settings.get_profile("trionsq"), derandomize=False, database=None
+)
+settings.load_profile("random" if os.environ.get("HYPOTHESIS_RANDOM") else "trionsq")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
