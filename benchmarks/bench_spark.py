@@ -54,6 +54,7 @@ the two cores Spark was measured on.
         [--option connections_per_nsqd=8 ...]   # experiments; the defaults otherwise
         [--phases]                              # the first batch's timeline
         [--cpu]                                 # CPU seconds per kind of process
+        [--warmup 20000]                        # rows of the warm-up query
 
 The real binaries come from ``NSQ_BIN`` or ``shared/reference/nsq-bin`` above the
 checkout (see ``tests/reference.py``); without them the script says so and stops.
@@ -756,12 +757,14 @@ def main() -> None:
                     flush=True,
                 )
                 if master == args.master:
-                    for variant in args.variant:
+                    for index, variant in enumerate(args.variant):
                         extra = dict(item.split("=", 1) for item in variant.split(","))
                         prefill(daemons, args.messages)
                         other = run_spark(spark, master, daemons, total, {**options, **extra})
                         other.name += f" with {variant}"
-                        results[f"{master} {variant}"] = other
+                        if args.variant.count(variant) > 1:  # a variant run twice: both kept
+                            other.name += f" (#{index + 1})"
+                        results[f"{master} {variant} {index}"] = other
                         print(
                             f"round {number + 1}: {other.name} {other.rate:,.0f} msg/s", flush=True
                         )
