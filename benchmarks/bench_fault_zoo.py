@@ -3,7 +3,8 @@
 
 For each seed of 1..N (default 20) the zoo project runs in a new pytest
 process with ``--nsq-faults=SEED``; per planted bug: the seeds that fail it
-(the correct tests must pass every seed); then up to ``--replays`` of the
+(the correct tests must pass every seed; the zoo's LIMITS are counted
+too: what the faults rarely find); then up to ``--replays`` of the
 printed replay commands are run again (the fail-again rate), and with
 ``--shrink`` the first failing seed of each bug is shrunk
 (``--nsq-faults-shrink``: the shrunk size).  Also the call phase's seconds of

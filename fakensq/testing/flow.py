@@ -28,7 +28,7 @@ FIN nsqd never reads (it is handled again), and a publish's answer held back
 until the publisher publishes again (a late answer); then faults of any kind
 drawn by weight, so that the mean count stays ``rate``.  The ordinals are drawn
 over ``horizon`` events (default :data:`DEFAULT_HORIZON`; the first three within
-its first half), log-uniformly: early points as often as late ones within each
+its first quarter), log-uniformly: early points as often as late ones within each
 scale, so a test of 5 messages meets about half of them and one of 40 nearly
 all.  Kinds, levels and the redelivery budget are those of
 :mod:`fakensq.testing.schedule` (read from :mod:`fakensq.faultkinds`).
@@ -304,7 +304,7 @@ def _core(
     rng: random.Random, allowed: Sequence[str], level: Level, horizon: int, redeliveries: int
 ) -> list[tuple[str, Anchor, dict[str, Any]]]:
     """The faults a schedule holds first, one for each way a fault reveals a
-    bug, in an order drawn (each within the first half of the horizon, where
+    bug, in an order drawn (each within the first quarter of the horizon, where
     a short test's flow still is):
 
     - a message lost on its way (the consumer's connection dropped as the
@@ -322,7 +322,7 @@ def _core(
       consumes meet one.
 
     Those the kinds and level allow, within the redelivery budget."""
-    top = max(1, horizon // 2)
+    top = max(1, horizon // 4)
     core: list[tuple[str, Anchor, dict[str, Any]]] = []
     budget = redeliveries
     if "drop" in allowed and budget > 0:
