@@ -226,7 +226,9 @@ class Answers(Generic[W]):
         #: (waiter, batch) of each publish sent, oldest first
         self.waiting: deque[tuple[W, int]] = deque()
         self._parser = FrameParser(max_frame_size)
-        self._partial = False  # the parser holds part of a frame
+        #: the parser holds part of a frame (a lean reader that compares whole
+        #: reads with ``OK`` must not: see :class:`trionsq.blocking.direct.DirectConnection`)
+        self.partial = False
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -243,7 +245,7 @@ class Answers(Generic[W]):
         error frame: either way the connection is over.
         """
         waiting = self.waiting
-        if not self._partial and data.startswith(OK_FRAME):
+        if not self.partial and data.startswith(OK_FRAME):
             if data == OK_FRAME and waiting:
                 # One round trip's read: one OK, for the oldest publish.
                 waiter, batch = waiting.popleft()
@@ -268,7 +270,7 @@ class Answers(Generic[W]):
                 return 0
         heartbeats = 0
         frames = self._parser.feed(data)
-        self._partial = self._parser.buffered > 0
+        self.partial = self._parser.buffered > 0
         for frame in frames:
             if type(frame) is Error:
                 error = frame.error

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from trionsq import blocking
-from trionsq.blocking.direct import DirectConnection, DirectPublisher
+from trionsq.blocking.direct import DirectConnection
+from trionsq.blocking.pool import DirectPublisher
 from trionsq.link import Link
 from trionsq.protocol.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
 from trionsq.publishing import PublishCore

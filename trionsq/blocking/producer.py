@@ -27,7 +27,7 @@ from ..hosting.trio_thread import ForkedError, check_not_in_trio
 from ..lifecycle import CLOSED, FORKED, NEW, OPEN, BlockingClient, Lifecycle, Moves
 from ..publishing import ProducerStats
 from ..transport import tcp_connector
-from .direct import DirectPublisher
+from .pool import DirectPublisher
 
 __all__ = ["Producer"]
 
