@@ -22,8 +22,6 @@ import asyncio
 import functools
 import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -42,7 +40,7 @@ from trionsq.publishing import NotPublishedError, PublishCore
 from ..support.nodes import BlockingNode
 from ..support.waiting import wait_until_asyncio, wait_until_blocking
 from .conftest import stats
-from .test_direct import CONFIG, LIMIT, OK_FRAME, Outcome, Script, Server, check
+from .test_direct import CONFIG, LIMIT, OK_FRAME, Outcome, Script, Server, check, scripted_nsqd
 
 pytestmark = pytest.mark.usefixtures("no_threads_left")
 
@@ -317,52 +315,6 @@ def test_a_peer_that_never_reads_holds_a_window_and_the_close_is_bounded() -> No
 # --- a connection that dies mid-call: what is never written is sent once more ---
 
 
-@contextmanager
-def first_scripted(script: Script) -> Iterator[tuple[str, list[Server]]]:
-    """A TCP nsqd answering the handshake (IDENTIFY: OK), then a
-    :class:`Server` for each connection: the first follows ``script``, the
-    others serve plainly (the next connection, where a publish never written
-    on the first goes)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    servers: list[Server] = []
-    threads: list[threading.Thread] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            greeting = b""  # the magic, IDENTIFY's line, its body's size and body
-            while not identify_read(greeting):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                greeting += chunk
-            sock.sendall(OK_FRAME)
-            server = Server(sock, script if not servers else Script())
-            servers.append(server)
-            thread = threading.Thread(target=server.serve, daemon=True)
-            threads.append(thread)
-            thread.start()
-
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}", servers
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)  # (wakes the accept: a close alone does not)
-        listener.close()
-        acceptor.join(LIMIT)
-        for thread in threads:
-            thread.join(LIMIT)
-
-
-def identify_read(greeting: bytes) -> bool:
-    _, sep, rest = greeting[4:].partition(b"\n")
-    return bool(sep) and len(rest) >= 4 and len(rest) >= 4 + int.from_bytes(rest[:4], "big")
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     tasks=st.integers(1, 6),
@@ -380,7 +332,7 @@ def test_a_publish_never_written_goes_once_more_on_the_next_connection(
     written raises ConnectionClosedError (maybe published); one written
     behind a refused publish raises NotPublishedError (not published)."""
     outcomes: dict[bytes, Outcome] = {}
-    with first_scripted(Script(cut_after, refuse)) as (address, servers):
+    with scripted_nsqd(Script(cut_after, refuse), then=Script()) as (address, servers):
 
         async def main() -> None:
             async with aio.Producer([address], heartbeat_interval=None) as producer:

@@ -598,9 +598,11 @@ def test_a_connection_ended_while_commands_are_queued_fails_them_not_written() -
 
 
 @contextmanager
-def scripted_nsqd(script: Script) -> Iterator[tuple[str, list[Server]]]:
+def scripted_nsqd(script: Script, then: Script | None = None) -> Iterator[tuple[str, list[Server]]]:
     """A TCP server answering the handshake (IDENTIFY: OK), then a
-    :class:`Server` for each connection."""
+    :class:`Server` for each connection: following ``script``, or only the
+    first does and the others ``then`` (the next connection, where a publish
+    never written on the first goes)."""
     listener = socket.create_server(("127.0.0.1", 0))
     servers: list[Server] = []
 
@@ -622,7 +624,7 @@ def scripted_nsqd(script: Script) -> Iterator[tuple[str, list[Server]]]:
                     break
                 buffer += chunk
             sock.sendall(OK_FRAME)
-            server = Server(sock, script)
+            server = Server(sock, script if then is None or not servers else then)
             servers.append(server)
             threading.Thread(target=server.serve, daemon=True).start()
 
