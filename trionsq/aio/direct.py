@@ -204,10 +204,15 @@ class AioConnection:
             self.end(exc)
             return
         if sent == len(wire):
-            self.answers.waiting.extend(waiters)
-            self.queued -= len(waiters)
+            self._written(waiters)
             return
         self._wrote_part(datas, waiters, wire, sent)
+
+    def _written(self, waiters: list[tuple[Completion, int]]) -> None:
+        """These publishes had a byte of their command reach the socket: they
+        await their answers now (no longer queued)."""
+        self.answers.waiting.extend(waiters)
+        self.queued -= len(waiters)
 
     def _wrote_part(
         self,
@@ -229,14 +234,12 @@ class AioConnection:
                 out += len(datas[touched])
                 touched += 1
             written = waiters[:touched]
-            self.answers.waiting.extend(written)
-            self.queued -= len(written)
+            self._written(written)
             if touched < len(datas):
                 self._held.appendleft((datas[touched:], waiters[touched:]))
             wire = wire[:out]  # the rest of the last command touched
         else:
-            self.answers.waiting.extend(waiters)  # (encoded together: all maybe out)
-            self.queued -= len(waiters)
+            self._written(waiters)  # (encoded together: all maybe out)
         self._unsent += memoryview(wire)[sent:]
         self._unsent_fresh = fresh
         if self._unsent:
@@ -259,8 +262,7 @@ class AioConnection:
             fresh = self._unsent_fresh
             if sent and fresh is not None:
                 self._unsent_fresh = None
-                self.answers.waiting.extend(fresh[1])
-                self.queued -= len(fresh[1])
+                self._written(fresh[1])
             del unsent[:sent]
             if unsent:
                 return
