@@ -5,7 +5,8 @@ The injector (:mod:`fakensq.testing.faults`), the schedules and their hypothesis
 strategies (:mod:`fakensq.testing.schedule`, :mod:`fakensq.testing.strategies`),
 the proxy (:mod:`fakensq.testing.proxy`, ``fakensq proxy``), the pytest plugin's
 options and the admin's fault pages all take a kind's name, level, needs,
-parameters and effect on the messages in flight from here.  It imports nothing
+parameters and effect on the messages in flight from here; both kinds of
+schedule take the fields of those parameters from :class:`FaultParams`.  It imports nothing
 of fakensq, so the daemons (the admin) read it without importing the test
 machinery.
 """
@@ -13,8 +14,8 @@ machinery.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Final, Literal
+from dataclasses import MISSING, Field, dataclass, fields
+from typing import Any, Final, Literal
 
 __all__ = [
     "KINDS",
@@ -25,6 +26,7 @@ __all__ = [
     "WIRE_KINDS",
     "Direction",
     "FaultKind",
+    "FaultParams",
     "InFlight",
     "Level",
     "Needs",
@@ -64,6 +66,52 @@ Anchoring = Literal["consumer", "publish"]
 #: The parameters a schedule's event may carry (see
 #: :class:`fakensq.testing.schedule.FaultEvent`).
 Param = Literal["duration", "seconds", "direction", "rounds", "interval"]
+
+
+@dataclass(frozen=True, kw_only=True, repr=False)
+class FaultParams:
+    """The parameters a scheduled fault carries besides its kind and where it
+    strikes, shared by a clock-placed schedule's events
+    (:class:`fakensq.testing.schedule.FaultEvent`) and a flow-placed one's faults
+    (:class:`fakensq.testing.flow.FlowFault`), each of which says in what unit:
+    ``duration``, how long a lasting fault lasts; ``seconds``, a delay's hold on
+    each write; ``direction``, ``"in"`` (towards the node), ``"out"`` (from it)
+    or ``"both"``; ``rounds``, a requeue storm's time-outs.
+
+    Keyword-only, so that a subclass's own positional fields (its time or
+    anchor, its kind, its node) keep their places in the constructor.  The
+    repr and :meth:`non_defaults` list the fields in the constructor's order
+    (a dataclass puts a base's fields first): a subclass is declared with
+    ``repr=False`` so that it keeps this repr.
+    """
+
+    duration: float = 0.0
+    seconds: float = 0.0
+    direction: Direction = "both"
+    rounds: int = 1
+
+    def non_defaults(self) -> dict[str, Any]:
+        """The fields that have a default and differ from it, in the
+        constructor's order: what a fault's JSON form writes besides the
+        fields every fault has."""
+        found: dict[str, Any] = {}
+        for f in _in_constructor_order(self):
+            value = getattr(self, f.name)
+            if f.default is not MISSING and value != f.default:
+                found[f.name] = value
+        return found
+
+    def __repr__(self) -> str:
+        inner = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in _in_constructor_order(self) if f.repr
+        )
+        return f"{type(self).__qualname__}({inner})"
+
+
+def _in_constructor_order(fault: FaultParams) -> list[Field[Any]]:
+    # The positional fields first, then the keyword-only ones, each in the
+    # order declared: as ``__init__`` takes them (sorted() is stable).
+    return sorted(fields(fault), key=lambda f: f.kw_only is True)
 
 
 @dataclass(frozen=True)

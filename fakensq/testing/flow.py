@@ -42,10 +42,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final, Literal
 
-from ..faultkinds import KINDS, Direction, Level, Needs, kinds_for
+from ..faultkinds import KINDS, Direction, FaultParams, Level, Needs, kinds_for
 from .schedule import DEFAULT_REDELIVERIES, draw_faults, poisson
 
 __all__ = [
@@ -97,8 +97,8 @@ class Anchor:
         return self.event not in ("published", "publish")
 
 
-@dataclass(frozen=True)
-class FlowFault:
+@dataclass(frozen=True, repr=False)
+class FlowFault(FaultParams):
     """One fault of a flow schedule.
 
     ``node``: the nsqd whose events place it (and which it strikes; for an
@@ -107,7 +107,9 @@ class FlowFault:
     clock (``msg_timeout`` or the heartbeat interval); ``seconds``: a delay's
     hold on each write, in multiples of ``msg_timeout``.  ``rounds``: a
     requeue storm's time-outs (one at the anchor, then one every ``gap``
-    events of the same kind), or how many publishes in a row fail.
+    events of the same kind), or how many publishes in a row fail.  The
+    parameters after ``lookupd`` are keyword-only; ``duration``, ``seconds``,
+    ``direction`` and ``rounds`` are :class:`~fakensq.faultkinds.FaultParams`'.
     """
 
     id: int
@@ -115,10 +117,7 @@ class FlowFault:
     anchor: Anchor
     node: int = 0
     lookupd: int = 0
-    duration: float = 0.0
-    seconds: float = 0.0
-    direction: Direction = "both"
-    rounds: int = 1
+    _: KW_ONLY
     gap: int = 0
     #: a drop at a message sent: before it goes (the client never gets it)
     withhold: bool = False
@@ -197,22 +196,14 @@ class FlowFault:
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+        """The fault as JSON-ready data (the fields that differ from the defaults)."""
+        return {
             "id": self.id,
             "kind": self.kind,
             "event": self.anchor.event,
             "count": self.anchor.count,
+            **self.non_defaults(),
         }
-        defaults = FlowFault(1, self.kind, self.anchor)
-        names = (
-            "node", "lookupd", "duration", "seconds", "direction", "rounds", "gap", "withhold",
-            "again",
-        )  # fmt: skip
-        for name in names:
-            value = getattr(self, name)
-            if value != getattr(defaults, name):
-                doc[name] = value
-        return doc
 
 
 @dataclass(frozen=True)

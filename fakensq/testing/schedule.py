@@ -37,7 +37,7 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Final, Protocol, TypeVar
 
 from ..faultkinds import KINDS as _REGISTRY
@@ -46,6 +46,7 @@ from ..faultkinds import (
     REDELIVERING,
     SCHEDULE_KINDS,
     Direction,
+    FaultParams,
     Level,
     kinds_for,
     parse_kinds,
@@ -85,8 +86,8 @@ def seed_for(seed: int, key: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-@dataclass(frozen=True)
-class FaultEvent:
+@dataclass(frozen=True, repr=False)
+class FaultEvent(FaultParams):
     """One fault of a schedule.
 
     ``at``: seconds after the run starts.  ``node``: the nsqd's index (for
@@ -96,16 +97,15 @@ class FaultEvent:
     ``direction``: ``"in"`` (towards nsqd), ``"out"`` (from it) or ``"both"``.
     ``rounds``/``interval``: a requeue storm's time-outs and the time between.
     ``everyone``: the fault hits producers' connections too (``"harsh"``),
-    not only consumers'.
+    not only consumers'.  The parameters after ``node`` are keyword-only;
+    ``duration``, ``seconds``, ``direction`` and ``rounds`` are
+    :class:`~fakensq.faultkinds.FaultParams`'.
     """
 
     at: float
     kind: str
     node: int = 0
-    duration: float = 0.0
-    seconds: float = 0.0
-    direction: Direction = "both"
-    rounds: int = 1
+    _: KW_ONLY
     interval: float = 0.0
     everyone: bool = False
 
@@ -157,13 +157,7 @@ class FaultEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-ready data (the fields that differ from the defaults)."""
-        doc: dict[str, Any] = {"at": self.at, "kind": self.kind}
-        defaults = FaultEvent(0.0, self.kind)
-        for name in ("node", "duration", "seconds", "direction", "rounds", "interval", "everyone"):
-            value = getattr(self, name)
-            if value != getattr(defaults, name):
-                doc[name] = value
-        return doc
+        return {"at": self.at, "kind": self.kind, **self.non_defaults()}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> FaultEvent:
@@ -260,12 +254,12 @@ def build_event(kind: str, draw: EventDraw, *, level: Level, nsqd: int, lookupd:
         at,
         kind,
         node,
-        duration if "duration" in params else 0.0,
-        seconds,
-        direction,
-        rounds,
-        interval,
-        everyone,
+        duration=duration if "duration" in params else 0.0,
+        seconds=seconds,
+        direction=direction,
+        rounds=rounds,
+        interval=interval,
+        everyone=everyone,
     )
 
 

@@ -109,6 +109,15 @@ def test_schedules_round_trip_and_describe() -> None:
         "   2.500s  stall nsqd-1 direction=in for 3s",
     ]
     assert schedule.end == 5.5 and schedule.redeliveries == 2
+    # The repr lists the fields as the constructor takes them (the shared
+    # parameters of FaultParams come after the event's own positional ones).
+    assert repr(schedule[1]) == (
+        "FaultEvent(at=2.5, kind='stall', node=1, duration=3.0, seconds=0.0, "
+        "direction='in', rounds=1, interval=0.0, everyone=False)"
+    )
+    # The parameters after node are keyword-only: a positional one fails loudly.
+    with pytest.raises(TypeError, match="positional"):
+        FaultEvent(1.0, "delay", 0, 2.0)  # type: ignore[call-arg]
 
 
 # -- hypothesis strategies -------------------------------------------------------

@@ -133,6 +133,15 @@ def test_a_fault_says_where_it_strikes() -> None:
         "direction=out"
     )
     assert stall.holds_answer
+    assert stall.to_dict() == {
+        "id": 1, "kind": "stall", "event": "published", "count": 3, "duration": 0.25,
+        "direction": "out",
+    }  # fmt: skip
+    assert repr(fault) == (
+        "FlowFault(id=2, kind='drop', anchor=Anchor(event='fin', count=12), node=0, "
+        "lookupd=0, duration=0.0, seconds=0.0, direction='both', rounds=1, gap=0, "
+        "withhold=False, again=0)"
+    )
     assert not FlowFault(1, "stall", Anchor("fin", 3), duration=0.25).holds_answer
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "111th"
