@@ -12,6 +12,7 @@ thread while another writes), compression through :mod:`trionsq.protocol.codecs`
 
 from __future__ import annotations
 
+import functools
 import select
 import socket
 import ssl
@@ -56,8 +57,11 @@ class Link:
         #: nsqd's IDENTIFY answer and what was negotiated
         self.negotiated = handshake.Negotiated()
         self.auth_response: dict[str, Any] | None = None
-        # The plain path (no TLS, no compression): the socket's own methods.
+        #: the next bytes the peer sent (see :meth:`_receive_plain`): on a plain
+        #: link with nothing put back, the socket's own ``recv`` (no Python
+        #: frame a read: the blocking publish's lean path reads through it)
         self.receive: Callable[[], bytes] = self._receive_plain
+        self._recv: Callable[[], bytes] = functools.partial(sock.recv, _RECEIVE_SIZE)
         self._transform: Callable[[bytes], bytes] | None = None
         #: how many of the commands given to the last :meth:`send` went out
         #: whole (read after it raised; a lower bound when an interrupt cut it)
@@ -103,6 +107,8 @@ class Link:
         # socket timeout would add).
         sock.settimeout(None)
         _set_receive_timeout(sock, config.read_timeout)
+        if not link.transformed and not link._leftover:
+            link.receive = link._recv
         return link
 
     # --- the handshake (its meaning in trionsq.protocol.handshake) ---
@@ -217,13 +223,18 @@ class Link:
         (read by one path, handled by another)."""
         if data:
             self._leftover = data + self._leftover
+            if not self.transformed:
+                self.receive = self._receive_plain
 
     def _receive_plain(self) -> bytes:
+        """What was put back (or read past the handshake) first, then the
+        socket's ``recv`` itself again as :attr:`receive`."""
         leftover = self._leftover
         if leftover:
             self._leftover = b""
+            self.receive = self._recv
             return leftover
-        return self.sock.recv(_RECEIVE_SIZE)
+        return self._recv()
 
     def _transformed(self, data: bytes) -> bytes:
         """``data`` as it goes on the wire: compressed, encrypted."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trionsq import blocking
+from trionsq import ConnectionClosedError, blocking
 from trionsq.blocking.direct import DirectConnection
 from trionsq.blocking.pool import DirectPublisher
 from trionsq.link import Link
@@ -41,8 +41,9 @@ def executed(servers: list) -> int:  # type: ignore[type-arg]
 @pytest.mark.parametrize("cap", [1, 2, 4])
 def test_threads_publishing_at_once_take_a_connection_each_up_to_the_cap(cap: int) -> None:
     """Four threads publish at once, every answer held: each takes a
-    connection of its own while the cap allows, the others queue on busy
-    ones (their commands wait for the leader there); all are answered."""
+    connection of its own while the cap allows, the others share busy ones
+    (a lean publish holds its connection for its round trip: they wait for
+    it, nothing of theirs written); all are answered, on ``cap`` connections."""
     gate = threading.Event()
     with scripted_nsqd(Script(gate=gate)) as (address, servers):
         with blocking.Producer([address], heartbeat_interval=None, max_connections=cap) as producer:
@@ -51,9 +52,9 @@ def test_threads_publishing_at_once_take_a_connection_each_up_to_the_cap(cap: in
             ]
             for thread in run:
                 thread.start()
-            # Every publish waits for its answer: one written on each connection,
-            # the rest queued behind them.
-            wait_until_blocking(lambda: producer.stats.in_flight == 4 and executed(servers) == cap)
+            # One publish written on each connection, awaiting its answer; the
+            # rest wait for those.
+            wait_until_blocking(lambda: producer.stats.in_flight == cap == executed(servers))
             assert len(direct_of(producer).connections()) == cap == len(servers)
             gate.set()
             for thread in run:
@@ -64,6 +65,54 @@ def test_threads_publishing_at_once_take_a_connection_each_up_to_the_cap(cap: in
             assert sorted(body for server in servers for body in server.executed) == [
                 b"%d" % i for i in range(4)
             ]
+
+
+def test_close_ends_a_lean_publish_whose_answer_never_comes() -> None:
+    """A lean publish holds its connection for its round trip; nsqd never
+    answers: close(timeout) waits that long, then shuts the socket under it
+    (the publish fails: it was written, it may have been published)."""
+    gate = threading.Event()
+    with scripted_nsqd(Script(gate=gate)) as (address, servers):
+        producer = blocking.Producer([address], heartbeat_interval=None).start()
+        failed: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                producer.publish("t", b"held")
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=publish)
+        thread.start()
+        wait_until_blocking(lambda: executed(servers) == 1)
+        assert not producer.flush(timeout=0.05)
+        producer.close(timeout=0.1)
+        thread.join(LIMIT)
+        assert not thread.is_alive()
+        assert [type(exc) for exc in failed] == [ConnectionClosedError]
+        gate.set()
+
+
+def test_a_timed_publish_behind_a_lean_one_times_out_unwritten() -> None:
+    """One connection (``max_connections=1``), its lean publish awaiting a
+    held answer: a publish with a timeout waits for the connection that
+    long, then raises TimeoutError, nothing of it written."""
+    gate = threading.Event()
+    with scripted_nsqd(Script(gate=gate)) as (address, servers):
+        with blocking.Producer([address], heartbeat_interval=None, max_connections=1) as producer:
+            first = threading.Thread(target=producer.publish, args=("t", b"first"))
+            first.start()
+            wait_until_blocking(lambda: executed(servers) == 1)
+            with pytest.raises(TimeoutError, match="not published"):
+                producer.publish("t", b"second", timeout=0.05)
+            gate.set()
+            first.join(LIMIT)
+            producer.publish("t", b"third")
+            assert [body for server in servers for body in server.executed] == [
+                b"first",
+                b"third",
+            ]
+            assert producer.stats.published == 2
 
 
 def test_max_connections_is_checked() -> None:
@@ -95,9 +144,11 @@ def test_flush_and_close_wait_for_publishes_on_every_connection() -> None:
         conns = direct_of(producer).connections()
         assert len(conns) == 3
         assert not producer.flush(timeout=0.05)  # every answer is held
+        direct = direct_of(producer)
         closer = threading.Thread(target=producer.close, kwargs={"timeout": LIMIT})
         closer.start()
-        wait_until_blocking(lambda: conns[0]._watchers)  # close waits (one at a time)
+        wait_until_blocking(lambda: direct._closed)  # close began: it waits
+        assert closer.is_alive() and direct.in_flight() == 3
         gate.set()
         closer.join(LIMIT)
         for thread in run:

@@ -12,7 +12,9 @@ and :class:`~trionsq.publishing.Answers` that way:
   AUTH), then bytes out and bytes in.
 - :class:`DirectConnection`: publishes on one link.  A thread alone on it
   takes the lean path: it writes its command, reads, and compares the
-  answer with ``OK`` as a raw socket loop does (no queue, no wake-ups);
+  answer with ``OK`` as a raw socket loop does, holding the connection's
+  lock for that round trip (no queue, no slot, no wake-ups; a thread that
+  comes meanwhile waits for the lock, within its ``timeout`` if it has one);
   anything else that comes (a heartbeat first, an error frame, the end of
   the stream) is read again by the general path.  Threads publishing on it
   at once are pipelined: a publish queues its command and the answer it
@@ -178,6 +180,8 @@ class DirectConnection:
         #: (mark, lock) of threads waiting until the publishes queued before
         #: their mark have their outcome (flush, close)
         self._watchers: list[tuple[int, threading.Lock]] = []
+        #: a lean publish is on its round trip (it holds the lock meanwhile)
+        self._leaning = False
 
     def publish(self, data: bytes, batch: int, timeout: float | None) -> None:
         """Write ``data`` (a publish of ``batch``, see :class:`PublishCore`) and
@@ -185,72 +189,86 @@ class DirectConnection:
         ConnectionClosedError (may have been published), NotPublishedError
         (certainly not), :class:`NotWrittenError` (not written: the caller may
         send it elsewhere) or TimeoutError."""
-        lock = self._lock
-        lock.acquire()
+        if timeout is not None or self._plain is None:
+            self._publish(data, batch, timeout)
+            return
         now = _monotonic()
+        lock = self._lock
+        # (From here to the write, no call: an interrupt, raised at a call,
+        # cannot leave the lock held with nobody on the path.)
+        lock.acquire()
+        answers = self.answers
         if (
             self.reading
             or self.over is not None
-            or self.answers.waiting
+            or answers.waiting
+            or answers.partial
             or self._nops
-            or timeout is not None
-            or self._plain is None
             or now - self.last_read > _IDLE_CHECK
         ):
             lock.release()
             self._publish(data, batch, timeout)
             return
         # The lean path: alone on a plain connection, live and read lately,
-        # no timeout of its own: write, read, compare (as a raw socket
-        # does); the general path takes over whatever else comes.  It leads
-        # (followers queue behind it, for the general path).
-        self.reading = True
-        slot = _Slot()
-        waiting = self.answers.waiting
-        waiting.append((slot, batch))
-        self.queued += 1
-        lock.release()
+        # no timeout of its own: write, read, compare with OK (as a raw
+        # socket loop does), all under the lock: nobody else can queue,
+        # read or look meanwhile (a thread sharing the connection waits one
+        # round trip for the lock; the keeper skips it; close shuts the
+        # socket under it, see close), so nothing else is kept: no slot
+        # queued, no lead taken.  Nobody led before, so nothing was put back
+        # to read again: the link's receive is the socket's recv itself.
+        # Whatever else happens (an error, anything but OK) goes to the
+        # general path, as if this publish had queued and led.
+        self.queued += 1  # (a flush's mark taken meanwhile counts it)
+        self._leaning = True
         try:
             self._plain.sendall(data)
         except BaseException as exc:
+            slot = self._lean_failed(batch)
             self.link.sent_whole = 0  # (one command: not whole, or unknown for an interrupt)
             self._write_failed(exc, 1, 0)
             if not isinstance(exc, Exception):
                 raise
             raise slot.error or NotWrittenError(self.address) from exc
-        self.writes += 1
         try:
             got = self.link.receive()
         except BaseException as exc:
+            self.writes += 1
+            slot = self._lean_failed(batch)
             self._lead_failed(exc)
             if not isinstance(exc, Exception):
                 raise
             raise slot.error or _closed(self.address, exc) from None
-        # (Only this thread writes while it leads: the first answer is its own.)
-        if got == OK_FRAME and not self.answers.partial:
+        self.writes += 1
+        if got == OK_FRAME:
             self.last_read = now
-            lock.acquire()
-            if self.over is not None:  # ended meanwhile (close): its slot failed
-                lock.release()
-                raise slot.error or ConnectionClosedError(self.address)
-            waiting.popleft()
             counters = self.counters
-            counters.published += batch or 1
             if batch:
+                counters.published += batch
                 counters.batches += 1
-            if waiting or self._watchers:  # (others queued meanwhile: the lead goes on)
-                lock.release()
-                self._hand_on()
-                return
-            self.reading = False
+            else:
+                counters.published += 1
+            self._leaning = False
             lock.release()
             return
         # Anything else (a heartbeat first, an error frame, the end): the
         # general reader reads it again.
         self.link.put_back(got)
+        slot = self._lean_failed(batch)
         self._lead(slot, None, written=True)
         if slot.error is not None:
             raise slot.error
+
+    def _lean_failed(self, batch: int) -> _Slot:
+        """(Under the lock, taken by the lean path) the lean publish leaves
+        its path: queued as if by the general path, its thread leading, the
+        lock released."""
+        slot = _Slot()
+        self.answers.waiting.append((slot, batch))
+        self.reading = True
+        self._leaning = False
+        self._lock.release()
+        return slot
 
     def _publish(self, data: bytes, batch: int, timeout: float | None) -> None:
         """:meth:`publish`'s general path (shared, pipelined)."""
@@ -258,7 +276,16 @@ class DirectConnection:
         lock = self._lock
         lead = False
         nops = 0
-        lock.acquire()
+        if timeout is None:
+            lock.acquire()
+        else:
+            # (A lean publish holds the lock for its round trip.)
+            start = _monotonic()
+            if not lock.acquire(timeout=timeout):
+                raise TimeoutError(
+                    f"{self.address}: busy for {timeout} s (not written: not published)"
+                )
+            timeout = max(timeout - (_monotonic() - start), 0.0)
         try:
             if self.over is not None:
                 raise NotWrittenError(f"{self.address}: the connection is over")
@@ -589,19 +616,30 @@ class DirectConnection:
     # --- waiting for outcomes (flush, close) ---
 
     def settled(self) -> int:
-        """How many of the publishes queued so far have their outcome (answered or failed)."""
+        """How many of the publishes queued so far have their outcome (answered
+        or failed; under the lock: a lean publish holds it until its outcome)."""
         return self.queued - len(self.answers.waiting)
+
+    def in_flight(self) -> int:
+        """Publishes awaiting their answer here (a lean one among them)."""
+        return len(self.answers.waiting) + self._leaning
 
     def wait_settled(self, mark: int, timeout: float | None) -> bool:
         """Wait until the first ``mark`` publishes queued here have their
         outcome, or the connection ended; False if ``timeout`` passed first."""
-        with self._lock:
+        deadline = None if timeout is None else _monotonic() + max(timeout, 0.0)
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            return False  # a lean publish still awaits its answer
+        try:
             if self.over is not None or self.settled() >= mark:
                 return True
             wake = threading.Lock()
             wake.acquire()
             self._watchers.append((mark, wake))
-        if wake.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+        finally:
+            self._lock.release()
+        left = -1.0 if deadline is None else max(deadline - _monotonic(), 0.0)
+        if wake.acquire(timeout=left):
             return True
         with self._lock:
             if (mark, wake) in self._watchers:
@@ -647,8 +685,16 @@ class DirectConnection:
             self._wake_watchers_locked()
 
     def close(self, error: ConnectionClosedError) -> None:
-        with self._lock:
+        """End the connection: the publishes on it fail with ``error``.  A lean
+        publish holds the lock for its round trip: the socket is shut under
+        it first (its write or read fails at once, and it leaves the lock)."""
+        if not self._lock.acquire(blocking=False):
+            self.link.shut()
+            self._lock.acquire()
+        try:
             self._end_locked(error, error)
+        finally:
+            self._lock.release()
 
 
 def _closed(address: str, exc: BaseException) -> ConnectionClosedError:

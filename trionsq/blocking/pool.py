@@ -223,7 +223,7 @@ class DirectPublisher:
         self._discard(conn)
 
     def in_flight(self) -> int:
-        return sum(len(conn.answers.waiting) for conn in self.connections())
+        return sum(conn.in_flight() for conn in self.connections())
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for the publishes in flight (``timeout`` at most: their
