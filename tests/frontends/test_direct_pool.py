@@ -15,12 +15,15 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trionsq import ConnectionClosedError, blocking
 from trionsq.blocking.direct import DirectConnection
 from trionsq.blocking.pool import DirectPublisher
 from trionsq.link import Link
-from trionsq.protocol.frames import FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
+from trionsq.protocol.errors import NSQErrorResponse
+from trionsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, HEARTBEAT, encode_frame
 from trionsq.publishing import PublishCore
 
 from ..support.nodes import BlockingNode
@@ -194,6 +197,60 @@ def test_a_heartbeat_waiting_on_an_idle_pooled_connection_is_answered_by_the_nex
     assert conn.counters.published == 1 and conn.over is None
     conn.close(blocking.ClientClosedError("over"))
     server_side.close()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    heartbeat=st.booleans(),
+    refused=st.booleans(),
+    detail=st.integers(0, 300),
+    cuts=st.lists(st.integers(1, 400), max_size=4),
+)
+def test_the_lean_paths_short_read_leaves_the_rest_of_the_answer_to_the_next(
+    heartbeat: bool, refused: bool, detail: int, cuts: list[int]
+) -> None:
+    """The lean path reads 64 bytes at most: a heartbeat before the answer,
+    an error frame longer than that, the bytes coming in any pieces: the
+    heartbeat gets its NOP, the publish its whole answer (nsqd's error with
+    its whole text), and nothing is left unread."""
+    client, server_side = socket.socketpair()
+    conn = DirectConnection(Link(client, "scripted:4150", CONFIG))
+    text = b"E_BAD_MESSAGE PUB message too big " + b"x" * detail
+    answer = encode_frame(FRAME_TYPE_ERROR, text) if refused else OK_FRAME
+    stream = (encode_frame(FRAME_TYPE_RESPONSE, HEARTBEAT) if heartbeat else b"") + answer
+
+    def serve() -> None:
+        server_side.recv(4096)  # the PUB (one small write)
+        start = 0
+        for cut in sorted(cuts):
+            if start < cut < len(stream):
+                server_side.sendall(stream[start:cut])
+                start = cut
+        server_side.sendall(stream[start:])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        if refused:
+            with pytest.raises(NSQErrorResponse) as raised:
+                conn.publish(PublishCore().pub("t", b"body"), 0, None)
+            assert str(raised.value).encode().endswith(text[len(b"E_BAD_MESSAGE ") :])
+        else:
+            conn.publish(PublishCore().pub("t", b"body"), 0, None)
+            assert conn.counters.published == 1 and conn.over is None
+            assert not conn.link.readable_now()  # every byte of the answer read
+        server.join(LIMIT)
+        assert not server.is_alive()
+        if not refused:  # (the heartbeat's NOP went out before the publish returned)
+            server_side.setblocking(False)
+            try:
+                after = server_side.recv(4096)
+            except BlockingIOError:
+                after = b""
+            assert after == b"NOP\n" * heartbeat
+    finally:
+        conn.close(blocking.ClientClosedError("over"))
+        server_side.close()
 
 
 def test_pooled_connections_nsqd_closed_while_idle_are_left_for_new_ones() -> None:
