@@ -32,7 +32,6 @@ from .transport import parse_address
 __all__ = ["Link", "sent_whole"]
 
 _RECEIVE_SIZE = 64 * 1024
-_ANSWER_SIZE = 64
 
 
 class Link:
@@ -61,14 +60,8 @@ class Link:
         #: the next bytes the peer sent (see :meth:`_receive_plain`): on a plain
         #: link with nothing put back, the socket's own ``recv`` (no Python
         #: frame a read: the blocking publish's lean path reads through it)
+        self.receive: Callable[[], bytes] = self._receive_plain
         self._recv: Callable[[], bytes] = functools.partial(sock.recv, _RECEIVE_SIZE)
-        self.receive: Callable[[], bytes] = self._recv
-        #: :attr:`receive` for a lone publish's answer: likewise, but a read of
-        #: 64 bytes at most (an OK frame is 10; the rest, if any, waits for
-        #: the next read): CPython allocates a read's whole size first, and
-        #: 64 KiB cost 140 ns more a read than 64 bytes
-        self._recv_answer: Callable[[], bytes] = functools.partial(sock.recv, _ANSWER_SIZE)
-        self.receive_answer: Callable[[], bytes] = self._recv_answer
         self._transform: Callable[[bytes], bytes] | None = None
         #: how many of the commands given to the last :meth:`send` went out
         #: whole (read after it raised; a lower bound when an interrupt cut it)
@@ -114,8 +107,8 @@ class Link:
         # socket timeout would add).
         sock.settimeout(None)
         _set_receive_timeout(sock, config.read_timeout)
-        if link._leftover and not link.transformed:  # (read past the handshake's last answer)
-            link.receive = link.receive_answer = link._receive_plain
+        if not link.transformed and not link._leftover:
+            link.receive = link._recv
         return link
 
     # --- the handshake (its meaning in trionsq.protocol.handshake) ---
@@ -162,7 +155,7 @@ class Link:
             self.auth_response = handshake.parse_auth(self._answer())
         if self._tls is not None or self._encoder is not None:
             self._transform = self._transformed
-            self.receive = self.receive_answer = self._receive_transformed
+            self.receive = self._receive_transformed
             self.transformed = True
 
     def _remaining(self) -> float:
@@ -231,7 +224,7 @@ class Link:
         if data:
             self._leftover = data + self._leftover
             if not self.transformed:
-                self.receive = self.receive_answer = self._receive_plain
+                self.receive = self._receive_plain
 
     def _receive_plain(self) -> bytes:
         """What was put back (or read past the handshake) first, then the
@@ -239,7 +232,7 @@ class Link:
         leftover = self._leftover
         if leftover:
             self._leftover = b""
-            self.receive, self.receive_answer = self._recv, self._recv_answer
+            self.receive = self._recv
             return leftover
         return self._recv()
 

@@ -216,7 +216,7 @@ class DirectConnection:
         # round trip for the lock; the keeper skips it; close shuts the
         # socket under it, see close), so nothing else is kept: no slot
         # queued, no lead taken.  Nobody led before, so nothing was put back
-        # to read again: the link's receive_answer is the socket's recv itself.
+        # to read again: the link's receive is the socket's recv itself.
         # Whatever else happens (an error, anything but OK) goes to the
         # general path, as if this publish had queued and led.
         self.queued += 1  # (a flush's mark taken meanwhile counts it)
@@ -231,7 +231,7 @@ class DirectConnection:
                 raise
             raise slot.error or NotWrittenError(self.address) from exc
         try:
-            got = self.link.receive_answer()
+            got = self.link.receive()
         except BaseException as exc:
             self.writes += 1
             slot = self._lean_failed(batch)
