@@ -71,7 +71,6 @@ _YIELD_EVERY = 256
 #: nsqd's default --msg-timeout, for a connection whose nsqd did not say its own
 _NSQD_MSG_TIMEOUT = 60.0
 
-_new = object.__new__
 _NORMAL = BackoffState.NORMAL
 
 
