@@ -242,12 +242,10 @@ class DirectConnection:
         self.writes += 1
         if got == OK_FRAME:
             self.last_read = now
-            counters = self.counters
+            counters = self.counters  # (as Answers.received counts an OK)
+            counters.published += batch or 1
             if batch:
-                counters.published += batch
                 counters.batches += 1
-            else:
-                counters.published += 1
             self._leaning = False
             lock.release()
             return
